@@ -1,0 +1,37 @@
+# Set-up and entry points. `make test` and `make demo` work on a fresh machine; both install first.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+# The stamp carries the hash of pyproject.toml, so `make install` reinstalls only when it changed.
+STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+.PHONY: install test demo bench slurm-up slurm-down clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[runtime,test]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+# The real-Slurm integration tests need root and apt; scripts/test.sh starts the local cluster when
+# it can, runs the whole suite, and tears the cluster down again.
+test: install
+	scripts/test.sh
+
+demo: install
+	$(VENV)/bin/specdraft launch --executor local
+
+bench: install
+	$(PY) benchmarks/plan_speed.py
+
+slurm-up:
+	scripts/local-slurm.sh up 4
+
+slurm-down:
+	scripts/local-slurm.sh down
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

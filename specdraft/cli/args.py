@@ -1,0 +1,48 @@
+"""Positional arguments shared by commands: `[LAYOUT | PLAN.json] [OVERRIDES...]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specdraft.errors import UserError
+
+
+def split_target(args: list[str] | None) -> tuple[str | None, list[str]]:
+    """The first argument without '=' is the layout (or plan) path; the rest are dotlist overrides."""
+    args = list(args or [])
+    if args and "=" not in args[0]:
+        path, overrides = args[0], args[1:]
+    else:
+        path, overrides = None, args
+    strays = [a for a in overrides if "=" not in a]
+    if strays:
+        raise UserError(f"expected KEY=VALUE overrides after the layout, got {' '.join(strays)!r}",
+                        "give at most one layout path, then overrides such as parallel.cp=4")
+    return path, overrides
+
+
+def load_plan(args: list[str] | None, balance: bool = False):
+    """Compile a layout (or read a plan.json) named by ``args``; returns (plan, spec, suggestion)."""
+    from specdraft.plan.balance import apply_balance, suggest_balance
+    from specdraft.plan.compile import compile
+    from specdraft.plan.model import LaunchPlan
+    from specdraft.spec.load import load_layout, spec_from_dict
+
+    path, overrides = split_target(args)
+    if path is not None and path.endswith(".json"):
+        if overrides:
+            raise UserError("overrides apply to a layout, not to a compiled plan.json",
+                            "pass the layout YAML with the overrides, or drop them")
+        file = Path(path)
+        if not file.is_file():
+            raise UserError(f"plan file not found: {file}", "compile one with `specdraft plan LAYOUT -o plan.json`")
+        try:
+            plan = LaunchPlan.from_json(file.read_text(encoding="utf-8"))
+        except ValueError as err:
+            raise UserError(f"{file} is not a specdraft plan: {err}", "recompile it with `specdraft plan`") from None
+        return plan, spec_from_dict(plan.spec), None
+    spec = load_layout(path, overrides)
+    suggestion = suggest_balance(spec)
+    if balance and suggestion:
+        spec = apply_balance(spec, suggestion)
+    return compile(spec), spec, suggestion

@@ -1,0 +1,88 @@
+"""The CLI's one error boundary: an exception-to-message table, exit code 2 for the user's errors.
+
+No traceback unless SPECDRAFT_DEBUG=1. Unknown exceptions are internal errors (exit 1) and say so.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable
+
+from specdraft.errors import SpecError, UserError
+
+
+def debug() -> bool:
+    return os.environ.get("SPECDRAFT_DEBUG", "") not in ("", "0")
+
+
+def _spec_error(err: SpecError) -> str:
+    return str(err) + "\n(every problem is listed; fix them and run `specdraft validate` again)"
+
+
+def _user_error(err: UserError) -> str:
+    return str(err)
+
+
+def _os_error(err: OSError) -> str:
+    return f"{err.strerror or err}: {err.filename}" if getattr(err, "filename", None) else str(err)
+
+
+# Exception type -> (message, exit code). Order matters: the first matching type wins.
+TABLE: list[tuple[type, Callable[[BaseException], str], int]] = [
+    (SpecError, _spec_error, 2),
+    (UserError, _user_error, 2),
+    (FileNotFoundError, _os_error, 2),
+    (PermissionError, _os_error, 2),
+    (IsADirectoryError, _os_error, 2),
+]
+
+
+def run(entry: Callable[[], int | None]) -> int:
+    """Call ``entry``; map known errors to a message on stderr and an exit code."""
+    import typer
+    from typer.exceptions import TyperException  # typer >= 0.29 vendors click; usage errors derive from this
+
+    try:
+        result = entry()
+        return int(result or 0)
+    except typer.Exit as err:
+        return err.exit_code
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        return 130
+    except TyperException as err:
+        if debug():
+            raise
+        show = getattr(err, "show", None)
+        if show is not None:
+            show()
+        else:
+            _print_error(err.format_message())
+        return getattr(err, "exit_code", 2) or 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BaseException as err:  # noqa: BLE001 - this is the one boundary; everything is reported, nothing dropped
+        if isinstance(err, SystemExit):
+            raise
+        if debug():
+            raise
+        for kind, render, code in TABLE:
+            if isinstance(err, kind):
+                _print_error(render(err))
+                return code
+        _print_error(f"internal error: {type(err).__name__}: {err}\n"
+                     "this is a bug in specdraft; rerun with SPECDRAFT_DEBUG=1 for the traceback and report it")
+        return 1
+
+
+def _print_error(message: str) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    first, _, rest = message.partition("\n")
+    console.print(f"[bold red]error:[/] {escape(first)}")
+    if rest:
+        console.print(escape(rest))

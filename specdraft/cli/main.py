@@ -1,0 +1,158 @@
+"""The `specdraft` command: thin typer commands; every error goes through cli.boundary."""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+
+from specdraft import __version__
+
+app = typer.Typer(
+    name="specdraft",
+    help="Plan, validate and launch RL post-training with an online co-trained EAGLE-3 draft under TP/CP/PP.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+TargetArgs = typer.Argument(None, metavar="[LAYOUT] [OVERRIDES...]",
+                            help="Layout YAML (default: the built-in tiny CPU layout), then KEY=VALUE overrides.")
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+@app.command()
+def plan(
+    args: Optional[List[str]] = TargetArgs,
+    format: str = typer.Option("text", "--format", "-f", help="text (rich summary) or json."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write the JSON plan to this file (atomically)."),
+    balance: bool = typer.Option(False, "--balance", help="Apply the uneven split that evens peak memory."),
+) -> None:
+    """Compile a layout into a launch plan and show it."""
+    from specdraft.cli.args import load_plan
+    from specdraft.errors import UserError
+
+    if format not in ("text", "json"):
+        raise UserError(f"--format {format!r} is not supported", "use --format text or --format json")
+    launch_plan, _, suggestion = load_plan(args, balance=balance)
+    if output:
+        from specdraft.fsutil import atomic_write_text
+
+        atomic_write_text(output, launch_plan.to_json())
+    if format == "json":
+        if not output:
+            sys.stdout.write(launch_plan.to_json())
+        return
+    from specdraft.cli.show import print_plan
+
+    print_plan(_console(), launch_plan, None if balance else suggestion)
+    if output:
+        _console().print(f"wrote {output}")
+
+
+@app.command()
+def validate(args: Optional[List[str]] = TargetArgs) -> None:
+    """Dry-run a layout: report every problem at once (exit 2), or confirm it is valid (exit 0)."""
+    from specdraft.cli.args import split_target
+    from specdraft.cli.show import print_warnings
+    from specdraft.errors import SpecError
+    from specdraft.plan.compile import check
+    from specdraft.spec.load import load_layout
+
+    path, overrides = split_target(args)
+    spec = load_layout(path, overrides)
+    errors, warnings = check(spec)
+    console = _console()
+    print_warnings(console, [w.to_dict() for w in warnings])
+    if errors:
+        raise SpecError(errors, path or "the built-in default layout")
+    console.print(f"[green]valid:[/] {spec.name} ({spec.cluster.num_nodes * spec.cluster.gpus_per_node} GPUs, "
+                  f"{len(warnings)} warning{'s' if len(warnings) != 1 else ''})")
+
+
+@app.command()
+def explain(field: Optional[str] = typer.Argument(None, help="A field path such as parallel.cp, or a section.")) -> None:
+    """Print a layout field's documentation, type and default (every field without FIELD)."""
+    from rich.markup import escape
+
+    from specdraft.spec.docs import all_fields, explain as explain_field
+    from specdraft.spec.gpus import describe
+
+    console = _console()
+    docs = explain_field(field) if field else all_fields()
+    for doc in docs:
+        if doc.section:
+            console.print(f"[bold]{doc.path}[/]  {escape(doc.doc)}")
+            continue
+        console.print(f"[bold cyan]{doc.path}[/]  ({escape(doc.type)}, default {escape(doc.default)})")
+        console.print(f"    {escape(doc.doc)}")
+        if doc.path == "cluster.gpu":
+            console.print("    " + escape(describe()).replace("\n", "\n    "))
+
+
+@app.command()
+def render(
+    args: Optional[List[str]] = typer.Argument(None, metavar="PLAN|LAYOUT [OVERRIDES...]"),
+    to: str = typer.Option(..., "--to", help="megatron, nemo-rl or vllm."),
+    check: bool = typer.Option(False, "--check", help="vllm: also build vllm's EngineArgs where vllm is importable."),
+) -> None:
+    """Render a plan for Megatron-LM (argv), NeMo-RL (YAML overrides) or vLLM (engine settings)."""
+    from specdraft.cli.args import load_plan
+    from specdraft.errors import UserError
+
+    launch_plan, _, _ = load_plan(args)
+    if to == "megatron":
+        import shlex
+
+        sys.stdout.write(shlex.join(launch_plan.renders["megatron"]) + "\n")
+    elif to == "nemo-rl":
+        from specdraft.render.nemo_rl import to_yaml
+
+        sys.stdout.write(to_yaml(launch_plan.renders["nemo_rl"]))
+    elif to == "vllm":
+        import json
+
+        vllm = launch_plan.renders["vllm"]
+        if vllm["problems"]:
+            raise UserError("the vLLM settings break vLLM's rules: " + "; ".join(vllm["problems"]),
+                            "fix the rollout section of the layout")
+        sys.stdout.write(json.dumps(vllm["engine_args"], indent=2) + "\n")
+        if check:
+            from specdraft.render.vllm import check_with_vllm
+
+            try:
+                message = check_with_vllm(vllm["engine_args"])
+            except ImportError:
+                message = "vllm check skipped: vllm is not importable here (it needs a CUDA torch); run it on the cluster"
+            _console(stderr=True).print(message)
+    else:
+        raise UserError(f"--to {to!r} is not a render target", "use --to megatron, --to nemo-rl or --to vllm")
+
+
+@app.command()
+def version() -> None:
+    """Print the specdraft version."""
+    print(__version__)
+
+
+def _register_optional_commands() -> None:
+    """Launch/run-management and rollout commands live in their own modules (imported lazily inside)."""
+    from specdraft.cli import launch as launch_cmds
+    from specdraft.cli import rollout as rollout_cmds
+
+    launch_cmds.register(app)
+    rollout_cmds.register(app)
+
+
+def main() -> None:
+    from specdraft.cli.boundary import run
+
+    _register_optional_commands()
+    sys.exit(run(lambda: app(standalone_mode=False)))

@@ -1,0 +1,1 @@
+"""Plan: the pure, deterministic compile step from a layout spec to a LaunchPlan. Imports no torch."""

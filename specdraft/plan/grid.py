@@ -1,0 +1,114 @@
+"""The rank grid: each global rank's (tp, cp, dp, pp) and expert (etp, ep, edp) coordinates, node and local rank.
+
+Mirrors megatron-core's RankGenerator without importing it: the order string lists dimensions innermost first,
+so a rank's coordinate in a dimension is (rank // stride) % size, stride being the product of the sizes before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sizes:
+    """Resolved parallel sizes of one plan."""
+
+    world_size: int
+    tp: int
+    cp: int
+    pp: int
+    dp: int
+    ep: int
+    etp: int
+    edp: int  # expert data-parallel size: world / (etp * ep * pp)
+    vpp: int | None
+    order: str
+
+
+def _strides(order: str, sizes: dict[str, int]) -> dict[str, int]:
+    stride, out = 1, {}
+    for name in order.split("-"):
+        out[name] = stride
+        stride *= sizes[name]
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankGrid:
+    """Coordinates of every rank, computed arithmetically (16K ranks in milliseconds)."""
+
+    sizes: Sizes
+    gpus_per_node: int
+
+    def _decoder_strides(self) -> dict[str, int]:
+        s = self.sizes
+        # The decoder generator has ep folded away (ep=1): Megatron builds experts with a second generator.
+        return _strides(s.order, {"tp": s.tp, "cp": s.cp, "ep": 1, "dp": s.dp, "pp": s.pp})
+
+    def _expert_strides(self) -> dict[str, int]:
+        s = self.sizes
+        return _strides(s.order, {"tp": s.etp, "cp": 1, "ep": s.ep, "dp": s.edp, "pp": s.pp})
+
+    def coords(self, global_rank: int) -> dict[str, int]:
+        """tp, cp, dp, pp, etp, ep, edp coordinates of one rank."""
+        s = self.sizes
+        d = self._decoder_strides()
+        e = self._expert_strides()
+        return {
+            "tp": (global_rank // d["tp"]) % s.tp,
+            "cp": (global_rank // d["cp"]) % s.cp,
+            "dp": (global_rank // d["dp"]) % s.dp,
+            "pp": (global_rank // d["pp"]) % s.pp,
+            "etp": (global_rank // e["tp"]) % s.etp,
+            "ep": (global_rank // e["ep"]) % s.ep,
+            "edp": (global_rank // e["dp"]) % s.edp,
+        }
+
+    def rank_of(self, *, tp: int, cp: int, dp: int, pp: int) -> int:
+        """Inverse of coords for the decoder dimensions."""
+        d = self._decoder_strides()
+        return tp * d["tp"] + cp * d["cp"] + dp * d["dp"] + pp * d["pp"]
+
+    def node_of(self, global_rank: int) -> int:
+        return global_rank // self.gpus_per_node
+
+    def ranks(self) -> list[dict[str, int]]:
+        """One record per global rank, in rank order (the plan's `ranks`)."""
+        s = self.sizes
+        d = self._decoder_strides()
+        e = self._expert_strides()
+        g = self.gpus_per_node
+        out = []
+        for r in range(s.world_size):
+            out.append({
+                "global_rank": r,
+                "node": r // g,
+                "local_rank": r % g,
+                "tp": (r // d["tp"]) % s.tp,
+                "cp": (r // d["cp"]) % s.cp,
+                "dp": (r // d["dp"]) % s.dp,
+                "pp": (r // d["pp"]) % s.pp,
+                "ep": (r // e["ep"]) % s.ep,
+                "etp": (r // e["tp"]) % s.etp,
+                "edp": (r // e["dp"]) % s.edp,
+            })
+        return out
+
+    def stage_ranks(self, pp: int) -> list[int]:
+        """Every global rank of pipeline stage ``pp``, ascending."""
+        s = self.sizes
+        d = self._decoder_strides()
+        return sorted(self.rank_of(tp=t, cp=c, dp=x, pp=pp)
+                      for t in range(s.tp) for c in range(s.cp) for x in range(s.dp)) if d else []
+
+    def groups(self, dim: str) -> list[list[int]]:
+        """All groups of one decoder dimension (tp, cp, dp or pp), like RankGenerator.get_ranks(dim)."""
+        s = self.sizes
+        others = [k for k in ("tp", "cp", "dp", "pp") if k != dim]
+        size = {"tp": s.tp, "cp": s.cp, "dp": s.dp, "pp": s.pp}
+        seen: dict[tuple, list[int]] = {}
+        for r in range(s.world_size):
+            c = self.coords(r)
+            seen.setdefault(tuple(c[k] for k in others), []).append(r)
+        del size
+        return sorted(seen.values())

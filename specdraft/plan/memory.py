@@ -1,0 +1,151 @@
+"""Per-GPU memory estimate per pipeline stage: weights, grads, optimizer state, activations, and the draft.
+
+Formulas follow Megatron-LM's megatron/training/theoretical_memory_usage.py and Korthikanti et al., "Reducing
+Activation Recomputation in Large Transformer Models" (https://arxiv.org/abs/2205.05198), Table 2.
+"""
+
+from __future__ import annotations
+
+from specdraft.spec.schema import LayoutSpec
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def _head_dim(spec: LayoutSpec) -> int:
+    m = spec.model
+    return m.kv_channels or m.hidden_size // m.num_attention_heads
+
+
+def attention_params(spec: LayoutSpec) -> int:
+    """Q, K, V, O projections of one layer (GQA-aware) plus its two norms."""
+    m = spec.model
+    h, d = m.hidden_size, _head_dim(spec)
+    groups = m.num_query_groups or m.num_attention_heads
+    return h * m.num_attention_heads * d * 2 + 2 * h * groups * d + 2 * h
+
+
+def mlp_params(hidden: int, ffn: int, swiglu: bool) -> int:
+    return (3 if swiglu else 2) * hidden * ffn
+
+
+def layer_params(spec: LayoutSpec) -> tuple[int, int]:
+    """(dense params, expert params) of one transformer layer."""
+    m = spec.model
+    if m.num_experts:
+        experts = m.num_experts * mlp_params(m.hidden_size, m.moe_ffn_hidden_size or 0, m.swiglu)
+        return attention_params(spec) + m.hidden_size * m.num_experts, experts
+    return attention_params(spec) + mlp_params(m.hidden_size, m.ffn_hidden_size, m.swiglu), 0
+
+
+def draft_params(spec: LayoutSpec) -> int:
+    """EAGLE-3 draft: fc over the concatenated taps, its decoder layer(s) (dense, the target's shape), LM head.
+
+    The token embeddings are the target's (shipped by the embedding tap), so they are not counted here.
+    """
+    m, d = spec.model, spec.draft
+    h = m.hidden_size
+    num_taps = len(d.aux_layers) if d.aux_layers is not None else 3
+    # The draft layer's attention input is [embedding ; hidden] (2h), as in EAGLE-3.
+    layer = attention_params(spec) + h * m.num_attention_heads * _head_dim(spec) + 2 * h * (
+        (m.num_query_groups or m.num_attention_heads) * _head_dim(spec)) + mlp_params(h, m.ffn_hidden_size, m.swiglu)
+    return num_taps * h * h + d.num_layers * layer + m.vocab_size * h + 2 * h
+
+
+def _state_bytes(spec: LayoutSpec) -> tuple[int, int, float]:
+    """(weight bytes, grad bytes, optimizer bytes) per parameter before optimizer sharding."""
+    dtype = spec.training.dtype
+    if dtype == "fp32":
+        return 4, 4, 8.0  # Adam m, v; no separate master copy
+    return 2, 4, 12.0  # bf16/fp16 weight, fp32 main grad, fp32 master + Adam m, v (Megatron's 18 bytes/param)
+
+
+def activation_bytes_per_layer(spec: LayoutSpec, tokens: int, ffn_term: float, recompute: str | None = None) -> float:
+    """Activations one layer keeps for backward, for ``tokens`` local tokens (already divided by cp).
+
+    Korthikanti et al. Table 2, with Megatron-LM's (18 + 4*ffn/h) in place of 34 for the FFN ratio; the 10*sbh
+    of norms/dropout is replicated across tp unless sequence parallelism shards it. Flash/ring attention never
+    stores the s^2 scores, so the 5as/h term is dropped.
+    """
+    p, t, h = spec.parallel, spec.training, spec.model.hidden_size
+    scale = DTYPE_BYTES[t.dtype] / 2  # the paper's constants assume 2-byte activations
+    sbh = tokens * h
+    if (recompute or t.recompute) == "full":
+        return 2 * sbh * scale / (p.tp if p.sequence_parallel else 1)
+    sharded = 8 + ffn_term
+    if p.sequence_parallel:
+        return sbh * (10 + sharded) / p.tp * scale
+    return sbh * (10 + sharded / p.tp) * scale
+
+
+def stage_memory(spec: LayoutSpec, stage_counts: list[int], dp: int, edp: int, num_microbatches: int,
+                 draft_stage: int | None, draft_slots: int) -> list[dict]:
+    """The plan's `memory`: bytes per GPU for each pipeline stage."""
+    from specdraft.spec.gpus import CATALOGUE
+
+    m, p, t = spec.model, spec.parallel, spec.training
+    etp = p.etp or p.tp
+    w_b, g_b, o_b = _state_bytes(spec)
+    dense, expert = layer_params(spec)
+    embed = m.vocab_size * m.hidden_size
+    tokens = t.micro_batch_size * m.seq_length // p.cp
+    ffn_term = 4 * ((m.moe_ffn_hidden_size or 0) * m.moe_router_topk if m.num_experts else m.ffn_hidden_size) / m.hidden_size
+    act_layer = activation_bytes_per_layer(spec, tokens, ffn_term)
+    vpp = p.vpp if p.vpp and p.vpp > 1 else 1
+    hbm = CATALOGUE[spec.cluster.gpu].hbm_bytes
+    out = []
+    for rank, layers in enumerate(stage_counts):
+        first, last = rank == 0, rank == p.pp - 1
+        dense_params = layers * dense + (embed if first else 0) + (embed if last and (not m.tie_embeddings or p.pp > 1) else 0)
+        dense_local = dense_params / p.tp
+        expert_local = layers * expert / (etp * p.ep)
+        opt_shard_dense = dp * p.cp if t.distributed_optimizer else 1
+        opt_shard_expert = edp if t.distributed_optimizer else 1
+        weights = (dense_local + expert_local) * w_b
+        grads = (dense_local + expert_local) * g_b
+        optimizer = dense_local * o_b / opt_shard_dense + expert_local * o_b / opt_shard_expert
+        # 1F1B: stage r holds (pp - r) microbatches in flight; interleaving adds (pp-1)/(pp*vpp) (Megatron-LM).
+        in_flight = min(p.pp - rank, num_microbatches)
+        if vpp > 1:
+            in_flight = in_flight * (1 + (p.pp - 1) / (p.pp * vpp))
+        activations = act_layer * layers * in_flight
+        if t.recompute == "full" and layers:
+            # Full recompute re-materialises one layer's activations at a time during backward.
+            activations += activation_bytes_per_layer(spec, tokens, ffn_term, recompute="none")
+        if last:
+            # fp32 logits for the cross-entropy, vocab-parallel over tp.
+            activations += 4 * tokens * m.vocab_size / p.tp
+        draft = draft_memory(spec, tokens, num_microbatches, draft_slots) if rank == draft_stage else 0
+        total = weights + grads + optimizer + activations + draft
+        out.append({
+            "pp": rank,
+            "weights": int(weights),
+            "grads": int(grads),
+            "optimizer": int(optimizer),
+            "activations": int(activations),
+            "draft": int(draft),
+            "total": int(total),
+            "hbm": hbm,
+            "fraction": round(total / hbm, 4),
+        })
+    return out
+
+
+def draft_memory(spec: LayoutSpec, tokens: int, num_microbatches: int, draft_slots: int) -> float:
+    """Draft weights, grads, optimizer (own Adam, fp32 master), TTT activations and tap landing slots.
+
+    The draft is tensor-parallel like the target and replicated over dp/cp; its optimizer is not sharded.
+    """
+    m, p, t, d = spec.model, spec.parallel, spec.training, spec.draft
+    w_b, g_b, o_b = _state_bytes(spec)
+    params = draft_params(spec) / p.tp
+    state = params * (w_b + g_b + o_b)
+    act_bytes = DTYPE_BYTES[t.dtype]
+    ffn_term = 4 * m.ffn_hidden_size / m.hidden_size
+    per_step = (activation_bytes_per_layer(spec, tokens, ffn_term) * d.num_layers
+                + tokens * 2 * m.hidden_size * act_bytes / 2 * 2  # [embedding ; hidden] input of the draft layer
+                + 3 * 4 * tokens * m.vocab_size / p.tp)  # fp32 draft logits, log-probs and the target's probs
+    num_taps = (len(d.aux_layers) if d.aux_layers is not None else 3) + 1
+    fc_in = tokens * num_taps * m.hidden_size * act_bytes
+    slots = draft_slots * num_taps * tokens * m.hidden_size * act_bytes
+    del num_microbatches
+    return state + d.ttt_steps * per_step + fc_in + slots

@@ -1,0 +1,75 @@
+"""The exact Megatron-LM argv for a layout, plus the specdraft runtime's draft arguments (taps, TTT, CP mode)."""
+
+from __future__ import annotations
+
+from specdraft.spec.schema import LayoutSpec
+
+PLAN_ARG = "plan.json"  # the job runs in its run folder, where launch writes plan.json
+
+
+def megatron_argv(spec: LayoutSpec, core: dict) -> list[str]:
+    """Flags in a fixed order: parallelism, model shape, batching/precision, then the draft's runtime flags."""
+    m, p, t, d = spec.model, spec.parallel, spec.training, spec.draft
+    par = core["parallel"]
+    args = [
+        "--tensor-model-parallel-size", str(p.tp),
+        "--pipeline-model-parallel-size", str(p.pp),
+        "--context-parallel-size", str(p.cp),
+    ]
+    if p.cp > 1:
+        args += ["--cp-comm-type", p.cp_comm_type]
+        if p.hierarchical_cp_sizes:
+            args += ["--hierarchical-context-parallel-sizes", *map(str, p.hierarchical_cp_sizes)]
+    if p.sequence_parallel:
+        args.append("--sequence-parallel")
+    if m.num_experts:
+        args += ["--expert-model-parallel-size", str(p.ep), "--expert-tensor-parallel-size", str(par["etp"])]
+    if par["vpp"]:
+        args += ["--num-virtual-stages-per-pipeline-rank", str(par["vpp"])]
+    if p.first_stage_layers is not None:
+        args += ["--decoder-first-pipeline-num-layers", str(p.first_stage_layers)]
+    if p.last_stage_layers is not None:
+        args += ["--decoder-last-pipeline-num-layers", str(p.last_stage_layers)]
+    if p.order == "tp-cp-ep-pp-dp":
+        args.append("--use-tp-pp-dp-mapping")
+    args += [
+        "--num-layers", str(m.num_layers),
+        "--hidden-size", str(m.hidden_size),
+        "--ffn-hidden-size", str(m.ffn_hidden_size),
+        "--num-attention-heads", str(m.num_attention_heads),
+    ]
+    if m.num_query_groups and m.num_query_groups != m.num_attention_heads:
+        args += ["--group-query-attention", "--num-query-groups", str(m.num_query_groups)]
+    if m.kv_channels:
+        args += ["--kv-channels", str(m.kv_channels)]
+    args += ["--seq-length", str(m.seq_length), "--max-position-embeddings", str(m.seq_length),
+             "--position-embedding-type", "rope"]
+    if m.swiglu:
+        args.append("--swiglu")
+    if not m.tie_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if m.num_experts:
+        args += ["--num-experts", str(m.num_experts), "--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size),
+                 "--moe-router-topk", str(m.moe_router_topk)]
+    args += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", m.path]
+    args += ["--micro-batch-size", str(t.micro_batch_size), "--global-batch-size", str(t.global_batch_size)]
+    if t.dtype != "fp32":
+        args.append(f"--{t.dtype}")
+    if t.distributed_optimizer:
+        args.append("--use-distributed-optimizer")
+    if t.recompute == "selective":
+        args += ["--recompute-granularity", "selective"]
+    elif t.recompute == "full":
+        args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    args += ["--lr", repr(t.lr), "--clip-grad", repr(t.clip_grad), "--seed", str(t.seed),
+             "--train-iters", str(t.train_iters)]
+    if d.enabled:
+        draft = core["draft"]
+        args += [
+            "--specdraft-plan", PLAN_ARG,
+            "--specdraft-draft-stage", str(draft["stage"]),
+            "--specdraft-draft-taps", ",".join(str(t["tap"]) for t in core["taps"]),
+            "--specdraft-ttt-steps", str(d.ttt_steps),
+            "--specdraft-cp-attention", draft["cp_attention"],
+        ]
+    return args

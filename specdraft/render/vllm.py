@@ -1,0 +1,100 @@
+"""vLLM engine settings for rollout, kept as plain data and validated by a small schema of our own.
+
+vLLM pins a CUDA torch and cannot be installed everywhere; where it is importable, `check_with_vllm` proves
+that vllm.engine.arg_utils.EngineArgs accepts the render.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from specdraft.spec.schema import LayoutSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeculativeConfig:
+    """vLLM's speculative_config for an EAGLE-3 draft."""
+
+    method: str
+    model: str
+    num_speculative_tokens: int
+    draft_tensor_parallel_size: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSettings:
+    """The subset of vLLM EngineArgs specdraft sets."""
+
+    model: str
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    gpu_memory_utilization: float
+    max_model_len: int
+    dtype: str
+    speculative_config: Optional[SpeculativeConfig]
+
+    def problems(self) -> list[str]:
+        """Schema rules vLLM itself would enforce at engine start."""
+        out = []
+        if self.tensor_parallel_size < 1:
+            out.append(f"tensor_parallel_size = {self.tensor_parallel_size}: must be >= 1")
+        if self.pipeline_parallel_size < 1:
+            out.append(f"pipeline_parallel_size = {self.pipeline_parallel_size}: must be >= 1")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            out.append(f"gpu_memory_utilization = {self.gpu_memory_utilization}: must be in (0, 1]")
+        if self.max_model_len < 1:
+            out.append(f"max_model_len = {self.max_model_len}: must be >= 1")
+        if self.dtype not in ("bfloat16", "float16", "float32", "auto"):
+            out.append(f"dtype = {self.dtype!r}: must be bfloat16, float16, float32 or auto")
+        sc = self.speculative_config
+        if sc is not None:
+            if sc.method not in ("eagle3", "eagle"):
+                out.append(f"speculative_config.method = {sc.method!r}: specdraft renders eagle3")
+            if sc.num_speculative_tokens < 1:
+                out.append(f"speculative_config.num_speculative_tokens = {sc.num_speculative_tokens}: must be >= 1")
+            if sc.draft_tensor_parallel_size not in (1, self.tensor_parallel_size):
+                out.append(f"speculative_config.draft_tensor_parallel_size = {sc.draft_tensor_parallel_size}: vLLM "
+                           f"supports 1 or the target's tensor_parallel_size ({self.tensor_parallel_size})")
+            if not sc.model:
+                out.append("speculative_config.model: must name the draft checkpoint")
+        return out
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def engine_settings(spec: LayoutSpec) -> EngineSettings:
+    r, d = spec.rollout, spec.draft
+    spec_cfg = None
+    if d.enabled and r.speculative:
+        spec_cfg = SpeculativeConfig(method="eagle3", model=d.model,
+                                     num_speculative_tokens=r.num_speculative_tokens or d.ttt_steps,
+                                     draft_tensor_parallel_size=r.tp)
+    return EngineSettings(
+        model=spec.model.path, tensor_parallel_size=r.tp, pipeline_parallel_size=1,
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        max_model_len=r.max_model_len or r.prompt_length + r.max_response_length,
+        dtype=_DTYPE[spec.training.dtype] if spec.training.dtype != "fp32" else "bfloat16",
+        speculative_config=spec_cfg,
+    )
+
+
+def vllm_settings(spec: LayoutSpec, core: dict) -> dict:
+    """The plan's `renders.vllm`: engine arguments shared by every rollout instance."""
+    from specdraft.rollout.instances import rollout_gpus
+
+    settings = engine_settings(spec)
+    return {"engine_args": settings.to_dict(), "num_instances": rollout_gpus(spec) // max(spec.rollout.tp, 1),
+            "problems": settings.problems()}
+
+
+def check_with_vllm(engine_args: dict) -> str:
+    """Build vllm's EngineArgs from the render; return a message. Raises ImportError where vllm is absent."""
+    from vllm.engine.arg_utils import EngineArgs  # only on a user's GPU cluster
+
+    EngineArgs(**engine_args)
+    return "vllm.engine.arg_utils.EngineArgs accepted the settings"

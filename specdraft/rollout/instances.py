@@ -1,0 +1,142 @@
+"""Rollout instances: how rollout GPUs split into vLLM instances, where they sit, and whether they fit in HBM."""
+
+from __future__ import annotations
+
+from specdraft.errors import Problem
+from specdraft.spec.gpus import CATALOGUE
+from specdraft.spec.schema import LayoutSpec
+
+KV_DTYPE_BYTES = 2  # vLLM's default bf16 KV cache
+
+
+def rollout_gpus(spec: LayoutSpec) -> int:
+    r, c = spec.rollout, spec.cluster
+    nodes = c.num_nodes if r.colocated else r.num_nodes
+    return nodes * c.gpus_per_node
+
+
+def model_params(spec: LayoutSpec) -> int:
+    """Total parameters of the policy (every expert counted)."""
+    from specdraft.plan.memory import layer_params  # plan.memory is pure; imported lazily to keep layers thin
+
+    m = spec.model
+    dense, expert = layer_params(spec)
+    embed = m.vocab_size * m.hidden_size * (1 if m.tie_embeddings else 2)
+    return m.num_layers * (dense + expert) + embed
+
+
+def kv_bytes_per_token(spec: LayoutSpec) -> int:
+    """K and V for every layer and KV head: 2 * layers * kv_heads * head_dim * bytes."""
+    m = spec.model
+    head_dim = m.kv_channels or m.hidden_size // m.num_attention_heads
+    return 2 * m.num_layers * (m.num_query_groups or m.num_attention_heads) * head_dim * KV_DTYPE_BYTES
+
+
+def max_model_len(spec: LayoutSpec) -> int:
+    r = spec.rollout
+    return r.max_model_len or r.prompt_length + r.max_response_length
+
+
+def kv_budget(spec: LayoutSpec) -> dict:
+    """Per-GPU HBM split of one instance: weights, KV budget, and how many full-length sequences fit."""
+    r = spec.rollout
+    gpu = CATALOGUE[spec.cluster.gpu]
+    weights = model_params(spec) * 2 / r.tp  # bf16 weights, sharded over the instance's tp
+    usable = gpu.hbm_bytes * r.gpu_memory_utilization
+    kv = usable - weights
+    per_seq = kv_bytes_per_token(spec) / r.tp * max_model_len(spec)
+    return {
+        "weights_bytes_per_gpu": int(weights),
+        "kv_bytes_per_gpu": int(max(kv, 0)),
+        "kv_bytes_per_token_per_gpu": kv_bytes_per_token(spec) / r.tp,
+        "max_full_length_sequences": int(kv // per_seq) if per_seq > 0 and kv > 0 else 0,
+    }
+
+
+def check_rollout(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
+    """Rollout rules: instances divide the GPUs, TP fits a node, the KV cache fits after the weights, lag >= 0."""
+    r, c, m = spec.rollout, spec.cluster, spec.model
+    errors: list[Problem] = []
+    warnings: list[Problem] = []
+    if not r.enabled:
+        return errors, warnings
+
+    def err(path, value, rule, fix):
+        errors.append(Problem(path=path, value=value, rule=rule, fix=fix))
+
+    if r.tp < 1:
+        err("rollout.tp", r.tp, "must be >= 1", "use 1, 2, 4 or 8")
+        return errors, warnings
+    if not r.colocated and r.num_nodes < 1:
+        err("rollout.num_nodes", r.num_nodes, "dedicated rollout (colocated=false) needs nodes",
+            "set rollout.num_nodes >= 1, or rollout.colocated=true")
+        return errors, warnings
+    gpus = rollout_gpus(spec)
+    if r.tp > c.gpus_per_node:
+        err("rollout.tp", r.tp, f"an instance's TP must fit in one node (gpus_per_node = {c.gpus_per_node})",
+            f"use rollout.tp <= {c.gpus_per_node}")
+    elif c.gpus_per_node % r.tp or gpus % r.tp:
+        err("rollout.tp", r.tp, f"must divide the GPUs per node ({c.gpus_per_node}) so instances tile the "
+            f"{gpus} rollout GPUs", f"use one of {[d for d in range(1, c.gpus_per_node + 1) if c.gpus_per_node % d == 0]}")
+    heads = m.num_attention_heads
+    if heads % r.tp:
+        err("rollout.tp", r.tp, f"must divide model.num_attention_heads ({heads})", "vLLM shards heads over TP")
+    if r.max_policy_lag < 0:
+        err("rollout.max_policy_lag", r.max_policy_lag, "must be >= 0 (0 is synchronous on-policy)", "use 0 or 1")
+    for fname in ("num_prompts_per_step", "num_generations_per_prompt", "max_response_length", "prompt_length"):
+        if getattr(r, fname) < 1:
+            err(f"rollout.{fname}", getattr(r, fname), "must be >= 1", "set a positive count")
+    if not 0 <= r.acceptance_rate < 1:
+        err("rollout.acceptance_rate", r.acceptance_rate, "must be in [0, 1)", "e.g. 0.7 for a trained EAGLE-3 draft")
+    if r.num_speculative_tokens is not None and r.num_speculative_tokens < 1:
+        err("rollout.num_speculative_tokens", r.num_speculative_tokens, "must be >= 1", "use null (= draft.ttt_steps)")
+    if not 0 < r.gpu_memory_utilization <= 1:
+        err("rollout.gpu_memory_utilization", r.gpu_memory_utilization, "must be in (0, 1]", "use 0.85")
+    if errors or c.gpu not in CATALOGUE:
+        return errors, warnings
+    budget = kv_budget(spec)
+    gib = 2**30
+    if budget["kv_bytes_per_gpu"] <= 0:
+        err("rollout.tp", r.tp, f"the bf16 weights ({budget['weights_bytes_per_gpu'] / gib:.1f} GiB per GPU) do "
+            f"not fit in {r.gpu_memory_utilization:.0%} of the {c.gpu} HBM", "raise rollout.tp")
+    elif budget["max_full_length_sequences"] < 1:
+        err("rollout.max_model_len", max_model_len(spec), "not even one full-length sequence's KV cache fits after "
+            f"the weights ({budget['kv_bytes_per_gpu'] / gib:.1f} GiB KV budget per GPU)",
+            "raise rollout.tp or rollout.gpu_memory_utilization, or lower rollout.max_response_length")
+    elif r.speculative and not spec.draft.enabled:
+        warnings.append(Problem(path="rollout.speculative", value=True, rule="speculative decoding needs the "
+                                "co-trained draft, but draft.enabled is false", fix="set draft.enabled=true",
+                                severity="warning"))
+    return errors, warnings
+
+
+def plan_rollout(spec: LayoutSpec, core: dict) -> dict:
+    """The plan's `rollout`: instances with their nodes, local GPUs (and training ranks when colocated)."""
+    r, c = spec.rollout, spec.cluster
+    if not r.enabled:
+        return {"enabled": False}
+    gpus = rollout_gpus(spec)
+    first_node = 0 if r.colocated else c.num_nodes
+    instances = []
+    for i in range(gpus // r.tp):
+        start = i * r.tp
+        node = first_node + start // c.gpus_per_node
+        local = [start % c.gpus_per_node + k for k in range(r.tp)]
+        inst = {"instance": i, "node": node, "local_gpus": local}
+        if r.colocated:
+            inst["training_ranks"] = [start + k for k in range(r.tp)]
+        instances.append(inst)
+    return {
+        "enabled": True,
+        "colocated": r.colocated,
+        "num_gpus": gpus,
+        "tp": r.tp,
+        "num_instances": len(instances),
+        "instances": instances,
+        "samples_per_step": r.num_prompts_per_step * r.num_generations_per_prompt,
+        "max_policy_lag": r.max_policy_lag,
+        "speculative": r.speculative and spec.draft.enabled,
+        "num_speculative_tokens": r.num_speculative_tokens or spec.draft.ttt_steps,
+        "acceptance_rate": r.acceptance_rate,
+        "kv": kv_budget(spec),
+    }

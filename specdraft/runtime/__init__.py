@@ -1,0 +1,1 @@
+"""Runtime: the job payload that runs on every rank; torch.distributed and megatron-core, reads plan.json."""

@@ -1,0 +1,1 @@
+"""Layout spec: schema, loading (YAML + dotlist overrides) and validation. Imports no torch."""

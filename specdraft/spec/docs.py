@@ -1,0 +1,80 @@
+"""Field documentation for `specdraft explain`: each field's attribute docstring, type and default.
+
+The docstrings live under the fields in schema.py; they are read from the source with `ast`, so the schema
+stays the single place that documents itself.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import inspect
+import typing
+from dataclasses import MISSING, dataclass, fields, is_dataclass
+from functools import lru_cache
+
+from specdraft.errors import UserError
+from specdraft.spec import schema
+from specdraft.spec.load import _describe
+
+
+@dataclass(frozen=True, kw_only=True)
+class FieldDoc:
+    path: str
+    type: str
+    default: str
+    doc: str
+    section: bool
+
+
+@lru_cache(maxsize=1)
+def _docstrings() -> dict[tuple[str, str], str]:
+    """(class name, field name) -> the string literal that follows the field in schema.py."""
+    tree = ast.parse(inspect.getsource(schema))
+    out = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        body = node.body
+        for i, stmt in enumerate(body[:-1]):
+            nxt = body[i + 1]
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                    and isinstance(nxt.value.value, str)):
+                out[(node.name, stmt.target.id)] = inspect.cleandoc(nxt.value.value)
+    return out
+
+
+def all_fields(cls: type = schema.LayoutSpec, prefix: str = "") -> list[FieldDoc]:
+    """Every field of the layout, sections first then their fields, in schema order."""
+    docs = _docstrings()
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in fields(cls):
+        path = f"{prefix}{f.name}"
+        tp = hints[f.name]
+        if f.default is not MISSING:
+            default = "null" if f.default is None else repr(f.default)
+        elif f.default_factory is not MISSING:
+            value = f.default_factory()
+            default = "(section)" if is_dataclass(value) else repr(value)
+        else:
+            default = "(required)"
+        doc = docs.get((cls.__name__, f.name), "")
+        section = is_dataclass(tp)
+        out.append(FieldDoc(path=path, type=tp.__name__ if section else _describe(tp), default=default,
+                            doc=doc, section=section))
+        if section:
+            out += all_fields(tp, f"{path}.")
+    return out
+
+
+def explain(path: str) -> list[FieldDoc]:
+    """The docs of ``path``; a section path returns the section and all its fields."""
+    everything = all_fields()
+    exact = [f for f in everything if f.path == path or f.path.startswith(path + ".")]
+    if exact:
+        return exact
+    close = difflib.get_close_matches(path, [f.path for f in everything], n=3)
+    raise UserError(f"no layout field named {path!r}",
+                    f"did you mean {', '.join(close)}?" if close else "run `specdraft explain` to list every field")

@@ -1,0 +1,249 @@
+"""Load a layout: YAML (OmegaConf) + dotlist overrides -> plain dict -> frozen LayoutSpec.
+
+OmegaConf stops here: nothing past this module sees a DictConfig. Every problem is collected, not just the first.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import types
+import typing
+from dataclasses import MISSING as DC_MISSING
+from dataclasses import asdict, fields, is_dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, Sequence, Union
+
+from specdraft.errors import MISSING, Problem, SpecError, UserError
+from specdraft.spec.schema import LayoutSpec
+
+DEFAULT_LAYOUT = "tiny-cpu"
+
+
+def builtin_layout_text(name: str = DEFAULT_LAYOUT) -> str:
+    """The YAML text of a layout shipped inside the package (layouts/ in the source tree)."""
+    return resources.files("specdraft.layouts").joinpath(f"{name}.yaml").read_text(encoding="utf-8")
+
+
+def load_layout(path: str | Path | None, overrides: Sequence[str] = ()) -> LayoutSpec:
+    """Load ``path`` (None = the built-in default layout), apply dotlist ``overrides``, build the spec."""
+    source = str(path) if path is not None else f"<built-in {DEFAULT_LAYOUT}>"
+    if path is None:
+        text = builtin_layout_text()
+    else:
+        file = Path(path)
+        if not file.is_file():
+            raise UserError(
+                f"layout file not found: {file}",
+                "pass the path of a layout YAML (see layouts/), or omit it to use the built-in default",
+            )
+        text = file.read_text(encoding="utf-8")
+    return load_layout_text(text, overrides, source=source)
+
+
+def load_layout_text(text: str, overrides: Sequence[str] = (), source: str = "<text>") -> LayoutSpec:
+    """Parse YAML text plus dotlist overrides into a LayoutSpec, reporting every problem at once."""
+    data = _to_plain_dict(text, overrides, source)
+    spec, problems = build(LayoutSpec, data, "")
+    if problems:
+        if spec is not None:
+            # Run the field rules on what did load, so one pass reports everything.
+            from specdraft.spec.validate import validate_fields
+
+            problems += validate_fields(spec)[0]
+        raise SpecError(problems, source)
+    return spec
+
+
+def spec_from_dict(data: dict) -> LayoutSpec:
+    """Rebuild a LayoutSpec from its dict form (e.g. the `spec` section of a plan.json)."""
+    spec, problems = build(LayoutSpec, data, "")
+    if problems:
+        raise SpecError(problems, "plan.json spec")
+    return spec
+
+
+def spec_to_dict(spec: LayoutSpec) -> dict:
+    """The spec as plain JSON-able data, field order preserved."""
+    return asdict(spec)
+
+
+def spec_sha256(spec: LayoutSpec) -> str:
+    """sha256 of the canonical JSON of the resolved spec: equal layouts hash equal, whatever the YAML looked like."""
+    canonical = json.dumps(spec_to_dict(spec), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _to_plain_dict(text: str, overrides: Sequence[str], source: str) -> dict:
+    # Imported here: omegaconf (and its yaml) cost start-up time that --help should not pay.
+    import yaml
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    problems: list[Problem] = []
+    try:
+        base = OmegaConf.create(text) if text.strip() else OmegaConf.create({})
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        reason = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise SpecError(
+            [Problem(path="<yaml>", value=where, rule=f"YAML syntax error: {reason}",
+                     fix="fix the YAML at that position (indentation, a missing ':' or an unclosed quote)")],
+            source,
+        ) from None
+    if not OmegaConf.is_dict(base):
+        raise SpecError(
+            [Problem(path="<yaml>", value=type(OmegaConf.to_container(base)).__name__,
+                     rule="the layout must be a YAML mapping", fix="start the file with `name:` and `model:` keys")],
+            source,
+        )
+    merged = base
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            problems.append(Problem(path="<override>", value=item, rule="an override is KEY=VALUE",
+                                    fix="write it as a dotlist, e.g. parallel.cp=4"))
+            continue
+        try:
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
+        except (OmegaConfBaseException, yaml.YAMLError, ValueError) as err:
+            problems.append(Problem(path=item.split("=", 1)[0], value=item.split("=", 1)[1],
+                                    rule=f"cannot apply override: {err}".splitlines()[0],
+                                    fix="check the key path and the value's YAML syntax"))
+    if problems:
+        raise SpecError(problems, source)
+    try:
+        data = OmegaConf.to_container(merged, resolve=True)
+    except OmegaConfBaseException as err:
+        raise SpecError(
+            [Problem(path=getattr(err, "full_key", None) or "<interpolation>", value=None,
+                     rule=f"cannot resolve: {str(err).splitlines()[0]}",
+                     fix="fix the ${...} interpolation or replace it by a literal value")],
+            source,
+        ) from None
+    return data
+
+
+def build(cls: type, data: Any, path: str) -> tuple[Any, list[Problem]]:
+    """Build dataclass ``cls`` from plain ``data``; return (instance or None, every problem found).
+
+    A bad or unknown field is reported and, where the field has a default, the default stands in, so the
+    remaining rules can still run and every problem is reported in one pass.
+    """
+    if not isinstance(data, dict):
+        return None, [Problem(path=path or "<root>", value=data, rule=f"must be a mapping of {cls.__name__} fields",
+                              fix="write it as `key: value` lines")]
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    problems: list[Problem] = []
+    values: dict[str, Any] = {}
+    complete = True
+    for key, raw in data.items():
+        sub = f"{path}.{key}" if path else str(key)
+        if key not in known:
+            close = difflib.get_close_matches(str(key), list(known), n=1)
+            hint = f"did you mean `{_join(path, close[0])}`?" if close else f"known fields: {', '.join(known)}"
+            problems.append(Problem(path=sub, value=raw, rule="unknown field", fix=hint))
+            continue
+        value, errs = _convert(hints[key], raw, sub)
+        problems += errs
+        if value is not None or not errs:
+            values[key] = value
+        elif not _has_default(known[key]):
+            complete = False
+    for name, f in known.items():
+        if name not in data and not _has_default(f):
+            complete = False
+            problems.append(Problem(path=_join(path, name), value=MISSING, rule="is required",
+                                    fix=f"set `{_join(path, name)}` in the layout (`specdraft explain {_join(path, name)}`)"))
+    return (cls(**values) if complete else None), problems
+
+
+def _has_default(f) -> bool:
+    return f.default is not DC_MISSING or f.default_factory is not DC_MISSING
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _convert(tp: Any, raw: Any, path: str) -> tuple[Any, list[Problem]]:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if is_dataclass(tp):
+        return build(tp, raw, path)
+    if origin in (Union, types.UnionType):
+        if raw is None and type(None) in args:
+            return None, []
+        options = [a for a in args if a is not type(None)]
+        for option in options:
+            value, errs = _convert(option, raw, path)
+            if not errs:
+                return value, []
+        if len(options) == 1:
+            return _convert(options[0], raw, path)
+        return None, [Problem(path=path, value=raw, rule=f"must be {_describe(tp)}", fix=f"use {_describe(tp)}")]
+    if origin is Literal:
+        if raw in args:
+            return raw, []
+        close = difflib.get_close_matches(str(raw), [str(a) for a in args], n=1)
+        fix = f"did you mean {close[0]!r}?" if close else f"use one of {', '.join(map(repr, args))}"
+        return None, [Problem(path=path, value=raw, rule=f"must be one of {', '.join(map(repr, args))}", fix=fix)]
+    if origin is list:
+        if not isinstance(raw, list):
+            return None, [Problem(path=path, value=raw, rule=f"must be a list ({_describe(tp)})",
+                                  fix="write it as [a, b, ...]")]
+        out, problems = [], []
+        for i, item in enumerate(raw):
+            value, errs = _convert(args[0], item, f"{path}[{i}]")
+            out.append(value)
+            problems += errs
+        return out, problems
+    if origin is dict:
+        if not isinstance(raw, dict):
+            return None, [Problem(path=path, value=raw, rule="must be a mapping", fix="write it as `KEY: value` lines")]
+        out, problems = {}, []
+        for key, item in raw.items():
+            value, errs = _convert(args[1], item, f"{path}.{key}")
+            out[str(key)] = value
+            problems += errs
+        return out, problems
+    return _scalar(tp, raw, path)
+
+
+def _scalar(tp: type, raw: Any, path: str) -> tuple[Any, list[Problem]]:
+    if tp is bool:
+        if isinstance(raw, bool):
+            return raw, []
+    elif tp is int:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return raw, []
+        if isinstance(raw, float) and raw.is_integer():
+            return int(raw), []
+    elif tp is float:
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            return float(raw), []
+    elif tp is str:
+        # Numbers are accepted where text is expected (`time: 60`, `env: {OMP_NUM_THREADS: 4}`).
+        if isinstance(raw, str):
+            return raw, []
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            return str(raw), []
+    return None, [Problem(path=path, value=raw, rule=f"must be {_describe(tp)}, got {type(raw).__name__}",
+                          fix=f"write {_describe(tp)} (YAML quotes make a string)" if tp is not str else "quote it")]
+
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join("null" if a is type(None) else _describe(a) for a in args)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin is list:
+        return f"list of {_describe(args[0])}"
+    if origin is dict:
+        return f"mapping of {_describe(args[0])} to {_describe(args[1])}"
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(tp, getattr(tp, "__name__", str(tp)))

@@ -1,0 +1,223 @@
+"""The layout spec: frozen, keyword-only dataclasses. Each field's docstring is what `specdraft explain` prints.
+
+Fields without a default are required. Names follow Megatron: tp, cp, pp, dp, ep, etp and "size".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional, Union
+
+REQUIRED = object()  # sentinel for documentation only; required fields simply have no default
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """The target model's shape (take it from the model's published config)."""
+
+    num_layers: int
+    """Number of transformer layers (Megatron --num-layers; HF num_hidden_layers)."""
+    hidden_size: int
+    """Model hidden size (HF hidden_size)."""
+    ffn_hidden_size: int
+    """Dense MLP hidden size (HF intermediate_size)."""
+    num_attention_heads: int
+    """Number of attention (query) heads."""
+    num_query_groups: Optional[int] = None
+    """Number of K/V heads for GQA (HF num_key_value_heads); null means equal to num_attention_heads (MHA)."""
+    kv_channels: Optional[int] = None
+    """Per-head dimension (HF head_dim); null means hidden_size / num_attention_heads."""
+    vocab_size: int
+    """Vocabulary size (padded or not; Megatron pads it to a multiple of 128*tp itself)."""
+    seq_length: int
+    """Training sequence length in tokens (per packed microbatch row)."""
+    num_experts: Optional[int] = None
+    """Number of routed MoE experts; null for a dense model."""
+    moe_ffn_hidden_size: Optional[int] = None
+    """Hidden size of each expert's MLP (HF moe_intermediate_size); required when num_experts is set."""
+    moe_router_topk: int = 2
+    """Experts each token is routed to (HF num_experts_per_tok)."""
+    swiglu: bool = True
+    """Gated (SwiGLU) MLP with three weight matrices; false for a plain two-matrix MLP."""
+    tie_embeddings: bool = False
+    """Share the input embedding and output layer weights."""
+    path: str = "model"
+    """Checkpoint path or hub id of the policy, used by the NeMo-RL and vLLM renders."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    """Where the training job runs."""
+
+    num_nodes: int = 1
+    """Number of nodes in the allocation."""
+    gpus_per_node: int = 8
+    """GPUs (ranks) per node; `--ntasks-per-node` in the sbatch script."""
+    gpu: str = "h100-80gb"
+    """Accelerator kind from the catalogue (`specdraft explain cluster.gpu` lists them); `cpu` for local runs."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelSpec:
+    """The parallel layout, as Megatron-LM names it."""
+
+    tp: int = 1
+    """Tensor-parallel size (--tensor-model-parallel-size)."""
+    cp: int = 1
+    """Context-parallel size (--context-parallel-size)."""
+    pp: int = 1
+    """Pipeline-parallel size (--pipeline-model-parallel-size)."""
+    dp: int = -1
+    """Data-parallel size; -1 derives it as world_size / (tp * cp * pp)."""
+    ep: int = 1
+    """Expert-parallel size (--expert-model-parallel-size); needs model.num_experts."""
+    etp: Optional[int] = None
+    """Expert tensor-parallel size (--expert-tensor-parallel-size); null means equal to tp."""
+    vpp: Optional[int] = None
+    """Virtual pipeline stages per pipeline rank (--num-virtual-stages-per-pipeline-rank); null = no interleaving."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism (--sequence-parallel); needs tp > 1."""
+    first_stage_layers: Optional[int] = None
+    """Layers on the first pipeline stage (--decoder-first-pipeline-num-layers); null = even split."""
+    last_stage_layers: Optional[int] = None
+    """Layers on the last pipeline stage (--decoder-last-pipeline-num-layers); null = even split."""
+    cp_comm_type: Literal["p2p", "a2a", "allgather", "a2a+p2p"] = "p2p"
+    """Context-parallel communication (--cp-comm-type); the draft's branch attention ring is p2p."""
+    hierarchical_cp_sizes: Optional[list[int]] = None
+    """Sizes for a2a+p2p (--hierarchical-context-parallel-sizes); their product must be cp."""
+    order: Literal["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"] = "tp-cp-ep-dp-pp"
+    """Rank order, innermost first; tp-cp-ep-pp-dp is Megatron's --use-tp-pp-dp-mapping."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DraftSpec:
+    """The EAGLE-3 speculative-decoding draft, co-trained online next to the policy."""
+
+    enabled: bool = True
+    """Co-train a draft; false trains the policy alone."""
+    method: Literal["eagle3"] = "eagle3"
+    """Draft method; EAGLE-3 (fused low/mid/high taps, training-time test)."""
+    num_layers: int = 1
+    """Decoder layers in the draft (EAGLE-3 uses 1)."""
+    aux_layers: Optional[list[int]] = None
+    """0-indexed target layers whose outputs the draft taps; null = EAGLE-3 default [1, N//2-1, N-4]."""
+    ttt_steps: int = 3
+    """Training-time-test unroll steps (step 0 is the trunk, 1.. are branch steps); also the default draft length."""
+    stage: Union[Literal["last", "first"], int] = "last"
+    """Pipeline stage that holds the whole draft: last (default), first, or a stage index."""
+    loss_weight: float = 1.0
+    """lambda in L = L_policy + lambda * L_draft (forward KL against detached policy logits)."""
+    lr: float = 1.0e-3
+    """Learning rate of the draft's own optimizer."""
+    clip_grad: float = 1.0
+    """Gradient-norm clip of the draft's own clipping group; 0 disables it."""
+    model: str = "checkpoints/draft"
+    """Path of the draft checkpoint that rollout engines load (vLLM speculative_config.model)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingSpec:
+    """Batching, precision and the optimizer."""
+
+    micro_batch_size: int = 1
+    """Sequences per microbatch per data-parallel rank."""
+    global_batch_size: int = 8
+    """Sequences per optimizer step across all data-parallel ranks."""
+    packing: bool = True
+    """Pack sequences (THD) with per-sequence padding; needed by the draft's CP branch attention."""
+    sequence_lengths: Optional[list[int]] = None
+    """Typical per-sequence lengths, used to report packing padding overhead; null = [model.seq_length]."""
+    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    """Training (parameter and activation) dtype."""
+    distributed_optimizer: bool = True
+    """Shard optimizer state over data-parallel ranks (--use-distributed-optimizer)."""
+    recompute: Literal["none", "selective", "full"] = "selective"
+    """Activation recomputation, used by the memory estimate (--recompute-granularity)."""
+    train_iters: int = 20
+    """Optimizer steps the runtime runs (`specdraft launch --steps` overrides it)."""
+    lr: float = 1.0e-3
+    """Learning rate of the policy's optimizer."""
+    clip_grad: float = 1.0
+    """Gradient-norm clip of the policy; 0 disables it."""
+    seed: int = 1234
+    """Seed for initialisation and the synthetic data the runtime generates."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmSpec:
+    """How the job is submitted to Slurm (every value is shell-quoted before it reaches a script)."""
+
+    partition: Optional[str] = None
+    """Slurm partition (--partition); null = the cluster's default."""
+    account: Optional[str] = None
+    """Slurm account (--account)."""
+    qos: Optional[str] = None
+    """Slurm quality of service (--qos)."""
+    time: str = "01:00:00"
+    """Wall-clock limit, [D-]HH:MM:SS or minutes."""
+    cpus_per_task: int = 8
+    """CPUs per task (--cpus-per-task)."""
+    container_image: Optional[str] = None
+    """Pyxis container image (--container-image); null runs on the host."""
+    container_mounts: list[str] = field(default_factory=list)
+    """Pyxis mounts, SRC:DST[:FLAGS] each (--container-mounts)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment variables exported in the job script."""
+    extra_sbatch_args: list[str] = field(default_factory=list)
+    """Extra `#SBATCH` arguments, e.g. ["--exclusive", "--constraint=h100"]."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutSpec:
+    """The rollout side: vLLM speculative-decoding instances and the offline scheduler."""
+
+    enabled: bool = False
+    """Plan rollout instances (and render their vLLM settings)."""
+    colocated: bool = True
+    """Rollout shares the training GPUs (time-sliced); false uses dedicated nodes."""
+    num_nodes: int = 0
+    """Dedicated rollout nodes when colocated is false (gpus_per_node and gpu from cluster)."""
+    tp: int = 1
+    """Tensor-parallel size per vLLM instance; instances = rollout GPUs / tp."""
+    num_prompts_per_step: int = 64
+    """Prompts per RL step (grpo.num_prompts_per_step)."""
+    num_generations_per_prompt: int = 8
+    """Samples per prompt (grpo.num_generations_per_prompt)."""
+    prompt_length: int = 1024
+    """Typical prompt length in tokens (KV-cache sizing)."""
+    max_response_length: int = 16384
+    """Cap on generated tokens per sample."""
+    max_policy_lag: int = 1
+    """Bound on how many policy versions a sample may lag the trainer (async GRPO max_trajectory_age_steps)."""
+    speculative: bool = True
+    """Speculative decoding with the co-trained EAGLE-3 draft."""
+    num_speculative_tokens: Optional[int] = None
+    """Draft tokens per verify step; null = draft.ttt_steps."""
+    acceptance_rate: float = 0.7
+    """Per-token draft acceptance, measured (e.g. a run's metrics.jsonl) or assumed."""
+    gpu_memory_utilization: float = 0.85
+    """Fraction of HBM vLLM may use (weights + KV cache)."""
+    max_model_len: Optional[int] = None
+    """vLLM max_model_len; null = prompt_length + max_response_length."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayoutSpec:
+    """A whole layout: model, cluster, parallelism, draft, training, Slurm and rollout."""
+
+    name: str
+    """Layout name; used in job names and run folders (letters, digits, '.', '_' and '-')."""
+    model: ModelSpec
+    """The target (policy) model's shape."""
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    """Nodes and accelerators."""
+    parallel: ParallelSpec = field(default_factory=ParallelSpec)
+    """TP/CP/PP/DP/EP layout."""
+    draft: DraftSpec = field(default_factory=DraftSpec)
+    """The co-trained EAGLE-3 draft."""
+    training: TrainingSpec = field(default_factory=TrainingSpec)
+    """Batching, precision, optimizer."""
+    slurm: SlurmSpec = field(default_factory=SlurmSpec)
+    """Slurm submission settings."""
+    rollout: RolloutSpec = field(default_factory=RolloutSpec)
+    """Rollout instances and scheduling."""

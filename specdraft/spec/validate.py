@@ -1,0 +1,350 @@
+"""Field-level rules of a layout: every problem at once, each with the path, the value, the rule and a fix.
+
+Rules that need the compiled stage map (memory, the draft stage's load) live in specdraft.plan.check.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from specdraft.errors import Problem
+from specdraft.spec.gpus import CATALOGUE
+from specdraft.spec.schema import LayoutSpec
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+SLURM_WORD_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._,:@+-]*$")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+TIME_RE = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d{1,2}(:\d{2}(:\d{2})?)?)$")
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0] if n > 0 else []
+
+
+def world_size(spec: LayoutSpec) -> int:
+    return spec.cluster.num_nodes * spec.cluster.gpus_per_node
+
+
+def resolved_dp(spec: LayoutSpec) -> int | None:
+    """dp as given, or derived from the world size; None when it cannot be derived."""
+    p = spec.parallel
+    if p.dp != -1:
+        return p.dp
+    inner = p.tp * p.cp * p.pp
+    return world_size(spec) // inner if inner > 0 and world_size(spec) % inner == 0 else None
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """EAGLE-3's default taps: outputs of layers [1, N//2-1, N-4] (modelopt, SpecForge, NeMo-RL)."""
+    return [1, num_layers // 2 - 1, num_layers - 4]
+
+
+def pad_multiple(spec: LayoutSpec) -> int:
+    """Per-sequence padding multiple of packed CP: 2*cp chunks, times tp under sequence parallelism."""
+    p = spec.parallel
+    return 2 * p.cp * (p.tp if p.sequence_parallel else 1)
+
+
+def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
+    """Return (errors, warnings) for every field rule."""
+    errors: list[Problem] = []
+    warnings: list[Problem] = []
+
+    def err(path, value, rule, fix):
+        errors.append(Problem(path=path, value=value, rule=rule, fix=fix))
+
+    def warn(path, value, rule, fix):
+        warnings.append(Problem(path=path, value=value, rule=rule, fix=fix, severity="warning"))
+
+    m, c, p, d, t, s = spec.model, spec.cluster, spec.parallel, spec.draft, spec.training, spec.slurm
+    if not NAME_RE.match(spec.name):
+        err("name", spec.name, "must be 1-64 letters, digits, '.', '_' or '-' (it names jobs and run folders)",
+            f"use e.g. {re.sub(r'[^A-Za-z0-9._-]+', '-', spec.name).strip('-.') or 'my-layout'!r}")
+
+    for fname in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size", "seq_length"):
+        if getattr(m, fname) < 1:
+            err(f"model.{fname}", getattr(m, fname), "must be a positive integer", "take it from the model's config")
+    heads = max(m.num_attention_heads, 1)
+    groups = m.num_query_groups if m.num_query_groups is not None else heads
+    if m.num_query_groups is not None and (groups < 1 or heads % groups):
+        err("model.num_query_groups", groups, f"must divide model.num_attention_heads ({heads})",
+            f"use one of {divisors(heads)}")
+    if m.kv_channels is None and m.hidden_size % heads:
+        err("model.kv_channels", None, f"hidden_size ({m.hidden_size}) is not a multiple of num_attention_heads ({heads})",
+            "set model.kv_channels (the head dim) explicitly")
+    if m.num_experts is not None:
+        if m.num_experts < 1:
+            err("model.num_experts", m.num_experts, "must be >= 1, or null for a dense model", "set it to null")
+        if m.moe_ffn_hidden_size is None:
+            err("model.moe_ffn_hidden_size", None, "is required with model.num_experts",
+                "set it to the expert MLP size (HF moe_intermediate_size)")
+        if not 1 <= m.moe_router_topk <= max(m.num_experts, 1):
+            err("model.moe_router_topk", m.moe_router_topk, f"must be in 1..num_experts ({m.num_experts})",
+                "take it from HF num_experts_per_tok")
+
+    if c.num_nodes < 1:
+        err("cluster.num_nodes", c.num_nodes, "must be >= 1", "set the number of nodes in the allocation")
+    if c.gpus_per_node < 1:
+        err("cluster.gpus_per_node", c.gpus_per_node, "must be >= 1", "usually 8")
+    if c.gpu not in CATALOGUE:
+        import difflib
+        close = difflib.get_close_matches(c.gpu, list(CATALOGUE), n=1)
+        err("cluster.gpu", c.gpu, f"unknown accelerator; known: {', '.join(CATALOGUE)}",
+            f"did you mean {close[0]!r}?" if close else "pick one from `specdraft explain cluster.gpu`")
+
+    _parallel_rules(spec, err, warn)
+    _draft_rules(spec, err, warn)
+
+    world = world_size(spec)
+    dp = resolved_dp(spec)
+    if t.micro_batch_size < 1:
+        err("training.micro_batch_size", t.micro_batch_size, "must be >= 1", "usually 1 with packing")
+    if dp and t.micro_batch_size >= 1 and t.global_batch_size % (t.micro_batch_size * dp):
+        unit = t.micro_batch_size * dp
+        err("training.global_batch_size", t.global_batch_size,
+            f"must be a multiple of micro_batch_size * dp ({t.micro_batch_size} * {dp} = {unit})",
+            f"use {max(unit, t.global_batch_size // unit * unit)} or {(t.global_batch_size // unit + 1) * unit}")
+    for i, length in enumerate(t.sequence_lengths or []):
+        if not 1 <= length <= m.seq_length:
+            err(f"training.sequence_lengths[{i}]", length, f"must be in 1..model.seq_length ({m.seq_length})",
+                "list typical packed-sequence lengths")
+    for fname in ("train_iters",):
+        if getattr(t, fname) < 1:
+            err(f"training.{fname}", getattr(t, fname), "must be >= 1", "run at least one step")
+    if t.lr <= 0:
+        err("training.lr", t.lr, "must be > 0", "e.g. 1e-5 for RL post-training")
+    if t.clip_grad < 0:
+        err("training.clip_grad", t.clip_grad, "must be >= 0 (0 disables clipping)", "use 1.0")
+    if c.gpu == "cpu" and t.dtype != "fp32":
+        warn("training.dtype", t.dtype, "CPU runs compute in fp32; the memory estimate uses this dtype",
+             "set training.dtype=fp32 for local CPU layouts")
+
+    _slurm_rules(spec, err)
+    del world
+    return errors, warnings
+
+
+def _parallel_rules(spec: LayoutSpec, err, warn) -> None:
+    m, c, p = spec.model, spec.cluster, spec.parallel
+    world = world_size(spec)
+    sizes_ok = True
+    for fname in ("tp", "cp", "pp", "ep"):
+        if getattr(p, fname) < 1:
+            err(f"parallel.{fname}", getattr(p, fname), "must be >= 1", "use 1 to disable this dimension")
+            sizes_ok = False
+    if p.dp == 0 or p.dp < -1:
+        err("parallel.dp", p.dp, "must be >= 1, or -1 to derive it", "use -1")
+        sizes_ok = False
+    if not sizes_ok or world < 1:
+        return
+    inner = p.tp * p.cp * p.pp
+    if p.dp == -1 and world % inner:
+        err("parallel", f"tp*cp*pp = {p.tp}*{p.cp}*{p.pp} = {inner}",
+            f"must divide the world size (cluster.num_nodes * gpus_per_node = {world})",
+            f"use a world size that is a multiple of {inner}, e.g. cluster.num_nodes = "
+            f"{max(1, math.ceil(inner / c.gpus_per_node))} with {c.gpus_per_node} GPUs per node, or change tp/cp/pp")
+    elif p.dp != -1 and inner * p.dp != world:
+        err("parallel.dp", p.dp, f"tp*cp*pp*dp = {inner * p.dp} must equal the world size ({world})",
+            f"use parallel.dp=-1 (derives {world // inner})" if world % inner == 0 else
+            f"set cluster.num_nodes to {math.ceil(inner * p.dp / c.gpus_per_node)}")
+
+    heads = m.num_attention_heads
+    groups = m.num_query_groups if m.num_query_groups is not None else heads
+    if heads >= 1 and groups >= 1 and (heads % p.tp or groups % p.tp):
+        ok = [d for d in divisors(math.gcd(heads, groups))]
+        err("parallel.tp", p.tp, f"must divide model.num_attention_heads ({heads}) and num_query_groups ({groups})",
+            f"use one of {', '.join(map(str, ok))}")
+    if p.tp > c.gpus_per_node:
+        warn("parallel.tp", p.tp, f"tensor parallelism spans nodes (gpus_per_node = {c.gpus_per_node}); "
+             "its all-reduces cross the inter-node network", f"keep tp <= {c.gpus_per_node}")
+    if p.sequence_parallel and p.tp == 1:
+        err("parallel.sequence_parallel", True, "needs tp > 1", "set parallel.sequence_parallel=false or raise tp")
+    _layer_split_rules(spec, err)
+
+    seq_mult = 2 * p.cp * (p.tp if p.sequence_parallel else 1)
+    if p.cp > 1 or p.sequence_parallel:
+        if m.seq_length % seq_mult:
+            what = f"2*cp{'*tp' if p.sequence_parallel else ''} = {seq_mult}"
+            err("model.seq_length", m.seq_length, f"must be a multiple of {what} (zigzag context-parallel chunks)",
+                f"use {m.seq_length // seq_mult * seq_mult or seq_mult} or {(m.seq_length // seq_mult + 1) * seq_mult}")
+    if p.cp_comm_type == "a2a+p2p":
+        sizes = p.hierarchical_cp_sizes
+        if not sizes or math.prod(sizes) != p.cp:
+            err("parallel.hierarchical_cp_sizes", sizes, f"a2a+p2p needs sizes whose product is cp ({p.cp})",
+                f"e.g. [{2 if p.cp % 2 == 0 else 1}, {p.cp // (2 if p.cp % 2 == 0 else 1)}]")
+    elif p.hierarchical_cp_sizes is not None:
+        err("parallel.hierarchical_cp_sizes", p.hierarchical_cp_sizes, "is only used with cp_comm_type a2a+p2p",
+            "set it to null, or set parallel.cp_comm_type=a2a+p2p")
+    if p.cp_comm_type in ("a2a", "a2a+p2p") and p.cp > 1:
+        a2a = p.cp if p.cp_comm_type == "a2a" else (p.hierarchical_cp_sizes or [p.cp])[0]
+        if (heads // max(p.tp, 1)) % a2a:
+            err("parallel.cp_comm_type", p.cp_comm_type, f"all-to-all CP needs heads/tp ({heads // max(p.tp, 1)}) "
+                f"divisible by the a2a size ({a2a})", "use cp_comm_type=p2p")
+
+    if p.order not in ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"):
+        err("parallel.order", p.order, "unsupported rank order", "use tp-cp-ep-dp-pp or tp-cp-ep-pp-dp")
+    etp = p.etp if p.etp is not None else p.tp
+    if m.num_experts is None:
+        if p.ep > 1:
+            err("parallel.ep", p.ep, "expert parallelism needs an MoE model (model.num_experts)",
+                "set parallel.ep=1 or model.num_experts")
+        if p.etp is not None and p.etp != p.tp:
+            err("parallel.etp", p.etp, "expert tensor parallelism needs an MoE model", "set parallel.etp=null")
+    else:
+        if m.num_experts >= 1 and m.num_experts % p.ep:
+            err("parallel.ep", p.ep, f"must divide model.num_experts ({m.num_experts})",
+                f"use one of {', '.join(map(str, divisors(m.num_experts)))}")
+        if etp < 1:
+            err("parallel.etp", etp, "must be >= 1", "use null (= tp)")
+        elif world % (etp * p.ep * p.pp):
+            err("parallel.ep", p.ep, f"expert ranks etp*ep*pp = {etp}*{p.ep}*{p.pp} must divide the world size ({world})",
+                "choose ep and etp so that etp*ep*pp divides the world size")
+        elif p.ep * etp > c.gpus_per_node:
+            warn("parallel.ep", p.ep, f"expert parallelism x etp ({p.ep * etp}) spans nodes; "
+                 "its all-to-all crosses the inter-node network", f"keep ep*etp <= {c.gpus_per_node}")
+        if p.order == "tp-cp-ep-pp-dp" and p.pp > 1 and etp * p.ep != p.tp * p.cp:
+            err("parallel.order", p.order, f"with dp outermost, Megatron needs the expert and attention data-parallel "
+                f"sizes equal, i.e. etp*ep ({etp * p.ep}) == tp*cp ({p.tp * p.cp})",
+                "use order tp-cp-ep-dp-pp, or choose ep/etp with etp*ep == tp*cp")
+
+
+def stage_layer_counts(spec: LayoutSpec) -> list[int] | None:
+    """Layers per pipeline stage exactly as Megatron splits them; None when the split is invalid."""
+    m, p = spec.model, spec.parallel
+    n, pp = m.num_layers, p.pp
+    first, last = p.first_stage_layers, p.last_stage_layers
+    if pp < 1 or n < 1:
+        return None
+    if first is None and last is None:
+        return [n // pp] * pp if n % pp == 0 else None
+    if pp < 2:
+        return None
+    middle_stages = pp - (first is not None) - (last is not None)
+    rest = n - (first or 0) - (last or 0)
+    if rest < 0 or (middle_stages > 0 and rest % middle_stages) or (middle_stages == 0 and rest):
+        return None
+    per = rest // middle_stages if middle_stages else 0
+    counts = [per] * pp
+    if first is not None:
+        counts[0] = first
+    if last is not None:
+        counts[-1] = last
+    return counts
+
+
+def _layer_split_rules(spec: LayoutSpec, err) -> None:
+    m, p = spec.model, spec.parallel
+    n, pp = m.num_layers, p.pp
+    if n < 1:
+        return
+    if pp > n:
+        err("parallel.pp", pp, f"more pipeline stages than model.num_layers ({n})", f"use pp <= {n}")
+        return
+    first, last = p.first_stage_layers, p.last_stage_layers
+    uneven = first is not None or last is not None
+    for fname, value in (("first_stage_layers", first), ("last_stage_layers", last)):
+        if value is not None and value < 1:
+            err(f"parallel.{fname}", value, "must be >= 1", "use null for an even split")
+            return
+    if uneven and pp < 2:
+        err("parallel.first_stage_layers" if first is not None else "parallel.last_stage_layers",
+            first if first is not None else last, "an uneven split needs pp >= 2", "set it to null or raise pp")
+        return
+    counts = stage_layer_counts(spec)
+    if counts is None:
+        if not uneven:
+            ok = [d for d in divisors(n) if d <= 64]
+            err("parallel.pp", pp, f"must divide model.num_layers ({n}) for an even split",
+                f"use one of {', '.join(map(str, ok))}, or set parallel.first_stage_layers/last_stage_layers")
+        else:
+            middle = pp - (first is not None) - (last is not None)
+            rest = n - (first or 0) - (last or 0)
+            err("parallel.first_stage_layers" if first is not None else "parallel.last_stage_layers",
+                first if first is not None else last,
+                f"the remaining {rest} layers must split evenly over the {middle} middle stage(s)",
+                "choose first/last so that num_layers - first - last is a multiple of the middle stage count"
+                if middle else f"with pp=2 first + last must equal model.num_layers ({n})")
+        return
+    if p.vpp is not None:
+        if p.vpp < 1:
+            err("parallel.vpp", p.vpp, "must be >= 1, or null", "use null to disable interleaving")
+        elif p.vpp > 1 and pp < 2:
+            err("parallel.vpp", p.vpp, "interleaving needs pp >= 2", "set parallel.vpp=null")
+        elif p.vpp > 1:
+            bad = [i for i, k in enumerate(counts) if k % p.vpp or k == 0]
+            if bad:
+                err("parallel.vpp", p.vpp, f"every stage's layer count ({counts}) must be a positive multiple of vpp",
+                    f"use a vpp dividing {math.gcd(*counts)}")
+
+
+def _draft_rules(spec: LayoutSpec, err, warn) -> None:
+    m, p, d, t = spec.model, spec.parallel, spec.draft, spec.training
+    if not d.enabled:
+        return
+    n = m.num_layers
+    aux = d.aux_layers if d.aux_layers is not None else default_aux_layers(n)
+    path = "draft.aux_layers"
+    if not aux:
+        err(path, aux, "needs at least one target layer", "use null for the EAGLE-3 default [1, N//2-1, N-4]")
+    bad = [a for a in aux if not 0 <= a < n]
+    if bad:
+        shown = aux if d.aux_layers is not None else f"default {aux} for num_layers={n}"
+        err(path, shown, f"layers {bad} are out of range 0..{n - 1}",
+            "list 0-indexed target layers" if d.aux_layers is not None else "set draft.aux_layers explicitly")
+    if len(set(aux)) != len(aux):
+        shown = aux if d.aux_layers is not None else f"default {aux} for num_layers={n}"
+        err(path, shown, "layers must be distinct",
+            "drop the duplicates" if d.aux_layers is not None else "set draft.aux_layers explicitly (num_layers >= 8 gives a distinct default)")
+    if d.num_layers < 1:
+        err("draft.num_layers", d.num_layers, "must be >= 1", "EAGLE-3 uses 1")
+    if d.ttt_steps < 1:
+        err("draft.ttt_steps", d.ttt_steps, "must be >= 1", "use 3 (EAGLE-3's usual unroll)")
+    if isinstance(d.stage, int) and not isinstance(d.stage, bool) and not 0 <= d.stage < max(p.pp, 1):
+        err("draft.stage", d.stage, f"no such pipeline stage (pp = {p.pp})",
+            f"use 'last', 'first' or an index in 0..{max(p.pp, 1) - 1}")
+    if d.loss_weight < 0:
+        err("draft.loss_weight", d.loss_weight, "must be >= 0", "use 1.0")
+    if d.lr <= 0:
+        err("draft.lr", d.lr, "must be > 0", "use 1e-4")
+    if d.clip_grad < 0:
+        err("draft.clip_grad", d.clip_grad, "must be >= 0 (0 disables clipping)", "use 1.0")
+    if p.cp > 1:
+        if not t.packing:
+            err("training.packing", False, "the draft's CP branch attention (zigzag_ring_branch_merge) needs packed "
+                "sequences padded per sequence to a multiple of 2*cp", "set training.packing=true")
+        if p.cp_comm_type != "p2p":
+            err("parallel.cp_comm_type", p.cp_comm_type, "the draft's branch attention rides a p2p zigzag ring "
+                "(trunk K/V travels, branch K/V stays rank-local); other CP comm types are not supported with a draft",
+                "set parallel.cp_comm_type=p2p")
+
+
+def _slurm_rules(spec: LayoutSpec, err) -> None:
+    s = spec.slurm
+    for fname in ("partition", "account", "qos"):
+        value = getattr(s, fname)
+        if value is not None and not SLURM_WORD_RE.match(value):
+            err(f"slurm.{fname}", value, "must be a plain Slurm name (letters, digits, '.', '_', '-', ',', ':')",
+                "it goes into an #SBATCH line, where shell quoting does not apply")
+    if not TIME_RE.match(s.time):
+        err("slurm.time", s.time, "must be a Slurm time: MM, MM:SS, HH:MM:SS or D-HH[:MM[:SS]]", "e.g. 04:00:00")
+    if s.cpus_per_task < 1:
+        err("slurm.cpus_per_task", s.cpus_per_task, "must be >= 1", "e.g. 8 per GPU")
+    for key, value in s.env.items():
+        if not ENV_KEY_RE.match(key):
+            err(f"slurm.env.{key}", value, "environment variable names are letters, digits and '_', not starting "
+                "with a digit", "rename the variable")
+        if "\x00" in value:
+            err(f"slurm.env.{key}", value, "must not contain NUL", "remove it")
+    for fname in ("container_image",):
+        value = getattr(s, fname)
+        if value is not None and ("\n" in value or "\r" in value or not value.strip()):
+            err(f"slurm.{fname}", value, "must be one non-empty line", "remove the line break")
+    for i, mount in enumerate(s.container_mounts):
+        if "\n" in mount or "\r" in mount or "," in mount or not mount.strip():
+            err(f"slurm.container_mounts[{i}]", mount, "a mount is one SRC:DST[:FLAGS] line without commas",
+                "list each mount separately")
+    for i, arg in enumerate(s.extra_sbatch_args):
+        if not arg.startswith("-") or "\n" in arg or "\r" in arg:
+            err(f"slurm.extra_sbatch_args[{i}]", arg, "must be one sbatch option starting with '-', on one line",
+                "e.g. --exclusive or --constraint=h100")
