@@ -141,11 +141,13 @@ def draft_memory(spec: LayoutSpec, tokens: int, num_microbatches: int, draft_slo
     state = params * (w_b + g_b + o_b)
     act_bytes = DTYPE_BYTES[t.dtype]
     ffn_term = 4 * m.ffn_hidden_size / m.hidden_size
+    logits = 4 * tokens * m.vocab_size / p.tp  # one fp32 vocab-parallel logits tensor
     per_step = (activation_bytes_per_layer(spec, tokens, ffn_term) * d.num_layers
-                + tokens * 2 * m.hidden_size * act_bytes / 2 * 2  # [embedding ; hidden] input of the draft layer
-                + 3 * 4 * tokens * m.vocab_size / p.tp)  # fp32 draft logits, log-probs and the target's probs
+                + tokens * 2 * m.hidden_size * act_bytes  # [embedding ; hidden] input of the draft layer
+                + 2 * logits)  # the draft's logits and log-probs, kept for backward
+    target_probs = logits  # the detached policy distribution, computed once and shifted per step
     num_taps = (len(d.aux_layers) if d.aux_layers is not None else 3) + 1
     fc_in = tokens * num_taps * m.hidden_size * act_bytes
     slots = draft_slots * num_taps * tokens * m.hidden_size * act_bytes
     del num_microbatches
-    return state + d.ttt_steps * per_step + fc_in + slots
+    return state + d.ttt_steps * per_step + target_probs + fc_in + slots

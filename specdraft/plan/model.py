@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 SCHEMA_VERSION = 1
+_ROW_SECTIONS = ("ranks", "tap_routes")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,8 +39,20 @@ class LaunchPlan:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def to_json(self) -> str:
-        """Deterministic JSON: field order fixed by the dataclass, keys inside sections as compiled."""
-        return json.dumps(self.to_dict(), indent=1, ensure_ascii=True) + "\n"
+        """Deterministic JSON: field order fixed by the dataclass, keys inside sections as compiled.
+
+        The per-rank and per-route lists are written one compact object per line: readable, diffable, and
+        encoded by the C encoder (an indented dump of a 16K-rank plan is 5x slower).
+        """
+        compact = json.JSONEncoder(separators=(", ", ": "), ensure_ascii=True).encode
+        parts = []
+        for key, value in self.to_dict().items():
+            if key in _ROW_SECTIONS and value:
+                body = "[\n  " + ",\n  ".join(map(compact, value)) + "\n ]"
+            else:
+                body = json.dumps(value, indent=1, ensure_ascii=True).replace("\n", "\n ")
+            parts.append(f" {json.dumps(key)}: {body}")
+        return "{\n" + ",\n".join(parts) + "\n}\n"
 
     @property
     def plan_hash(self) -> str:

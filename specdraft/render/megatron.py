@@ -73,3 +73,15 @@ def megatron_argv(spec: LayoutSpec, core: dict) -> list[str]:
             "--specdraft-cp-attention", draft["cp_attention"],
         ]
     return args
+
+
+def format_argv(argv: list[str]) -> str:
+    """Shell-quoted argv, one flag (with its values) per line, for scripts and golden files."""
+    import shlex
+
+    lines: list[list[str]] = []
+    for arg in argv:
+        if arg.startswith("--") or not lines:
+            lines.append([])
+        lines[-1].append(shlex.quote(arg))
+    return " \\\n  ".join(" ".join(line) for line in lines) + "\n"

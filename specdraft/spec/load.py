@@ -143,8 +143,9 @@ def build(cls: type, data: Any, path: str) -> tuple[Any, list[Problem]]:
     for key, raw in data.items():
         sub = f"{path}.{key}" if path else str(key)
         if key not in known:
-            close = difflib.get_close_matches(str(key), list(known), n=1)
-            hint = f"did you mean `{_join(path, close[0])}`?" if close else f"known fields: {', '.join(known)}"
+            close = difflib.get_close_matches(str(key), list(known), n=3)
+            hint = (f"did you mean {' or '.join(f'`{_join(path, c)}`' for c in close)}?" if close
+                    else f"known fields: {', '.join(known)}")
             problems.append(Problem(path=sub, value=raw, rule="unknown field", fix=hint))
             continue
         value, errs = _convert(hints[key], raw, sub)

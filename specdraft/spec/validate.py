@@ -203,10 +203,12 @@ def _parallel_rules(spec: LayoutSpec, err, warn) -> None:
         elif p.ep * etp > c.gpus_per_node:
             warn("parallel.ep", p.ep, f"expert parallelism x etp ({p.ep * etp}) spans nodes; "
                  "its all-to-all crosses the inter-node network", f"keep ep*etp <= {c.gpus_per_node}")
-        if p.order == "tp-cp-ep-pp-dp" and p.pp > 1 and etp * p.ep != p.tp * p.cp:
-            err("parallel.order", p.order, f"with dp outermost, Megatron needs the expert and attention data-parallel "
-                f"sizes equal, i.e. etp*ep ({etp * p.ep}) == tp*cp ({p.tp * p.cp})",
-                "use order tp-cp-ep-dp-pp, or choose ep/etp with etp*ep == tp*cp")
+
+    if p.order == "tp-cp-ep-pp-dp" and p.pp > 1 and etp * p.ep != p.tp * p.cp:
+        # initialize_model_parallel asserts this for dense models too (etp defaults to tp, ep to 1).
+        err("parallel.order", p.order, f"with dp outermost and pp > 1, Megatron needs the expert and attention "
+            f"data-parallel sizes equal, i.e. etp*ep ({etp * p.ep}) == tp*cp ({p.tp * p.cp})",
+            "use order tp-cp-ep-dp-pp" + (", or choose ep/etp with etp*ep == tp*cp" if m.num_experts else ""))
 
 
 def stage_layer_counts(spec: LayoutSpec) -> list[int] | None:
@@ -260,17 +262,27 @@ def _layer_split_rules(spec: LayoutSpec, err) -> None:
         else:
             middle = pp - (first is not None) - (last is not None)
             rest = n - (first or 0) - (last or 0)
-            err("parallel.first_stage_layers" if first is not None else "parallel.last_stage_layers",
-                first if first is not None else last,
-                f"the remaining {rest} layers must split evenly over the {middle} middle stage(s)",
-                "choose first/last so that num_layers - first - last is a multiple of the middle stage count"
-                if middle else f"with pp=2 first + last must equal model.num_layers ({n})")
+            path = "parallel.first_stage_layers" if first is not None else "parallel.last_stage_layers"
+            value = first if first is not None else last
+            if middle:
+                err(path, value, f"the remaining {rest} layers must split evenly over the {middle} middle stage(s)",
+                    "choose first/last so that num_layers - first - last is a positive multiple of the middle "
+                    "stage count")
+            else:
+                err(path, value, f"first_stage_layers + last_stage_layers ({first} + {last}) must equal "
+                    f"model.num_layers ({n}) when pp = 2", f"e.g. first_stage_layers={first} and "
+                    f"last_stage_layers={n - first}" if 0 < first < n else "set them to sum to num_layers")
         return
     if p.vpp is not None:
         if p.vpp < 1:
             err("parallel.vpp", p.vpp, "must be >= 1, or null", "use null to disable interleaving")
         elif p.vpp > 1 and pp < 2:
             err("parallel.vpp", p.vpp, "interleaving needs pp >= 2", "set parallel.vpp=null")
+        elif p.vpp > 1 and uneven and pp - (first is not None) - (last is not None) == 0:
+            # megatron-core 0.16's interleaved offset divides by the middle-stage count (0 here) and crashes.
+            err("parallel.vpp", p.vpp, "interleaving with an uneven split needs at least one middle stage "
+                "(both first_stage_layers and last_stage_layers are set and pp = 2)",
+                "set parallel.vpp=null, drop one of first/last_stage_layers, or raise pp")
         elif p.vpp > 1:
             bad = [i for i, k in enumerate(counts) if k % p.vpp or k == 0]
             if bad:

@@ -1,0 +1,19 @@
+"""Golden-file comparison: `SPECDRAFT_REGEN_GOLDEN=1 pytest` rewrites the files; otherwise text must match."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("SPECDRAFT_REGEN_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return
+    assert path.exists(), f"missing golden file {path}; run with SPECDRAFT_REGEN_GOLDEN=1 to create it"
+    expected = path.read_text()
+    assert text == expected, f"{name} differs from its golden file; review the diff, then regenerate"
