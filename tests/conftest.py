@@ -1,0 +1,79 @@
+"""Shared pytest fixtures and hooks; each concern keeps to its own delimited section below."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from functools import cache
+
+import pytest
+
+# ---------------------------------------------------------------------------------------------
+# Real local Slurm cluster (scripts/local-slurm.sh): the `slurm` marker and the `slurm_cluster` fixture.
+# Marked tests run when SPECDRAFT_SLURM is set (scripts/test.sh sets it after `up`, so a broken
+# cluster fails them rather than skipping) or when `sinfo` already answers with idle nodes.
+# ---------------------------------------------------------------------------------------------
+
+SLURM_PARTITION = "debug"
+
+
+@dataclass(frozen=True)
+class SlurmCluster:
+    partition: str
+    num_nodes: int
+
+
+@cache
+def _probe_slurm() -> tuple[int, str]:
+    """(idle-capable node count in the partition, why not usable); computed once per session."""
+    if shutil.which("sinfo") is None:
+        return 0, "`sinfo` is not installed"
+    try:
+        proc = subprocess.run(
+            ["sinfo", "-h", "-N", "-p", SLURM_PARTITION, "-o", "%N %t"],
+            capture_output=True, text=True, timeout=15, check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return 0, "`sinfo` did not answer within 15 s"
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        return 0, f"`sinfo` failed: {last}"
+    states = dict(line.split() for line in proc.stdout.splitlines() if line.strip())
+    # "mix" nodes still have free CPUs; a trailing "*" means the node is not responding.
+    usable = [name for name, state in states.items() if state in ("idle", "mix")]
+    if not usable:
+        return 0, f"no idle nodes in partition {SLURM_PARTITION!r} (sinfo: {states or 'empty'})"
+    return len(states), ""
+
+
+def _slurm_requested() -> bool:
+    return os.environ.get("SPECDRAFT_SLURM", "") not in ("", "0")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    marked = [item for item in items if item.get_closest_marker("slurm")]
+    if not marked or _slurm_requested():
+        return
+    num_nodes, why = _probe_slurm()
+    if num_nodes:
+        return
+    skip = pytest.mark.skip(
+        reason=f"no local Slurm cluster ({why}); run `scripts/local-slurm.sh up` or scripts/test.sh as root"
+    )
+    for item in marked:
+        item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> SlurmCluster:
+    num_nodes, why = _probe_slurm()
+    if not num_nodes:
+        if _slurm_requested():  # the cluster was promised (CI), so its absence is a failure
+            pytest.fail(f"SPECDRAFT_SLURM is set but the cluster is not usable: {why}")
+        pytest.skip(f"no local Slurm cluster ({why})")
+    return SlurmCluster(partition=SLURM_PARTITION, num_nodes=num_nodes)
+
+
+# --------------------------------------- end of the Slurm section ----------------------------
