@@ -135,6 +135,8 @@ class TrainingSpec:
     """Activation recomputation, used by the memory estimate (--recompute-granularity)."""
     train_iters: int = 20
     """Optimizer steps the runtime runs (`specdraft launch --steps` overrides it)."""
+    warmup_steps: int = 0
+    """Policy-only steps before the draft joins (a stand-in for starting RL from a pretrained policy)."""
     lr: float = 1.0e-3
     """Learning rate of the policy's optimizer."""
     clip_grad: float = 1.0

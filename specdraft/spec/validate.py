@@ -15,6 +15,14 @@ from specdraft.spec.schema import LayoutSpec
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 SLURM_WORD_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._,:@+-]*$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# Options the rendered sbatch script sets itself; an extra copy would silently win or break submitit's log paths.
+MANAGED_SBATCH_OPTIONS = frozenset({
+    "--job-name", "-J", "--nodes", "-N", "--ntasks-per-node", "--ntasks", "-n", "--gpus-per-node",
+    "--cpus-per-task", "-c", "--time", "-t", "--partition", "-p", "--account", "-A", "--qos", "-q", "--chdir", "-D",
+    "--output", "-o", "--error", "-e", "--open-mode", "--signal", "--array", "-a", "--wrap",
+})
+RESERVED_ENV = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"})
 TIME_RE = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d{1,2}(:\d{2}(:\d{2})?)?)$")
 
 
@@ -112,6 +120,9 @@ def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
     for fname in ("train_iters",):
         if getattr(t, fname) < 1:
             err(f"training.{fname}", getattr(t, fname), "must be >= 1", "run at least one step")
+    if not 0 <= t.warmup_steps < t.train_iters:
+        err("training.warmup_steps", t.warmup_steps, f"must be in 0..train_iters-1 ({t.train_iters - 1}) so the "
+            "draft trains at least one step", "lower it or raise training.train_iters")
     if t.lr <= 0:
         err("training.lr", t.lr, "must be > 0", "e.g. 1e-5 for RL post-training")
     if t.clip_grad < 0:
@@ -357,6 +368,21 @@ def _slurm_rules(spec: LayoutSpec, err) -> None:
             err(f"slurm.container_mounts[{i}]", mount, "a mount is one SRC:DST[:FLAGS] line without commas",
                 "list each mount separately")
     for i, arg in enumerate(s.extra_sbatch_args):
-        if not arg.startswith("-") or "\n" in arg or "\r" in arg:
+        if not arg.startswith("-") or CONTROL_RE.search(arg):
             err(f"slurm.extra_sbatch_args[{i}]", arg, "must be one sbatch option starting with '-', on one line",
                 "e.g. --exclusive or --constraint=h100")
+        elif _option_name(arg) in MANAGED_SBATCH_OPTIONS:
+            err(f"slurm.extra_sbatch_args[{i}]", arg, "specdraft sets this option itself (from the layout, or for "
+                "submitit's tracking of the job's tasks and logs)",
+                "set the layout field instead (cluster.*, slurm.partition/account/qos/time/cpus_per_task)")
+    for key in s.env:
+        if key in RESERVED_ENV or key.startswith(("SLURM_", "SUBMITIT_")):
+            err(f"slurm.env.{key}", s.env[key], "specdraft's script sets this variable for the rendezvous or submitit",
+                "remove it; MASTER_ADDR/MASTER_PORT come from the allocation and the job id")
+
+
+def _option_name(arg: str) -> str:
+    """`--time=5` -> `--time`; `-t5` -> `-t` (sbatch's short options take their value attached or separate)."""
+    if arg.startswith("--"):
+        return arg.split("=", 1)[0]
+    return arg[:2]

@@ -1,0 +1,57 @@
+"""The `cotrain` workload: the target trains under the plan's TP/CP/PP layout on megatron-core's schedule while
+the EAGLE-3 draft trains online on the draft stage from taps that TapChannel delivers.
+
+The draft runs inside the last stage's loss function when it sits on the last stage (its backward then rides the
+schedule's own backward), else after the schedule. Either way the schedule itself is untouched.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import torch.distributed as dist
+
+from specdraft.runtime.context import RankContext
+
+
+def run(ctx: RankContext) -> dict:
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from specdraft.runtime import cpu_compat
+    from specdraft.runtime.metrics import StepMetrics
+    from specdraft.runtime.trainer import CoTrainer
+
+    cpu_compat.apply()
+    trainer = CoTrainer(ctx)
+    metrics = StepMetrics(ctx, trainer)
+    forward_backward = get_forward_backward_func()
+    chunk_of = {id(c): i for i, c in enumerate(trainer.chunks)}
+    single = len(trainer.chunks) == 1
+    for step in range(ctx.steps):
+        started = time.perf_counter()
+        trainer.begin_step(step)
+        iterators = [iter(trainer.microbatches) for _ in trainer.chunks]
+        forward_backward(
+            forward_step_func=partial(_forward_step, trainer, chunk_of),
+            data_iterator=iterators[0] if single else iterators,
+            model=trainer.chunks[0] if single else trainer.chunks,
+            num_microbatches=trainer.num_microbatches, seq_length=trainer.row_tokens, micro_batch_size=1,
+        )
+        trainer.draft_after_schedule()
+        trainer.channel.end_step()
+        trainer.optimizer_steps()
+        metrics.record(step, time.perf_counter() - started)
+    dist.barrier()
+    return {"steps": ctx.steps, "final": metrics.last}
+
+
+def _forward_step(trainer, chunk_of: dict, data_iterator, model):
+    mb = next(data_iterator)
+    chunk = chunk_of[id(model)]
+    trainer.channel.set_microbatch(chunk, mb.index)
+    if model.pre_process:
+        trainer.put_embedding(model, mb)
+    output = model(input_ids=mb.tokens[None], position_ids=mb.positions[None], attention_mask=None,
+                   packed_seq_params=mb.packed_seq_params())
+    return output, partial(trainer.loss, chunk, mb)

@@ -1,0 +1,56 @@
+"""Per-step co-training metrics: one world all-reduce of what each rank measured, appended to metrics.jsonl.
+
+`acceptance[j]` is the fraction of valid positions where the draft's top-1 at TTT step j equals the target's
+top-1; `accept_len` is the mean number of tokens one verify step would accept: 1 (the target's own token) plus
+the run of leading TTT steps whose top-1 matched, averaged over positions (see draft.accept_length).
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+import torch.distributed as dist
+
+from specdraft.runtime.context import RankContext
+
+
+class StepMetrics:
+    def __init__(self, ctx: RankContext, trainer):
+        self.ctx, self.trainer = ctx, trainer
+        self.last: dict = {}
+        if ctx.global_rank == 0:
+            ctx.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def record(self, step: int, step_time: float) -> dict:
+        t = self.trainer
+        s, steps = t.stats, t.steps_ttt
+        vector = torch.tensor([s["target_sum"], *s["kl"], *s["match"], s["accepted"], s["positions"],
+                               float(t.channel.bytes_sent)], dtype=torch.float64)
+        dist.all_reduce(vector)
+        times = torch.tensor([step_time, s["draft_s"]], dtype=torch.float64)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        t.channel.bytes_sent = t.channel.bytes_received = 0
+        kl, match = vector[1:1 + steps], vector[1 + steps:1 + 2 * steps]
+        accepted, positions, tap_bytes = vector[1 + 2 * steps:].tolist()
+        n = torch.tensor(t.n_draft, dtype=torch.float64).clamp(min=1)
+        record = {
+            "step": step,
+            "target_loss": float(vector[0]) / max(t.n_target, 1.0),
+            "draft_loss": float((kl / n).mean()) if t.cotraining else None,
+            "acceptance": [round(float(x), 6) for x in match / n] if t.cotraining else [],
+            "accept_len": round(accepted / positions, 6) if positions else None,
+            "tap_bytes": int(tap_bytes),
+            "step_time_s": round(float(times[0]), 6),
+            "draft_time_s": round(float(times[1]), 6),
+        }
+        self.last = record
+        if self.ctx.global_rank == 0:
+            with open(self.ctx.metrics_path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+            accept = " ".join(f"{a:.2f}" for a in record["acceptance"])
+            print(f"step {step + 1}/{self.ctx.steps} target_loss {record['target_loss']:.4f} draft_loss "
+                  f"{record['draft_loss'] if record['draft_loss'] is None else round(record['draft_loss'], 4)} "
+                  f"acceptance [{accept}] accept_len {record['accept_len']} {record['step_time_s']:.2f}s",
+                  flush=True)
+        return record

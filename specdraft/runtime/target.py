@@ -1,0 +1,129 @@
+"""The target (policy) model: megatron-core GPTModel chunks built from plan.json, with layout-independent init.
+
+Core attention is specdraft's packed zigzag ring attention (S = 1), so packed THD batches run at any cp without
+TransformerEngine. Parameters are initialised from their *global* name and full (unsharded) shape, so every
+TP/CP/PP layout starts from the same weights as the single-process run.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+import torch.nn.functional as F
+
+INIT_STD = 0.02
+
+
+def transformer_config(plan: dict, dtype: torch.dtype):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    spec, par = plan["spec"], plan["parallel"]
+    m, p = spec["model"], spec["parallel"]
+    if m["num_experts"]:
+        raise ValueError("the co-training runtime builds dense models only; this layout has model.num_experts set "
+                         "(MoE layouts plan, validate and render, but specdraft's runtime does not run them yet)")
+    if par["sequence_parallel"] and not torch.cuda.is_available():
+        raise ValueError("sequence_parallel needs TransformerEngine norms (GPU); set parallel.sequence_parallel=false "
+                         "for CPU runs")
+    # perform_initialization stays on: megatron tags TP-sharded parameters (partition_dim) only while it
+    # initialises them, and init_parameters needs those tags; its values are then overwritten.
+    return TransformerConfig(
+        num_layers=m["num_layers"], hidden_size=m["hidden_size"], ffn_hidden_size=m["ffn_hidden_size"],
+        num_attention_heads=m["num_attention_heads"], num_query_groups=m["num_query_groups"],
+        kv_channels=m["kv_channels"], tensor_model_parallel_size=par["tp"],
+        pipeline_model_parallel_size=par["pp"], context_parallel_size=par["cp"],
+        virtual_pipeline_model_parallel_size=par["vpp"], sequence_parallel=par["sequence_parallel"],
+        num_layers_in_first_pipeline_stage=p["first_stage_layers"],
+        num_layers_in_last_pipeline_stage=p["last_stage_layers"],
+        pipeline_dtype=dtype, params_dtype=dtype, bf16=dtype == torch.bfloat16,
+        use_cpu_initialization=not torch.cuda.is_available(), perform_initialization=True,
+        gated_linear_unit=m["swiglu"], activation_func=F.silu if m["swiglu"] else F.gelu,
+        normalization="RMSNorm", add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0,
+        bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
+        bias_dropout_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
+        cp_comm_type=p["cp_comm_type"] if par["cp"] > 1 else None,
+        # On gloo, batched P2P can match two irecvs from one peer (pp=2 interleaved: prev == next) out of order,
+        # which silently swapped later microbatches' activations; individual isend/irecv keep posting order.
+        batch_p2p_comm=torch.cuda.is_available(),
+    )
+
+
+def layer_spec():
+    """The local GPT layer spec with specdraft's ring attention as core attention."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from specdraft.runtime.core_attention import BranchCoreAttention
+
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = BranchCoreAttention
+    return spec
+
+
+def build_chunks(plan: dict, pp_rank: int, device: torch.device, dtype: torch.dtype, seed: int) -> list:
+    """This pipeline rank's GPTModel chunks (one per virtual stage), initialised deterministically."""
+    from megatron.core.models.gpt import GPTModel
+
+    par, m = plan["parallel"], plan["spec"]["model"]
+    config = transformer_config(plan, dtype)
+    vpp = par["vpp"] or 1
+    chunks = []
+    for v in range(vpp):
+        first = pp_rank == 0 and v == 0
+        last = pp_rank == par["pp"] - 1 and v == vpp - 1
+        model = GPTModel(config=config, transformer_layer_spec=layer_spec(), vocab_size=m["vocab_size"],
+                         max_sequence_length=m["seq_length"], pre_process=first, post_process=last,
+                         share_embeddings_and_output_weights=False, position_embedding_type="rope",
+                         vp_stage=v if par["vpp"] else None)
+        model.to(device)
+        init_parameters(model, layer_offset(plan, pp_rank, v), par["tp"], seed)
+        chunks.append(model)
+    return chunks
+
+
+def layer_offset(plan: dict, pp_rank: int, chunk: int) -> int:
+    stage = plan["stages"][pp_rank]
+    return stage["chunks"][chunk]["first_layer"] if "chunks" in stage else stage["first_layer"]
+
+
+def global_name(name: str, offset: int) -> str:
+    """`decoder.layers.3.mlp...` on a stage whose first layer is 16 -> `decoder.layers.19.mlp...`."""
+    parts = name.split(".")
+    if len(parts) > 2 and parts[0] == "decoder" and parts[1] == "layers":
+        parts[2] = str(int(parts[2]) + offset)
+    return ".".join(parts)
+
+
+@torch.no_grad()
+def init_parameters(model: torch.nn.Module, offset: int, tp: int, seed: int) -> None:
+    """N(0, 0.02) weights from a generator seeded by the parameter's global name; norms to 1.
+
+    The full tensor is drawn and this TP rank's slice taken, so the values do not depend on tp, pp or vpp.
+    SwiGLU's fused fc1 is [gate; up] per TP shard, so its full tensor is split as two halves.
+    """
+    from megatron.core import parallel_state as ps
+
+    tp_rank = ps.get_tensor_model_parallel_rank() if tp > 1 else 0
+    for name, param in model.named_parameters():
+        gname = global_name(name, offset)
+        if "norm" in gname:
+            param.fill_(1.0)
+            continue
+        sharded = getattr(param, "tensor_model_parallel", False)
+        dim = getattr(param, "partition_dim", 0) if sharded else 0
+        shape = list(param.shape)
+        if sharded:
+            shape[dim] *= tp
+        g = torch.Generator().manual_seed(seed ^ zlib.crc32(gname.encode()))
+        full = torch.randn(shape, generator=g) * INIT_STD
+        if sharded and tp > 1:
+            if gname.endswith("linear_fc1.weight") and param.shape[0] * tp == shape[0] and _gated(model):
+                gate, up = full.chunk(2, dim=0)
+                full = torch.cat([gate.chunk(tp, dim=0)[tp_rank], up.chunk(tp, dim=0)[tp_rank]], dim=0)
+            else:
+                full = full.chunk(tp, dim=dim)[tp_rank]
+        param.copy_(full.to(param.dtype))
+
+
+def _gated(model) -> bool:
+    return bool(getattr(model.config, "gated_linear_unit", False))

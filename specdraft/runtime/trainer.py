@@ -1,0 +1,219 @@
+"""CoTrainer: one rank's target chunks, draft, optimizers, TapChannel and per-step accounting."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from specdraft.runtime.batches import global_counts, make_microbatch
+from specdraft.runtime.context import RankContext
+from specdraft.runtime.data import MarkovData
+from specdraft.runtime.draft import Eagle3Draft, accept_length, draft_shape, kl_and_matches
+from specdraft.runtime.halo import shift_rows
+from specdraft.runtime.tapchannel import TapChannel
+from specdraft.runtime.target import build_chunks
+
+BLOCKING_ENV = "SPECDRAFT_TAPS_BLOCKING"  # benchmark baseline: blocking send/recv of the taps inside the hooks
+AUDIT_ENV = "SPECDRAFT_TAP_AUDIT"  # tests: record a sha256 of every tap sent and received
+
+
+class CoTrainer:
+    def __init__(self, ctx: RankContext):
+        from megatron.core import parallel_state as ps
+
+        plan, spec = ctx.plan, ctx.plan["spec"]
+        self.ctx, self.plan, self.ps = ctx, plan, ps
+        par, m, d, t = plan["parallel"], spec["model"], spec["draft"], spec["training"]
+        self.device = torch.device(ctx.device)
+        self.dtype = torch.float32 if self.device.type == "cpu" or t["dtype"] == "fp32" else (
+            torch.bfloat16 if t["dtype"] == "bf16" else torch.float16)
+        me = ctx.coords
+        self.pp_rank, self.tp, self.cp, self.cp_rank = me["pp"], par["tp"], par["cp"], me["cp"]
+        self.dp, self.dp_rank, self.num_microbatches = par["dp"], me["dp"], plan["num_microbatches"]
+        if par["vpp"] and self.num_microbatches % par["pp"]:
+            raise ValueError(f"the interleaved schedule needs num_microbatches ({self.num_microbatches}) to be a "
+                             f"multiple of pp ({par['pp']}); change training.global_batch_size")
+        self.row_tokens = t["micro_batch_size"] * m["seq_length"]
+        self.steps_ttt = d["ttt_steps"]
+        self.seed = t["seed"]
+        torch.manual_seed(self.seed)
+        self.chunks = build_chunks(plan, self.pp_rank, self.device, self.dtype, self.seed)
+        self.is_last = self.pp_rank == par["pp"] - 1
+        self.optimizer = torch.optim.AdamW([p for c in self.chunks for p in c.parameters()], lr=t["lr"])
+        pad = (plan["draft"].get("padding") or {}).get("pad_multiple", 2 * self.cp)
+        self.data = MarkovData(vocab_size=m["vocab_size"], row_tokens=self.row_tokens, pad_multiple=pad,
+                               seed=self.seed)
+        self.loss_weight, self.clip, self.draft_clip = d["loss_weight"], t["clip_grad"], d["clip_grad"]
+        self.warmup_steps = t.get("warmup_steps", 0)
+        self.cotraining = False
+        self.draft_enabled = bool(plan["draft"]["enabled"])
+        self.draft_stage = plan["draft"]["stage"]
+        self.draft = None
+        if self.draft_enabled and self.pp_rank == self.draft_stage:
+            self.draft = Eagle3Draft(draft_shape(plan)).to(self.device, self.dtype)
+            self.draft.init_(self.seed)
+            self.draft_optimizer = torch.optim.AdamW(self.draft.parameters(), lr=d["lr"])
+        self.draft_in_loss = self.draft is not None and self.is_last
+        self.cp_group = ps.get_context_parallel_group() if self.cp > 1 else None
+        self.tp_group = ps.get_tensor_model_parallel_group() if self.tp > 1 else None
+        self.channel = self._channel(plan, ctx, m)
+        self.sends_embedding = any(r["tap"] == "embedding" and r["src_rank"] == ctx.global_rank
+                                   for r in plan["tap_routes"])
+        self.stats: dict = {}
+
+    def _channel(self, plan, ctx, m) -> TapChannel:
+        tokens = self.row_tokens // self.cp
+        sp_tokens = tokens // self.tp if plan["parallel"]["sequence_parallel"] else tokens
+        h = m["hidden_size"]
+        shapes = {"embedding": (self.steps_ttt, sp_tokens, h), "logits": (tokens, m["vocab_size"] // self.tp)}
+        shapes.update({layer: (sp_tokens, h) for layer in plan["draft"]["aux_layers"]})
+        audit = ctx.run_dir / "taps" if os.environ.get(AUDIT_ENV) == "1" else None
+        channel = TapChannel(plan, ctx.global_rank, shapes=shapes, dtype=self.dtype, device=self.device,
+                             blocking=os.environ.get(BLOCKING_ENV) == "1", audit_dir=audit)
+        for v, chunk in enumerate(self.chunks):
+            stage = plan["stages"][self.pp_rank]
+            first = stage["chunks"][v]["first_layer"] if "chunks" in stage else stage["first_layer"]
+            channel.hook_layers(chunk, v, first)
+        return channel
+
+    # ------------------------------------------------------------------------------------------------ per step
+    def begin_step(self, step: int) -> None:
+        rows_per_rank = self.num_microbatches
+        rows = self.data.step_rows(step, rows_per_rank * self.dp)
+        self.n_target, self.n_draft = global_counts(rows, self.steps_ttt)
+        mine = rows[self.dp_rank * rows_per_rank:(self.dp_rank + 1) * rows_per_rank]
+        self.microbatches = [make_microbatch(i, row, cp=self.cp, cp_rank=self.cp_rank, steps=self.steps_ttt,
+                                             device=self.device) for i, row in enumerate(mine)]
+        # Warm-up steps train the policy alone: no taps travel and the draft does not run.
+        self.cotraining = self.draft_enabled and step >= self.warmup_steps
+        self.channel.active = self.cotraining
+        self.channel.begin_step(self.num_microbatches if self.cotraining else 0)
+        self.stats = {"target_sum": 0.0, "kl": [0.0] * self.steps_ttt, "match": [0.0] * self.steps_ttt,
+                      "accepted": 0.0, "positions": 0.0, "draft_s": 0.0}
+
+    @torch.no_grad()
+    def put_embedding(self, model, mb) -> None:
+        """Stage 0: the embeddings of the S shifted token streams x_{p+1+j} (the draft's per-step inputs)."""
+        if not self.cotraining or (not self.sends_embedding and "embedding" not in self.channel.local_taps):
+            return
+        emb = model.embedding.word_embeddings(mb.shifted_ids)  # (S, t) -> (S, t, h)
+        if self.plan["parallel"]["sequence_parallel"]:
+            emb = emb.chunk(self.tp, dim=1)[self.ps.get_tensor_model_parallel_rank()]
+        self.channel.put(0, "embedding", emb.to(self.dtype))
+
+    def loss(self, chunk: int, mb, output: torch.Tensor):
+        """Last stage: target cross-entropy (+ the draft's loss when the draft lives here), globally normalised.
+
+        Megatron divides what this returns by num_tokens (1 here) and num_microbatches, so the sum over
+        microbatches and data/context ranks is the mean over the global batch, the same in every layout.
+        """
+        from megatron.core import tensor_parallel
+
+        logits = output.transpose(0, 1).float()  # (1, t, V/tp) -> (t, 1, V/tp)
+        # A detached copy first: megatron's vocab-parallel cross-entropy exponentiates its input in place.
+        local = logits.detach().squeeze(1).clone()  # (t, V/tp)
+        ce = tensor_parallel.vocab_parallel_cross_entropy(logits.contiguous(), mb.labels[:, None])
+        target_sum = (ce.squeeze(1) * mb.loss_mask).sum()
+        if self.ps.get_tensor_model_parallel_rank() == 0:
+            self.stats["target_sum"] += float(target_sum.detach())
+        total = target_sum / self.n_target
+        if self.cotraining:
+            if self.draft_in_loss:
+                total = total + self.loss_weight * self.run_draft(mb, local)
+            else:
+                self.channel.put(chunk, "logits", local.to(self.dtype))
+        return total * self.num_microbatches, torch.tensor(1, dtype=torch.int), {}
+
+    def _full_logp(self, local_logits: torch.Tensor) -> torch.Tensor:
+        """Vocab-parallel logits -> full-vocabulary fp32 log-probs on every TP rank (detached)."""
+        if self.tp > 1:
+            parts = [torch.empty_like(local_logits) for _ in range(self.tp)]
+            dist.all_gather(parts, local_logits.contiguous(), group=self.tp_group)
+            local_logits = torch.cat(parts, dim=-1)
+        return F.log_softmax(local_logits.float(), dim=-1)
+
+    def run_draft(self, mb, local_logits: torch.Tensor | None = None) -> torch.Tensor:
+        """The draft's TTT forward for one microbatch; returns its globally normalised loss (graph attached).
+
+        ``local_logits`` are the policy's vocab-parallel logits when the draft shares the last stage; elsewhere
+        they arrive as the `logits` tap.
+        """
+        started = time.perf_counter()
+        taps = self.channel.receive(mb.index)
+        target_logp = self._full_logp(taps["logits"] if local_logits is None else local_logits)
+        aux_layers = self.plan["draft"]["aux_layers"]
+        aux = torch.stack([taps[layer] for layer in aux_layers]).to(self.dtype)  # (n_taps, t, h)
+        emb = taps["embedding"].to(self.dtype)  # (S, t, h)
+        if self.plan["parallel"]["sequence_parallel"]:
+            aux, emb = self._gather_sp(aux), self._gather_sp(emb)
+        shifts = [1 + j for j in range(self.steps_ttt)]
+        target = shift_rows(target_logp, shifts, mb.cu_seqlens, self.cp_group)  # (S, t, V)
+        logits = self.draft.ttt(aux, emb, mb.draft_positions, mb.cu_seqlens, self.cp_group)
+        kl_sums, matches = kl_and_matches(logits, target, mb.draft_valid)
+        loss = sum(kl / max(n, 1.0) for kl, n in zip(kl_sums, self.n_draft)) / self.steps_ttt
+        if self.ps.get_tensor_model_parallel_rank() == 0:
+            for j in range(self.steps_ttt):
+                self.stats["kl"][j] += float(kl_sums[j].detach())
+                self.stats["match"][j] += float(matches[j].sum())
+            accepted, positions = accept_length(matches, mb.draft_valid[0])
+            self.stats["accepted"] += accepted
+            self.stats["positions"] += positions
+        self.stats["draft_s"] += time.perf_counter() - started
+        return loss
+
+    def _gather_sp(self, x: torch.Tensor) -> torch.Tensor:
+        parts = [torch.empty_like(x) for _ in range(self.tp)]
+        dist.all_gather(parts, x.contiguous(), group=self.tp_group)
+        return torch.cat(parts, dim=1)
+
+    def draft_after_schedule(self) -> None:
+        """A draft off the last stage runs once the schedule is done, microbatch by microbatch."""
+        if self.draft is None or self.draft_in_loss or not self.cotraining:
+            return
+        for mb in self.microbatches:
+            (self.loss_weight * self.run_draft(mb)).backward()
+
+    def optimizer_steps(self) -> None:
+        """All-reduce grads over data x context ranks, clip (globally for the target), step both optimizers."""
+        ps = self.ps
+        params = [p for c in self.chunks for p in c.parameters() if p.grad is not None]
+        dp_cp = ps.get_data_parallel_group(with_context_parallel=True)
+        _all_reduce_grads(params, dp_cp)
+        if self.clip > 0:
+            sq = sum(float(p.grad.float().pow(2).sum()) for p in params
+                     if getattr(p, "tensor_model_parallel", False) or ps.get_tensor_model_parallel_rank() == 0)
+            norm = torch.tensor([sq], dtype=torch.float64)
+            dist.all_reduce(norm, group=ps.get_model_parallel_group())
+            _clip(params, float(norm.sqrt()), self.clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.draft is not None and self.cotraining:
+            draft_params = [p for p in self.draft.parameters() if p.grad is not None]
+            _all_reduce_grads(draft_params, dp_cp)
+            if self.draft_clip > 0:
+                _clip(draft_params, float(torch.sqrt(sum(p.grad.float().pow(2).sum() for p in draft_params))),
+                      self.draft_clip)
+            self.draft_optimizer.step()
+            self.draft_optimizer.zero_grad(set_to_none=True)
+
+
+def _all_reduce_grads(params, group) -> None:
+    if dist.get_world_size(group) > 1 and params:
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat, group=group)
+        offset = 0
+        for p in params:
+            n = p.grad.numel()
+            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+            offset += n
+
+
+def _clip(params, norm: float, max_norm: float) -> None:
+    if norm > max_norm:
+        for p in params:
+            p.grad.mul_(max_norm / (norm + 1e-6))
+
