@@ -1,5 +1,234 @@
-"""Rollout commands: plan, simulate, profile (filled by the rollout issue)."""
+"""Rollout commands: `specdraft rollout plan | simulate | profile` (thin; the logic lives in specdraft.rollout)."""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+
+from specdraft.rollout.workload import DEFAULT_CORRELATION, DEFAULT_MEDIAN, DEFAULT_SIGMA
+
+rollout_app = typer.Typer(
+    name="rollout",
+    help="Plan rollout instances, simulate the rollout schedulers and adaptive TP, profile decode steps.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+TargetArgs = typer.Argument(None, metavar="[LAYOUT] [OVERRIDES...]",
+                            help="Layout YAML (default: the built-in qwen3-8b rollout layout), then KEY=VALUE overrides.")
 
 
 def register(app) -> None:
     """Add the rollout sub-app to ``app``."""
+    app.add_typer(rollout_app, name="rollout")
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True)
+
+
+def _spec(args):
+    from specdraft.cli.args import split_target
+    from specdraft.rollout.overview import load
+
+    path, overrides = split_target(args)
+    return load(path, overrides)
+
+
+def _format(value: str) -> None:
+    from specdraft.errors import UserError
+
+    if value not in ("text", "json"):
+        raise UserError(f"--format {value!r} is not supported", "use --format text or --format json")
+
+
+@rollout_app.command("plan")
+def plan_cmd(args: Optional[List[str]] = TargetArgs,
+             format: str = typer.Option("text", "--format", "-f", help="text (rich tables) or json.")) -> None:
+    """Show the rollout instances, their vLLM settings and a model-based estimate of one instance."""
+    from specdraft.rollout.overview import plan_overview
+
+    _format(format)
+    data = plan_overview(_spec(args))
+    if format == "json":
+        import json
+
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        return
+    _print_plan(_console(), data)
+
+
+@rollout_app.command("simulate")
+def simulate_cmd(
+    args: Optional[List[str]] = TargetArgs,
+    seeds: int = typer.Option(5, "--seeds", help="Seeds to average (95% CI over them)."),
+    steps: int = typer.Option(4, "--steps", help="Measured RL steps per seed (rounded up to whole lag+1 periods)."),
+    workload: Optional[str] = typer.Option(None, "--workload", help="JSONL of real lengths (docs/rollout.md)."),
+    history: Optional[str] = typer.Option(None, "--history", help="JSONL of earlier lengths: predict by prompt id."),
+    prediction_error: float = typer.Option(0.2, "--prediction-error", help="Log-space std of the length predictor."),
+    median: float = typer.Option(DEFAULT_MEDIAN, "--median", help="Median response length (synthetic workload)."),
+    sigma: float = typer.Option(DEFAULT_SIGMA, "--sigma", help="Log-normal sigma (default: p99 = 10x the median)."),
+    correlation: float = typer.Option(DEFAULT_CORRELATION, "--correlation",
+                                      help="Correlation of a prompt's samples' log-lengths."),
+    adaptive_tp: bool = typer.Option(False, "--adaptive-tp", help="Also compare static TPs with adaptive TP."),
+    tp_overhead_scale: float = typer.Option(1.0, "--tp-overhead-scale", help="Scale the reconfiguration overhead."),
+    tp_predictor: str = typer.Option("request", "--tp-predictor", help="request or population remaining-length model."),
+    check_every: int = typer.Option(64, "--check-every", help="Adaptive TP check-point period in decode steps."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="Measured decode-step CSV replacing the roofline."),
+    format: str = typer.Option("text", "--format", "-f", help="text (rich table) or json."),
+    plot: Optional[str] = typer.Option(None, "--plot", help="Write a PNG timeline (needs matplotlib)."),
+) -> None:
+    """Simulate fifo, random, sorted, longest_first, asp and the oracle side by side (model-based estimates)."""
+    from specdraft.rollout.compare import SimulateOptions, run
+
+    _format(format)
+    opts = SimulateOptions(seeds=seeds, steps=steps, prediction_error=prediction_error, median=median, sigma=sigma,
+                           correlation=correlation, workload=workload, history=history, profile=profile,
+                           adaptive_tp=adaptive_tp, tp_overhead_scale=tp_overhead_scale, tp_predictor=tp_predictor,
+                           check_every_steps=check_every, timeline=plot is not None)
+    report = run(_spec(args), opts)
+    if plot:
+        from specdraft.rollout.plot import write_timeline
+
+        write_timeline(plot, report)
+    if format == "json":
+        import json
+
+        sys.stdout.write(json.dumps({k: v for k, v in report.data.items()}, indent=2) + "\n")
+        return
+    _print_simulation(_console(), report.data)
+    if plot:
+        _console().print(f"wrote {plot}")
+
+
+@rollout_app.command("profile")
+def profile_cmd(args: Optional[List[str]] = TargetArgs,
+                csv: Optional[str] = typer.Option(None, "--csv", help="Also write the table as CSV (atomically).")
+                ) -> None:
+    """Per-step decode latency by (tp, batch, context) from the cost model; the CSV format --profile reads."""
+    from specdraft.rollout.costmodel import from_spec
+    from specdraft.rollout.profile import table_rows, to_csv, valid_tps
+
+    spec = _spec(args)
+    rows = table_rows(from_spec(spec), valid_tps(spec))
+    if csv:
+        from specdraft.fsutil import atomic_write_text
+
+        atomic_write_text(csv, to_csv(rows))
+    _print_profile(_console(), spec.name, rows)
+    if csv:
+        _console().print(f"wrote {csv}")
+
+
+# ---- rendering (rich tables only; every number comes from specdraft.rollout) --------------------------------
+def _table(title: str, columns: list[str], right: bool = True):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="right" if right and i else "left")
+    return table
+
+
+def _print_plan(console, data: dict) -> None:
+    from rich.markup import escape
+
+    plan, typ = data["plan"], data["typical"]
+    kv = plan["kv"]
+    gib = 2**30
+    settings = _table("rollout settings", ["setting", "value"])
+    for name, value in (
+        ("instances x tp", f"{plan['num_instances']} x {plan['tp']} ({plan['num_gpus']} GPUs, "
+                           f"{'colocated with training' if plan['colocated'] else 'dedicated nodes'})"),
+        ("samples per step", str(plan["samples_per_step"])),
+        ("max policy lag", str(plan["max_policy_lag"])),
+        ("speculative", f"{'eagle3, k=' + str(plan['num_speculative_tokens']) if plan['speculative'] else 'off'}"
+                        f", acceptance {plan['acceptance_rate']:.2f} -> {data['expected_accepted_tokens']:.2f} "
+                        "tokens/verify"),
+        ("speculation pays up to batch", str(data["speculation_below_batch"])),
+        ("max_model_len", str(data["max_model_len"])),
+        ("weights per GPU", f"{kv['weights_bytes_per_gpu'] / gib:.1f} GiB (target)"),
+        ("KV budget per GPU", f"{kv['kv_bytes_per_gpu'] / gib:.1f} GiB, {kv['max_full_length_sequences']} "
+                              "full-length sequences"),
+        ("KV capacity per instance", f"{data['kv_capacity_tokens']:,} tokens (after target + draft weights)"),
+    ):
+        settings.add_row(name, value)
+    console.print(settings)
+    inst = _table("instances", ["instance", "node", "local GPUs", "training ranks"])
+    for i in plan["instances"]:
+        inst.add_row(str(i["instance"]), str(i["node"]), " ".join(map(str, i["local_gpus"])),
+                     " ".join(map(str, i.get("training_ranks", []))) or "-")
+    console.print(inst)
+    for note in data["training_notes"]:
+        console.print(f"[yellow]training side (not rollout):[/] {escape(note)} - see `specdraft validate`")
+    console.print(f"model-based estimate: batch {typ['batch']} at {typ['context']} context tokens -> "
+                  f"{typ['decode_step_s'] * 1e3:.1f} ms per {'verify' if typ['speculating'] else 'decode'} step, "
+                  f"{typ['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU; one {typ['minibatch_samples']}-sample "
+                  f"training minibatch ~{typ['training_minibatch_s']:.1f} s")
+
+
+def _print_simulation(console, data: dict) -> None:
+    pols = data["policies"]
+    title = (f"rollout policies on {data['layout']}: {data['instances']} instances x tp {data['tp']}, "
+             f"{'colocated' if data['colocated'] else 'dedicated'}, {data['seeds']} seeds x "
+             f"{data['measured_steps']} steps, prediction error {data['prediction_error']:g} (model-based estimates)")
+    table = _table(title, ["metric", *[p + (" (upper bound)" if p == "oracle" else "") for p in pols]])
+
+    def row(name, fn):
+        table.add_row(name, *[fn(rec) for rec in pols.values()])
+
+    row("iteration time s", lambda r: f"{r['iteration_time_s']['mean']:.1f} ± {r['iteration_time_s']['ci95']:.1f}")
+    if "fifo" in pols:
+        row("vs fifo", lambda r: f"{r['vs_fifo']:+.1%}")
+    row("generation makespan s", lambda r: f"{r['makespan_s']['mean']:.1f}")
+    for kind in ("padding", "skewness", "sorting"):
+        row(f"{kind} bubble", lambda r, k=kind: f"{r['bubbles'][k]:.1%}")
+    row("tokens/s per GPU", lambda r: f"{r['tokens_per_gpu_s']:,.0f}")
+    row("trainer idle s/iter", lambda r: f"{r['trainer_idle_s']:.1f}")
+    row("policy lag max / mean", lambda r: f"{r['max_policy_lag']} / {r['mean_policy_lag']:.2f}")
+    console.print(table)
+    gen = data.get("generation")
+    if not gen:
+        return
+    t2 = _table("generation of one step: static TP vs adaptive TP (model-based)",
+                ["config", "makespan s", "vs best static"])
+    best = gen["static"][str(gen["best_static_tp"])]["makespan_s"]["mean"]
+    for tp, rec in gen["static"].items():
+        mk = rec["makespan_s"]
+        mark = " (best in hindsight)" if int(tp) == gen["best_static_tp"] else ""
+        t2.add_row(f"static tp {tp}{mark}", f"{mk['mean']:.1f} ± {mk['ci95']:.1f}", f"{mk['mean'] / best - 1:+.1%}")
+    ad = gen["adaptive"]
+    t2.add_row(f"adaptive from tp {gen['layout_tp']}", f"{ad['makespan_s']['mean']:.1f} ± {ad['makespan_s']['ci95']:.1f}",
+               f"{ad['vs_best_static']:+.1%}")
+    console.print(t2)
+    console.print(f"adaptive: {ad['switches_per_run']:.1f} switches per run, {ad['overhead_s']:.2f} s overhead, "
+                  f"{ad['vs_layout_tp']:+.1%} vs static tp {gen['layout_tp']}; speculation pays up to batch "
+                  + ", ".join(f"{v} at tp {k}" for k, v in gen["speculation_below_batch"].items()))
+    for sw in ad["switches"]:
+        moves = [m["action"] for m in sw["requests"]]
+        console.print(f"  t={sw['time_s']:.1f}s node {sw['node']}: "
+                      + " + ".join(f"tp{g['tp']}{g['gpus']}" for g in sw["from"])
+                      + f" -> tp{sw['to']['tp']}{sw['to']['gpus']} ({sw['to']['running']} running; "
+                      f"{moves.count('migrate')} migrate, {moves.count('recompute')} recompute; overhead "
+                      f"{sw['overhead_s']['total']:.2f}s; predicted {sw['predicted_makespan_s']['stay']:.1f}s -> "
+                      f"{sw['predicted_makespan_s']['switch']:.1f}s)")
+
+
+def _print_profile(console, name: str, rows: list[dict]) -> None:
+    contexts = sorted({r["context"] for r in rows})
+    for tp in sorted({r["tp"] for r in rows}):
+        table = _table(f"{name}: decode step ms at tp {tp} (plain / speculative verify), by batch and context",
+                       ["batch", *[f"ctx {c}" for c in contexts]])
+        for batch in sorted({r["batch"] for r in rows if r["tp"] == tp}):
+            cells = {r["context"]: r for r in rows if r["tp"] == tp and r["batch"] == batch}
+            table.add_row(str(batch), *[
+                f"{cells[c]['decode_s'] * 1e3:.2f}" + (f" / {cells[c]['spec_decode_s'] * 1e3:.2f}"
+                                                       if cells[c]["spec_decode_s"] is not None else "")
+                for c in contexts])
+        console.print(table)

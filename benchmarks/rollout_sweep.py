@@ -1,0 +1,103 @@
+"""The model-based figures of docs/rollout.md: policies, prediction-error and overhead sweeps, over many seeds.
+
+Run: `.venv/bin/python benchmarks/rollout_sweep.py [--seeds 20]` (a few minutes on 2 cores). Prints markdown
+tables; every figure is a simulator estimate (mean +- 95% CI over seeds), not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specdraft.rollout.compare import SimulateOptions, run  # noqa: E402
+from specdraft.spec.load import builtin_layout_text, load_layout_text  # noqa: E402
+
+DEDICATED = ["rollout.colocated=false", "rollout.num_nodes=1"]
+
+
+def layout(overrides=()):
+    return load_layout_text(builtin_layout_text("qwen3-8b"), list(overrides), source="<built-in qwen3-8b>")
+
+
+def fmt(ci: dict) -> str:
+    return f"{ci['mean']:.1f} ± {ci['ci95']:.1f}"
+
+
+def policies_table(title: str, data: dict) -> None:
+    pols = data["policies"]
+    print(f"\n### {title}\n")
+    print("| policy | iteration s | vs fifo | makespan s | padding | skewness | sorting | tok/s/GPU | trainer idle s "
+          "| lag max/mean |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, r in pols.items():
+        b = r["bubbles"]
+        print(f"| {name}{' (upper bound)' if name == 'oracle' else ''} | {fmt(r['iteration_time_s'])} | "
+              f"{r['vs_fifo']:+.1%} | {r['makespan_s']['mean']:.1f} | {b['padding']:.1%} | {b['skewness']:.1%} | "
+              f"{b['sorting']:.1%} | {r['tokens_per_gpu_s']:,.0f} | {r['trainer_idle_s']:.1f} | "
+              f"{r['max_policy_lag']}/{r['mean_policy_lag']:.2f} |")
+
+
+def generation_table(data: dict) -> None:
+    gen = data["generation"]
+    best = gen["static"][str(gen["best_static_tp"])]["makespan_s"]["mean"]
+    print("\n| generation config | makespan s | vs best static |")
+    print("|---|---|---|")
+    for tp, rec in gen["static"].items():
+        print(f"| static tp {tp} | {fmt(rec['makespan_s'])} | {rec['makespan_s']['mean'] / best - 1:+.1%} |")
+    ad = gen["adaptive"]
+    print(f"| adaptive (from tp {gen['layout_tp']}) | {fmt(ad['makespan_s'])} | {ad['vs_best_static']:+.1%} |")
+    print(f"\nadaptive: {ad['switches_per_run']:.1f} switches/run, {ad['overhead_s']:.2f} s overhead/run, "
+          f"{ad['vs_layout_tp']:+.1%} vs static tp {gen['layout_tp']}; speculation pays up to batch "
+          f"{gen['speculation_below_batch']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=20)
+    args = parser.parse_args()
+    seeds = args.seeds
+    start = time.perf_counter()
+
+    print(f"## policies, {seeds} seeds, prediction error 0.2")
+    data = run(layout(), SimulateOptions(seeds=seeds, adaptive_tp=True)).data
+    policies_table("qwen3-8b (colocated, 8 x TP1 on 8 H100s): "
+                   f"`specdraft rollout simulate --seeds {seeds} --adaptive-tp`", data)
+    generation_table(data)
+    dedicated = run(layout(DEDICATED), SimulateOptions(seeds=seeds)).data
+    policies_table("dedicated rollout node (8 x TP1) + 8 training GPUs: "
+                   f"`specdraft rollout simulate --seeds {seeds} {' '.join(DEDICATED)}`", dedicated)
+
+    print(f"\n## asp vs prediction error ({seeds} seeds, colocated)\n")
+    print("| --prediction-error | asp vs fifo | asp vs oracle | asp vs sorted |")
+    print("|---|---|---|---|")
+    for err in (0.0, 0.1, 0.2, 0.4, 0.8):
+        pols = run(layout(), SimulateOptions(seeds=seeds, prediction_error=err,
+                                             policies=("fifo", "sorted", "asp", "oracle"))).data["policies"]
+        it = {k: v["iteration_time_s"]["mean"] for k, v in pols.items()}
+        print(f"| {err} | {it['asp'] / it['fifo'] - 1:+.1%} | {it['asp'] / it['oracle'] - 1:+.1%} | "
+              f"{it['asp'] / it['sorted'] - 1:+.1%} |")
+
+    print(f"\n## adaptive TP sweeps ({seeds} seeds, one generation step of the default workload)\n")
+    print("| setting | adaptive makespan s | vs best static | vs static tp 1 | switches/run | overhead s/run |")
+    print("|---|---|---|---|---|---|")
+    sweeps = [("--tp-overhead-scale", {"tp_overhead_scale": x}) for x in (0.5, 1.0, 2.0, 4.0)]
+    sweeps += [("--prediction-error", {"prediction_error": x}) for x in (0.0, 0.5, 1.0)]
+    sweeps += [("--tp-predictor population", {"tp_predictor": "population"})]
+    sweeps += [("rollout.speculative=false", {})]
+    for label, kw in sweeps:
+        overrides = [label] if "=" in label else []
+        gen = run(layout(overrides), SimulateOptions(seeds=seeds, steps=1, policies=(), adaptive_tp=True,
+                                                     **kw)).data
+        ad = gen["generation"]["adaptive"]
+        value = "" if "tp_predictor" in kw or overrides else f" {next(iter(kw.values()))}"
+        print(f"| {label}{value} | {fmt(ad['makespan_s'])} | {ad['vs_best_static']:+.1%} | {ad['vs_layout_tp']:+.1%} "
+              f"| {ad['switches_per_run']:.1f} | {ad['overhead_s']:.2f} |")
+    print(f"\n(sweep wall time {time.perf_counter() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""Run every rollout policy (and, optionally, static vs adaptive TP generation) over seeds for one layout.
+
+This is what `specdraft rollout simulate` calls; it returns the JSON-ready report and the data the plot needs.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from specdraft.errors import UserError
+from specdraft.rollout import costmodel, metrics, scheduler, trainer
+from specdraft.rollout.adaptive_tp import PlannerConfig, RemainingPredictor
+from specdraft.rollout.generation import GenConfig, simulate_generation
+from specdraft.rollout.instances import rollout_gpus
+from specdraft.rollout.simulator import SimConfig, plan_steps, simulate
+from specdraft.rollout.workload import DEFAULT_CORRELATION, DEFAULT_MEDIAN, DEFAULT_SIGMA, LengthModel
+from specdraft.rollout.workload import from_file, load_history, synthetic
+from specdraft.spec.schema import LayoutSpec
+
+
+@dataclass
+class SimulateOptions:
+    """Knobs of `specdraft rollout simulate` (CLI flags map 1:1)."""
+
+    seeds: int = 5
+    steps: int = 4  # measured RL steps (rounded up to whole periods of lag+1)
+    prediction_error: float = 0.2
+    median: float = DEFAULT_MEDIAN
+    sigma: float = DEFAULT_SIGMA
+    correlation: float = DEFAULT_CORRELATION
+    workload: str | None = None
+    history: str | None = None
+    profile: str | None = None
+    policies: tuple = scheduler.POLICIES
+    adaptive_tp: bool = False
+    tp_overhead_scale: float = 1.0
+    tp_predictor: str = "request"
+    check_every_steps: int = 64
+    groups_cached: bool = True
+    timeline: bool = False
+
+
+@dataclass
+class Report:
+    data: dict
+    timeline: dict = field(default_factory=dict)
+    generation_timeline: list = field(default_factory=list)
+    switches: list = field(default_factory=list)
+
+
+def cost_model(spec: LayoutSpec, profile: str | None, tps: list[int]):
+    """The roofline, or a measured profile wrapped around it (checked to cover ``tps``)."""
+    base = costmodel.from_spec(spec)
+    if profile is None:
+        return base
+    from specdraft.rollout.profile import ProfileCost, read_csv
+
+    cost = ProfileCost.wrap(base, read_csv(profile))
+    cost.require(tps, profile)
+    return cost
+
+
+def _check(opts: SimulateOptions) -> None:
+    if opts.seeds < 1:
+        raise UserError(f"--seeds {opts.seeds} must be >= 1", "e.g. --seeds 20")
+    if opts.steps < 1:
+        raise UserError(f"--steps {opts.steps} must be >= 1", "e.g. --steps 4")
+    if opts.prediction_error < 0:
+        raise UserError(f"--prediction-error {opts.prediction_error} must be >= 0", "0 is an exact predictor")
+    if opts.tp_overhead_scale < 0:
+        raise UserError(f"--tp-overhead-scale {opts.tp_overhead_scale} must be >= 0", "1 is the modelled overhead")
+    if opts.tp_predictor not in ("request", "population"):
+        raise UserError(f"--tp-predictor {opts.tp_predictor!r} is not known", "use request or population")
+    if opts.check_every_steps < 1:
+        raise UserError(f"--check-every {opts.check_every_steps} must be >= 1", "e.g. 64 decode steps")
+    LengthModel(median=opts.median, sigma=opts.sigma, correlation=opts.correlation).check()
+
+
+def run(spec: LayoutSpec, opts: SimulateOptions) -> Report:
+    """Simulate every policy over ``opts.seeds`` seeds (and the TP comparison with ``opts.adaptive_tp``)."""
+    _check(opts)
+    r, c = spec.rollout, spec.cluster
+    if not r.enabled:
+        raise UserError("the layout's rollout section is disabled", "set rollout.enabled=true")
+    from specdraft.rollout.profile import valid_tps
+
+    tps = valid_tps(spec) if opts.adaptive_tp else [r.tp]
+    cost = cost_model(spec, opts.profile, tps)
+    train = trainer.from_spec(spec)
+    n_inst = rollout_gpus(spec) // r.tp
+    k, warm = plan_steps(opts.steps, r.max_policy_lag)
+    n = r.num_generations_per_prompt
+    mb = scheduler.minibatch_prompts(spec.training.global_batch_size, n)
+    hint = scheduler.hint_from_cost(cost, r.tp, min(256, max(1, r.num_prompts_per_step * n // n_inst)))
+    model = LengthModel(median=opts.median, sigma=opts.sigma, cap=r.max_response_length, correlation=opts.correlation)
+    history = load_history(opts.history) if opts.history else None
+    runs: dict[str, list] = {p: [] for p in opts.policies}
+    gens: dict = {}
+    report = Report(data={})
+    for seed in range(opts.seeds):
+        steps = k + r.max_policy_lag
+        if opts.workload:
+            wl = from_file(opts.workload, steps, r.num_prompts_per_step, n, r.prompt_length, r.max_response_length,
+                           seed, opts.prediction_error, history)
+        else:
+            wl = synthetic(model, steps, r.num_prompts_per_step, n, r.prompt_length, seed, opts.prediction_error)
+        for policy in opts.policies:
+            sched = scheduler.build(policy, wl, n_inst, mb, hint=hint, seed=seed, trainer=train)
+            cfg = SimConfig(cost=cost, trainer=train, num_instances=n_inst, tp=r.tp, max_policy_lag=r.max_policy_lag,
+                            colocated=r.colocated, trained_steps=k, warmup_steps=warm,
+                            timeline=opts.timeline and seed == 0 and policy == "asp")
+            result = simulate(cfg, wl, sched)
+            runs[policy].append(result)
+            if cfg.timeline:
+                report.timeline = result.timeline
+        if opts.adaptive_tp:
+            _generation(spec, opts, cost, tps, wl[0], seed, gens, report)
+    policies = {p: metrics.summarize_policy(v) for p, v in runs.items()}
+    report.data = {
+        "layout": spec.name,
+        "seeds": opts.seeds,
+        "measured_steps": k - warm,
+        "instances": n_inst,
+        "tp": r.tp,
+        "colocated": r.colocated,
+        "prediction_error": opts.prediction_error,
+        "workload": opts.workload or {"median": opts.median, "sigma": opts.sigma, "cap": r.max_response_length,
+                                      "correlation": opts.correlation},
+        "policies": policies,
+    }
+    if "fifo" in policies:
+        base = policies["fifo"]["iteration_time_s"]["mean"]
+        for rec in policies.values():
+            rec["vs_fifo"] = metrics.relative(rec["iteration_time_s"]["mean"], base)
+    if opts.adaptive_tp:
+        report.data["generation"] = _generation_summary(gens, cost, tps, spec)
+    return report
+
+
+def _generation(spec, opts, cost, tps, prompts, seed, gens, report) -> None:
+    r, c = spec.rollout, spec.cluster
+    nodes = rollout_gpus(spec) // c.gpus_per_node
+    for tp in tps:
+        res = simulate_generation(GenConfig(cost=cost, gpus_per_node=c.gpus_per_node, num_nodes=nodes), prompts, tp)
+        gens.setdefault(str(tp), []).append(res)
+    predictor = RemainingPredictor(mode=opts.tp_predictor, sigma=max(opts.prediction_error, 0.05),
+                                   median=opts.median, cap=r.max_response_length)
+    planner = PlannerConfig(predictor=predictor, max_tp=max(tps), heads=spec.model.num_attention_heads,
+                            overhead_scale=opts.tp_overhead_scale, groups_cached=opts.groups_cached)
+    cfg = GenConfig(cost=cost, gpus_per_node=c.gpus_per_node, num_nodes=nodes, planner=planner,
+                    check_every_steps=opts.check_every_steps, timeline=opts.timeline and seed == 0)
+    res = simulate_generation(cfg, prompts, r.tp)
+    gens.setdefault("adaptive", []).append(res)
+    if seed == 0:
+        report.generation_timeline = res.timeline
+        report.switches = res.switches
+
+
+def _generation_summary(gens: dict, cost, tps: list[int], spec: LayoutSpec) -> dict:
+    static = {tp: {"makespan_s": metrics.mean_ci([g.makespan_s for g in gens[tp]])} for tp in map(str, tps)}
+    best = min(static, key=lambda tp: static[tp]["makespan_s"]["mean"])
+    adaptive = gens["adaptive"]
+    mk = metrics.mean_ci([g.makespan_s for g in adaptive])
+    ctx = spec.rollout.prompt_length + min(spec.rollout.max_response_length, 4096)
+    return {
+        "static": static,
+        "best_static_tp": int(best),
+        "layout_tp": spec.rollout.tp,
+        "adaptive": {
+            "makespan_s": mk,
+            "vs_best_static": metrics.relative(mk["mean"], static[best]["makespan_s"]["mean"]),
+            "vs_layout_tp": metrics.relative(mk["mean"], static[str(spec.rollout.tp)]["makespan_s"]["mean"]),
+            "switches_per_run": statistics.fmean(len(g.switches) for g in adaptive),
+            "overhead_s": statistics.fmean(g.overhead_s for g in adaptive),
+            "switches": adaptive[0].switches,
+        },
+        # Largest batch at which speculation still raises tokens/s, per TP, at a typical context.
+        "speculation_below_batch": {str(tp): cost.speculation_threshold(tp, ctx) for tp in tps},
+    }

@@ -1,0 +1,191 @@
+"""Synchronous generation of one RL step on a node's GPUs: static TP groups, or adaptive TP driven by the planner.
+
+Every sample is dispatched at t = 0 (longest-processing-time first over the groups, as asp does); the
+makespan is the last finish. With a planner, check-points every N decode steps may merge groups (adaptive_tp).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+from specdraft.rollout.adaptive_tp import PlannerConfig, plan_node
+from specdraft.rollout.engine import Instance, Req
+from specdraft.rollout.scheduler import _lpt, hint_from_cost
+from specdraft.rollout.workload import Prompt
+
+
+@dataclass(frozen=True)
+class GenConfig:
+    cost: object
+    gpus_per_node: int
+    num_nodes: int = 1
+    spec_mode: str = "auto"
+    check_every_steps: int = 64  # check-point period, in decode steps of a lone sequence at the starting tp
+    planner: PlannerConfig | None = None
+    timeline: bool = False
+
+
+@dataclass
+class GenResult:
+    makespan_s: float
+    switches: list
+    finished: int
+    requests: int
+    generated_tokens: float
+    accounted_tokens: float
+    overhead_s: float  # seconds of stall charged to merged groups, summed over switches
+    timeline: list = field(default_factory=list, repr=False)
+    finish_counts: dict = field(default_factory=dict, repr=False)
+
+
+class _Gen:
+    def __init__(self, cfg: GenConfig, prompts: list[Prompt], tp: int):
+        self.cfg = cfg
+        self.insts: dict[int, Instance] = {}
+        self.where: dict[int, tuple[int, int]] = {}  # instance id -> (node, offset)
+        self.next_id = 0
+        for node in range(cfg.num_nodes):
+            for offset in range(0, cfg.gpus_per_node, tp):
+                self._add(Instance(self.next_id, tp, cfg.cost, spec_mode=cfg.spec_mode), node, offset)
+        self.reqs: list[Req] = []
+        order = sorted(self.insts)
+        hint = hint_from_cost(cfg.cost, tp, max(1, sum(len(p.lengths) for p in prompts) // max(len(order), 1)))
+        placed = _lpt(prompts, [0.0] * len(order), hint)
+        for gid, group in zip(order, placed):
+            for p in group:
+                for s, length in enumerate(p.lengths):
+                    req = Req(len(self.reqs), p.pid, s, p.step, p.prompt_len, length, p.predicted[s])
+                    self.reqs.append(req)
+                    self.insts[gid].queue.append(req)
+        self.events: list = []
+        self.seq = 0
+        self.stamp: dict[int, int] = {}
+        self.now = 0.0
+        self.switches: list = []
+        self.overhead = 0.0
+        self.done = 0
+        self.finish_counts: dict[int, int] = {}
+        self.timeline: list = []
+        self.retired_tokens = 0.0
+
+    def _add(self, inst: Instance, node: int, offset: int) -> None:
+        inst.index = self.next_id
+        self.next_id += 1
+        self.insts[inst.index] = inst
+        self.where[inst.index] = (node, offset)
+
+    def _push(self, t, kind, arg=None):
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, arg))
+
+    def _reschedule(self, inst: Instance) -> None:
+        self.stamp[inst.index] = self.stamp.get(inst.index, 0) + 1
+        t = inst.next_event()
+        if inst.batch == 0 and inst.queue:
+            t = inst.t
+        if t < math.inf:
+            self._push(max(t, inst.t), "inst", (inst.index, self.stamp[inst.index]))
+
+    def _collect(self, inst: Instance) -> None:
+        for req in inst.collect(self.now):
+            self.done += 1
+            self.finish_counts[req.rid] = self.finish_counts.get(req.rid, 0) + 1
+        inst.admit(max(self.now, inst.t), lambda r: True, 0)
+
+    def _snapshot(self) -> None:
+        if not self.cfg.timeline:
+            return
+        gpus = []
+        for gid, inst in sorted(self.insts.items(), key=lambda kv: self.where[kv[0]]):
+            gpus.extend([(inst.tp, inst.batch, inst.busy(self.now))] * inst.tp)
+        self.timeline.append((self.now, gpus))
+
+    def run(self) -> GenResult:
+        for inst in self.insts.values():
+            inst.admit(0.0, lambda r: True, 0)
+            self._reschedule(inst)
+        cfg = self.cfg
+        period = 0.0
+        if cfg.planner is not None:
+            tp0 = next(iter(self.insts.values())).tp
+            ctx = self.reqs[0].prompt_len if self.reqs else 1
+            period = cfg.check_every_steps * cfg.cost.decode_step(tp0, 1, ctx, cfg.cost.speculative)
+            self._push(period, "check")
+        self._snapshot()
+        total = len(self.reqs)
+        while self.events and self.done < total:
+            t, _, kind, arg = heapq.heappop(self.events)
+            if kind == "inst":
+                if arg[0] not in self.insts or arg[1] != self.stamp.get(arg[0]):
+                    continue
+                self.now = t
+                inst = self.insts[arg[0]]
+                self._collect(inst)
+                self._reschedule(inst)
+            else:
+                self.now = t
+                self._check()
+                if self.done < total:
+                    self._push(t + period, "check")
+            self._snapshot()
+        if self.done < total:
+            raise RuntimeError("generation simulation stalled with unfinished requests; this is a bug")
+        return GenResult(
+            makespan_s=max(r.finish_time for r in self.reqs) if self.reqs else 0.0,
+            switches=self.switches, finished=self.done, requests=total,
+            generated_tokens=self.retired_tokens + sum(i.tokens for i in self.insts.values()),
+            accounted_tokens=sum(r.length for r in self.reqs), overhead_s=self.overhead,
+            timeline=self.timeline, finish_counts=self.finish_counts)
+
+    def _check(self) -> None:
+        cfg = self.cfg
+        for inst in list(self.insts.values()):
+            self._collect(inst)
+            self._reschedule(inst)
+        for node in range(cfg.num_nodes):
+            ids = [g for g, (n, _) in self.where.items() if n == node and g in self.insts]
+            groups = {g: self.insts[g] for g in ids}
+            offsets = {g: self.where[g][1] for g in ids}
+            plan = plan_node(cfg.planner, cfg.cost, groups, offsets, cfg.gpus_per_node)
+            if plan is None:
+                continue
+            for offset, size, inside, ov in plan.merges:
+                self._merge(node, offset, size, inside, ov, plan)
+
+    def _merge(self, node, offset, size, inside, ov, plan) -> None:
+        running, queued = [], []
+        before = []
+        for g in inside:
+            inst = self.insts.pop(g)
+            before.append({"gpus": [offset_gpu for offset_gpu in range(self.where[g][1], self.where[g][1] + inst.tp)],
+                           "tp": inst.tp, "running": inst.batch})
+            r, q = inst.drain(self.now)
+            self.retired_tokens += inst.tokens
+            running += r
+            queued += q
+        merged = Instance(0, size, self.cfg.cost, spec_mode=self.cfg.spec_mode)
+        merged.t = self.now  # a new group starts its clock at the switch, not at 0
+        self._add(merged, node, offset)
+        merged.adopt(running, queued, 0)
+        merged.pause(self.now, ov.total_s)  # the stall the planner charged: reshard + groups + KV moves
+        self.overhead += ov.total_s
+        mean_ctx = merged.context() / merged.batch if merged.batch else 0.0
+        self.switches.append({
+            "time_s": self.now,
+            "node": node,
+            "from": before,
+            "to": {"gpus": list(range(offset, offset + size)), "tp": size, "running": merged.batch},
+            "predicted_makespan_s": {"stay": plan.predicted_now_s, "switch": plan.predicted_after_s},
+            "overhead_s": {"reshard": ov.reshard_s, "group_setup": ov.group_setup_s, "kv": ov.kv_s,
+                           "total": ov.total_s},
+            "requests": [{"request": rid, "action": action, "seconds": sec} for rid, action, sec in ov.moves],
+            "speculation_below_batch": self.cfg.cost.speculation_threshold(size, mean_ctx or 1.0),
+        })
+        self._reschedule(merged)
+
+
+def simulate_generation(cfg: GenConfig, prompts: list[Prompt], tp: int) -> GenResult:
+    """Generate every sample of ``prompts`` on static tp groups (cfg.planner None) or adaptively."""
+    return _Gen(cfg, prompts, tp).run()

@@ -1,0 +1,185 @@
+"""Decode-step profile tables: generated from the cost model, written/read as CSV, interpolated in the simulator.
+
+CSV columns: tp, batch, context (mean KV tokens per running sequence), decode_s (one plain decode step) and,
+optionally, spec_decode_s (k draft steps + one (k+1)-token verify). A measured table replaces the roofline.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import io
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from specdraft.errors import UserError
+from specdraft.rollout.costmodel import MAX_NUM_SEQS, CostModel
+
+COLUMNS = ("tp", "batch", "context", "decode_s", "spec_decode_s")
+BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+def valid_tps(spec) -> list[int]:
+    """TP sizes an instance of the layout's model may use: divisors of the node that shard the heads and fit."""
+    c, m = spec.cluster, spec.model
+    from specdraft.rollout.costmodel import from_spec
+
+    cost = from_spec(spec)
+    return [tp for tp in range(1, c.gpus_per_node + 1)
+            if c.gpus_per_node % tp == 0 and m.num_attention_heads % tp == 0 and cost.kv_capacity_tokens(tp) > 0]
+
+
+def table_rows(cost: CostModel, tps: list[int], batches=BATCHES, contexts=CONTEXTS) -> list[dict]:
+    """The profile grid from the roofline (spec_decode_s is empty when the layout does not speculate)."""
+    rows = []
+    for tp in tps:
+        for b in batches:
+            if b > MAX_NUM_SEQS:
+                continue
+            for ctx in contexts:
+                row = {"tp": tp, "batch": b, "context": ctx, "decode_s": cost.decode_step(tp, b, b * ctx, False)}
+                row["spec_decode_s"] = cost.decode_step(tp, b, b * ctx, True) if cost.speculative else None
+                rows.append(row)
+    return rows
+
+
+def to_csv(rows: list[dict]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for r in rows:
+        spec = "" if r["spec_decode_s"] is None else f"{r['spec_decode_s']:.9g}"
+        writer.writerow([r["tp"], r["batch"], r["context"], f"{r['decode_s']:.9g}", spec])
+    return out.getvalue()
+
+
+def _number(raw: str, name: str, line: int, path, integer: bool) -> float:
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        raise UserError(f"{path}: line {line}: {name} = {raw!r} is not a {'whole ' if integer else ''}number",
+                        "write plain numbers (seconds for the *_s columns)") from None
+    if not value > 0 or (not integer and not math.isfinite(value)):
+        raise UserError(f"{path}: line {line}: {name} = {raw!r} must be a positive number",
+                        "a step time or size must be > 0")
+    return value
+
+
+def read_csv(path: str | Path) -> dict:
+    """Parse a profile CSV into {(tp, spec): (batches, contexts, grid)}; every problem names its line."""
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"profile file not found: {file}", "write one with `specdraft rollout profile --csv FILE`")
+    lines = file.read_text(encoding="utf-8").splitlines()
+    reader = csv.reader(lines)
+    header = next(reader, None)
+    if header is None or [h.strip() for h in header[:4]] != list(COLUMNS[:4]) or (
+            len(header) > 4 and [h.strip() for h in header[4:]] != [COLUMNS[4]]):
+        raise UserError(f"{file}: line 1: the header must be {','.join(COLUMNS[:4])}[,{COLUMNS[4]}], got "
+                        f"{','.join(header or [])!r}", "start the file with the column names")
+    has_spec = len(header) > 4
+    points: dict = {}
+    for line, row in enumerate(reader, start=2):
+        if not row or all(not x.strip() for x in row):
+            continue
+        if len(row) != len(header):
+            raise UserError(f"{file}: line {line}: expected {len(header)} columns, got {len(row)}",
+                            "one value per column, comma-separated")
+        tp = int(_number(row[0].strip(), "tp", line, file, True))
+        batch = int(_number(row[1].strip(), "batch", line, file, True))
+        ctx = _number(row[2].strip(), "context", line, file, False)
+        plain = _number(row[3].strip(), "decode_s", line, file, False)
+        spec = None
+        if has_spec and row[4].strip():
+            spec = _number(row[4].strip(), "spec_decode_s", line, file, False)
+        key = (tp, batch, ctx)
+        if key in points:
+            raise UserError(f"{file}: line {line}: duplicate row for tp={tp} batch={batch} context={ctx:g}",
+                            "keep one measurement per grid point")
+        points[key] = (plain, spec, line)
+    if not points:
+        raise UserError(f"{file} has no data rows", "add rows below the header")
+    tables: dict = {}
+    for tp in sorted({k[0] for k in points}):
+        batches = sorted({k[1] for k in points if k[0] == tp})
+        contexts = sorted({k[2] for k in points if k[0] == tp})
+        plain_grid, spec_grid = [], []
+        for b in batches:
+            prow, srow = [], []
+            for c in contexts:
+                if (tp, b, c) not in points:
+                    raise UserError(f"{file}: tp={tp} has no row for batch={b} context={c:g}",
+                                    "the grid of each tp must be complete (every batch x every context)")
+                plain, spec, line = points[(tp, b, c)]
+                prow.append(plain)
+                srow.append(spec)
+            plain_grid.append(prow)
+            spec_grid.append(srow)
+        tables[(tp, False)] = (batches, contexts, plain_grid)
+        specs = [s for row in spec_grid for s in row]
+        if all(s is not None for s in specs):
+            tables[(tp, True)] = (batches, contexts, spec_grid)
+        elif any(s is not None for s in specs):
+            raise UserError(f"{file}: tp={tp} gives spec_decode_s for some rows only",
+                            "fill spec_decode_s on every row of that tp, or on none")
+    return tables
+
+
+def _bracket(grid: list, x: float) -> tuple[int, int, float]:
+    """Indices (i, j) and weight w with x = (1-w) grid[i] + w grid[j]; linear extrapolation past the ends."""
+    if len(grid) == 1:
+        return 0, 0, 0.0
+    k = bisect.bisect_right(grid, x)
+    i = min(max(k - 1, 0), len(grid) - 2)
+    return i, i + 1, (x - grid[i]) / (grid[i + 1] - grid[i])
+
+
+@dataclass(frozen=True)
+class ProfileCost(CostModel):
+    """The cost model with decode steps looked up in a (measured) profile, interpolated between grid points.
+
+    Batch is interpolated linearly; along context the step time is linear inside a grid cell, which gives the
+    affine form a + b * total_context the fluid engine needs. Prefill and memory still come from the roofline.
+    """
+
+    tables: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def wrap(cls, base: CostModel, tables: dict) -> "ProfileCost":
+        kwargs = {f.name: getattr(base, f.name) for f in fields(base) if f.name != "_cache"}
+        return cls(**kwargs, tables=tables)
+
+    def require(self, tps, source: str) -> None:
+        missing = [tp for tp in tps if (tp, False) not in self.tables]
+        if missing:
+            have = sorted({tp for tp, _ in self.tables})
+            raise UserError(f"{source} has no rows for tp={', '.join(map(str, missing))} (it covers tp {have})",
+                            "profile every tp the simulation uses, or drop --adaptive-tp / change rollout.tp")
+
+    def _step(self, tp: int, batch: int, mean_ctx: float, spec: bool) -> tuple[float, float]:
+        """(time at the lower context grid point of the cell, slope per unit of mean context)."""
+        batches, contexts, grid = self.tables[(tp, spec)]
+        bi, bj, bw = _bracket(batches, batch)
+        ci, cj, _ = _bracket(contexts, mean_ctx)
+
+        def at(c):
+            return (1 - bw) * grid[bi][c] + bw * grid[bj][c]
+
+        lo = at(ci)
+        slope = 0.0 if ci == cj else (at(cj) - lo) / (contexts[cj] - contexts[ci])
+        return lo - slope * contexts[ci], slope
+
+    def affine(self, tp: int, batch: int, spec: bool, context: float | None = None) -> tuple[float, float]:
+        if spec and (tp, True) not in self.tables:
+            spec = False
+        batch = max(batch, 1)
+        mean_ctx = (context or 0.0) / batch
+        a, slope = self._step(tp, batch, mean_ctx, spec)
+        return max(a, 0.0), slope / batch
+
+    def use_speculation(self, tp: int, batch: int, total_context: float) -> bool:
+        if (tp, True) not in self.tables:
+            return False
+        return super().use_speculation(tp, batch, total_context)

@@ -1,0 +1,79 @@
+"""`specdraft rollout plan | simulate | profile` as users run them: exit codes, JSON shape, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+
+
+def run(*args):
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("SPECDRAFT_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "specdraft.cli", "rollout", *args], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=300)
+
+
+def test_plan_shows_the_default_rollout_layout():
+    out = run("plan")
+    assert out.returncode == 0, out.stderr
+    for needle in ("8 x 1 (8 GPUs", "eagle3, k=3", "KV capacity per instance", "instances"):
+        assert needle in out.stdout
+    data = json.loads(run("plan", "--format", "json").stdout)
+    assert data["plan"]["num_instances"] == 8 and data["kv_capacity_tokens"] > 0
+
+
+def test_disabled_or_invalid_rollout_is_a_clear_user_error():
+    out = run("plan", "rollout.enabled=false")
+    assert out.returncode == 2
+    assert "rollout.enabled=true" in out.stderr and "Traceback" not in out.stderr
+    bad = run("simulate", "rollout.tp=3", "--seeds", "1")
+    assert bad.returncode == 2 and "rollout.tp = 3" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_simulate_json_has_every_policy_metric_and_the_generation_comparison(tmp_path):
+    png = tmp_path / "timeline.png"
+    out = run("simulate", "--seeds", "2", "--steps", "1", "--adaptive-tp", "--format", "json", "--plot", str(png),
+              "rollout.num_prompts_per_step=16")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert set(data["policies"]) == {"fifo", "random", "sorted", "longest_first", "asp", "oracle"}
+    for rec in data["policies"].values():
+        assert set(rec["iteration_time_s"]) == {"mean", "ci95"}
+        assert set(rec["bubbles"]) == {"padding", "skewness", "sorting"}
+        for key in ("makespan_s", "tokens_per_gpu_s", "trainer_idle_s", "max_policy_lag", "mean_policy_lag"):
+            assert key in rec
+        assert rec["max_policy_lag"] <= 1
+    gen = data["generation"]
+    assert set(gen["static"]) == {"1", "2", "4", "8"} and gen["best_static_tp"] in (1, 2, 4, 8)
+    assert "makespan_s" in gen["adaptive"] and isinstance(gen["adaptive"]["switches"], list)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_malformed_workload_names_the_line(tmp_path):
+    bad = tmp_path / "lengths.jsonl"
+    bad.write_text('{"lengths": [100, 200]}\n{"lengths": "long"}\n')
+    out = run("simulate", "--workload", str(bad), "--seeds", "1")
+    assert out.returncode == 2
+    assert "line 2" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_profile_csv_feeds_simulate_and_bad_rows_are_named(tmp_path):
+    csv = tmp_path / "profile.csv"
+    out = run("profile", "--csv", str(csv))
+    assert out.returncode == 0, out.stderr
+    assert "decode step ms at tp 8" in out.stdout
+    assert csv.read_text().startswith("tp,batch,context,decode_s,spec_decode_s\n")
+    sim = run("simulate", "--profile", str(csv), "--seeds", "1", "--steps", "1", "--format", "json",
+              "rollout.num_prompts_per_step=16")
+    assert sim.returncode == 0, sim.stderr
+    assert json.loads(sim.stdout)["policies"]["asp"]["iteration_time_s"]["mean"] > 0
+    lines = csv.read_text().splitlines()
+    lines[5] = lines[5].replace(",", ",oops,", 1)
+    csv.write_text("\n".join(lines) + "\n")
+    bad = run("simulate", "--profile", str(csv), "--seeds", "1")
+    assert bad.returncode == 2 and "line 6" in bad.stderr and "Traceback" not in bad.stderr
