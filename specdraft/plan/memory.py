@@ -133,21 +133,25 @@ def stage_memory(spec: LayoutSpec, stage_counts: list[int], dp: int, edp: int, n
 def draft_memory(spec: LayoutSpec, tokens: int, num_microbatches: int, draft_slots: int) -> float:
     """Draft weights, grads, optimizer (own Adam, fp32 master), TTT activations and tap landing slots.
 
-    The draft is tensor-parallel like the target and replicated over dp/cp; its optimizer is not sharded.
+    As in specdraft's runtime, the draft's decoder layer(s) and LM head are tensor-parallel (heads, MLP and
+    vocabulary split over tp) while the tap-fusion fc is replicated; it is replicated over dp/cp and its optimizer
+    is not sharded.
     """
     m, p, t, d = spec.model, spec.parallel, spec.training, spec.draft
     w_b, g_b, o_b = _state_bytes(spec)
-    params = draft_params(spec) / p.tp
+    num_taps = len(d.aux_layers) if d.aux_layers is not None else 3
+    fc = num_taps * m.hidden_size * m.hidden_size
+    params = fc + (draft_params(spec) - fc) / p.tp
     state = params * (w_b + g_b + o_b)
     act_bytes = DTYPE_BYTES[t.dtype]
     ffn_term = 4 * m.ffn_hidden_size / m.hidden_size
     logits = 4 * tokens * m.vocab_size / p.tp  # one fp32 vocab-parallel logits tensor
-    per_step = (activation_bytes_per_layer(spec, tokens, ffn_term) * d.num_layers
+    per_step = (activation_bytes_per_layer(spec, tokens, ffn_term, recompute="none") * d.num_layers
                 + tokens * 2 * m.hidden_size * act_bytes  # [embedding ; hidden] input of the draft layer
                 + 2 * logits)  # the draft's logits and log-probs, kept for backward
     target_probs = logits  # the detached policy distribution, computed once and shifted per step
-    num_taps = (len(d.aux_layers) if d.aux_layers is not None else 3) + 1
     fc_in = tokens * num_taps * m.hidden_size * act_bytes
-    slots = draft_slots * num_taps * tokens * m.hidden_size * act_bytes
+    # A landing slot holds one microbatch's taps: the aux hidden states plus ttt_steps embedding streams.
+    slots = draft_slots * (num_taps + d.ttt_steps) * tokens * m.hidden_size * act_bytes
     del num_microbatches
     return state + d.ttt_steps * per_step + target_probs + fc_in + slots

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -12,10 +13,11 @@ import torch.nn.functional as F
 from specdraft.runtime.batches import global_counts, make_microbatch
 from specdraft.runtime.context import RankContext
 from specdraft.runtime.data import MarkovData
-from specdraft.runtime.draft import Eagle3Draft, accept_length, draft_shape, kl_and_matches
+from specdraft.runtime.draft import Eagle3Draft, draft_shape
 from specdraft.runtime.halo import shift_rows
 from specdraft.runtime.tapchannel import TapChannel
-from specdraft.runtime.target import build_chunks
+from specdraft.runtime.target import build_chunks, init_parameters, transformer_config
+from specdraft.runtime.vocab_parallel import accept_length, kl_and_matches, log_softmax
 
 BLOCKING_ENV = "SPECDRAFT_TAPS_BLOCKING"  # benchmark baseline: blocking send/recv of the taps inside the hooks
 AUDIT_ENV = "SPECDRAFT_TAP_AUDIT"  # tests: record a sha256 of every tap sent and received
@@ -54,8 +56,10 @@ class CoTrainer:
         self.draft_stage = plan["draft"]["stage"]
         self.draft = None
         if self.draft_enabled and self.pp_rank == self.draft_stage:
-            self.draft = Eagle3Draft(draft_shape(plan)).to(self.device, self.dtype)
-            self.draft.init_(self.seed)
+            # The draft's layers never see sequence-parallel activations (taps are gathered over tp first).
+            config = dataclasses.replace(transformer_config(plan, self.dtype), sequence_parallel=False)
+            self.draft = Eagle3Draft(draft_shape(plan), config).to(self.device, self.dtype)
+            init_parameters(self.draft, 0, self.tp, self.seed ^ 0x5EED)
             self.draft_optimizer = torch.optim.AdamW(self.draft.parameters(), lr=d["lr"])
         self.draft_in_loss = self.draft is not None and self.is_last
         self.cp_group = ps.get_context_parallel_group() if self.cp > 1 else None
@@ -128,13 +132,10 @@ class CoTrainer:
                 self.channel.put(chunk, "logits", local.to(self.dtype))
         return total * self.num_microbatches, torch.tensor(1, dtype=torch.int), {}
 
-    def _full_logp(self, local_logits: torch.Tensor) -> torch.Tensor:
-        """Vocab-parallel logits -> full-vocabulary fp32 log-probs on every TP rank (detached)."""
-        if self.tp > 1:
-            parts = [torch.empty_like(local_logits) for _ in range(self.tp)]
-            dist.all_gather(parts, local_logits.contiguous(), group=self.tp_group)
-            local_logits = torch.cat(parts, dim=-1)
-        return F.log_softmax(local_logits.float(), dim=-1)
+    def _target_logp(self, local_logits: torch.Tensor) -> torch.Tensor:
+        """Vocab-parallel logits -> this rank's slice of the global fp32 log-probs (detached)."""
+        with torch.no_grad():
+            return log_softmax(local_logits, self.tp_group)
 
     def run_draft(self, mb, local_logits: torch.Tensor | None = None) -> torch.Tensor:
         """The draft's TTT forward for one microbatch; returns its globally normalised loss (graph attached).
@@ -144,7 +145,7 @@ class CoTrainer:
         """
         started = time.perf_counter()
         taps = self.channel.receive(mb.index)
-        target_logp = self._full_logp(taps["logits"] if local_logits is None else local_logits)
+        target_logp = self._target_logp(taps["logits"] if local_logits is None else local_logits)
         aux_layers = self.plan["draft"]["aux_layers"]
         aux = torch.stack([taps[layer] for layer in aux_layers]).to(self.dtype)  # (n_taps, t, h)
         emb = taps["embedding"].to(self.dtype)  # (S, t, h)
@@ -153,7 +154,7 @@ class CoTrainer:
         shifts = [1 + j for j in range(self.steps_ttt)]
         target = shift_rows(target_logp, shifts, mb.cu_seqlens, self.cp_group)  # (S, t, V)
         logits = self.draft.ttt(aux, emb, mb.draft_positions, mb.cu_seqlens, self.cp_group)
-        kl_sums, matches = kl_and_matches(logits, target, mb.draft_valid)
+        kl_sums, matches = kl_and_matches(logits, target, mb.draft_valid, self.tp_group)
         loss = sum(kl / max(n, 1.0) for kl, n in zip(kl_sums, self.n_draft)) / self.steps_ttt
         if self.ps.get_tensor_model_parallel_rank() == 0:
             for j in range(self.steps_ttt):
@@ -184,21 +185,26 @@ class CoTrainer:
         dp_cp = ps.get_data_parallel_group(with_context_parallel=True)
         _all_reduce_grads(params, dp_cp)
         if self.clip > 0:
-            sq = sum(float(p.grad.float().pow(2).sum()) for p in params
-                     if getattr(p, "tensor_model_parallel", False) or ps.get_tensor_model_parallel_rank() == 0)
-            norm = torch.tensor([sq], dtype=torch.float64)
-            dist.all_reduce(norm, group=ps.get_model_parallel_group())
-            _clip(params, float(norm.sqrt()), self.clip)
+            _clip(params, self._grad_norm(params, ps.get_model_parallel_group()), self.clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.draft is not None and self.cotraining:
             draft_params = [p for p in self.draft.parameters() if p.grad is not None]
             _all_reduce_grads(draft_params, dp_cp)
             if self.draft_clip > 0:
-                _clip(draft_params, float(torch.sqrt(sum(p.grad.float().pow(2).sum() for p in draft_params))),
-                      self.draft_clip)
+                _clip(draft_params, self._grad_norm(draft_params, self.tp_group), self.draft_clip)
             self.draft_optimizer.step()
             self.draft_optimizer.zero_grad(set_to_none=True)
+
+    def _grad_norm(self, params, group) -> float:
+        """Global L2 norm: TP-sharded grads summed over ``group``, replicated ones counted once."""
+        tp_rank = self.ps.get_tensor_model_parallel_rank()
+        sq = sum(float(p.grad.float().pow(2).sum()) for p in params
+                 if getattr(p, "tensor_model_parallel", False) or tp_rank == 0)
+        total = torch.tensor([sq], dtype=torch.float64)
+        if group is not None:
+            dist.all_reduce(total, group=group)
+        return float(total.sqrt())
 
 
 def _all_reduce_grads(params, group) -> None:

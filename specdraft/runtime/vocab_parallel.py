@@ -1,0 +1,97 @@
+"""Softmax statistics and the draft's KL over vocab-parallel logits (each TP rank holds V/tp columns).
+
+log p = x - logsumexp(x) needs the global max and sum of exponentials: one all-reduce each. The KL's gradient is
+written out (softmax(draft) - p_target on the local columns, cf. megatron's vocab_parallel_cross_entropy), so the
+backward needs no communication and no rank's partial loss double-counts the shared normaliser.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def _single(group) -> bool:
+    return group is None or dist.get_world_size(group) == 1
+
+
+@torch.no_grad()
+def log_softmax(logits: torch.Tensor, group=None) -> torch.Tensor:
+    """(t, V/tp) local logits -> (t, V/tp) local slice of the global log-softmax (no gradient)."""
+    x = logits.float()
+    if _single(group):
+        return torch.log_softmax(x, dim=-1)
+    peak = x.amax(dim=-1, keepdim=True)  # (t, 1)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
+    total = (x - peak).exp().sum(-1, keepdim=True)
+    dist.all_reduce(total, group=group)
+    return x - peak - total.log()
+
+
+class _VocabParallelKL(torch.autograd.Function):
+    """KL(target || softmax(x)) per row, x vocab-parallel. d KL / d x = softmax(x) - p_target (local columns)."""
+
+    @staticmethod
+    def forward(ctx, logits, target_logp, group):
+        logp = log_softmax(logits, group)  # (t, V/tp)
+        p_target = target_logp.exp()
+        kl = (p_target * (target_logp - logp)).sum(-1)  # (t,) partial over local columns
+        if not _single(group):
+            dist.all_reduce(kl, group=group)
+        ctx.save_for_backward(logp, p_target)
+        ctx.out_dtype = logits.dtype
+        return kl
+
+    @staticmethod
+    def backward(ctx, grad):
+        logp, p_target = ctx.saved_tensors
+        return ((logp.exp() - p_target) * grad[:, None]).to(ctx.out_dtype), None, None
+
+
+def vocab_parallel_kl(logits: torch.Tensor, target_logp: torch.Tensor, group=None) -> torch.Tensor:
+    """(t, V/tp) draft logits, (t, V/tp) detached target log-probs -> (t,) KL(target || draft)."""
+    return _VocabParallelKL.apply(logits, target_logp, group)
+
+
+@torch.no_grad()
+def argmax(logits: torch.Tensor, group=None) -> torch.Tensor:
+    """Global vocabulary index of each row's maximum. (t, V/tp) -> (t,) int64."""
+    value, index = logits.float().max(dim=-1)
+    if group is None or dist.get_world_size(group) == 1:
+        return index
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    index = index + rank * logits.shape[-1]
+    values = [torch.empty_like(value) for _ in range(size)]
+    indices = [torch.empty_like(index) for _ in range(size)]
+    dist.all_gather(values, value, group=group)
+    dist.all_gather(indices, index, group=group)
+    best = torch.stack(values).argmax(dim=0)  # (t,): which rank holds the maximum (lowest rank on ties)
+    return torch.stack(indices).gather(0, best[None]).squeeze(0)
+
+
+def kl_and_matches(draft_logits: list[torch.Tensor], target_logp: torch.Tensor, valid: torch.Tensor, group=None):
+    """Per TTT step: the sum over valid rows of KL(target || draft), and top-1 match indicators.
+
+    draft_logits: S tensors (t, V/tp); target_logp: (S, t, V/tp) detached global log-probs at row p+1+j;
+    valid: (S, t) 0/1.
+    """
+    kl_sums, matches = [], []
+    for j, logits in enumerate(draft_logits):
+        kl = vocab_parallel_kl(logits, target_logp[j], group)  # (t,)
+        kl_sums.append((kl * valid[j]).sum())
+        matches.append((argmax(logits, group) == argmax(target_logp[j], group)) & valid[j].bool())
+    return kl_sums, matches
+
+
+def accept_length(matches: list[torch.Tensor], valid0: torch.Tensor) -> tuple[float, float]:
+    """(sum over positions of tokens accepted per verify step, number of positions).
+
+    A verify step accepts the longest prefix of draft tokens that match the target's top-1, plus the target's
+    own (bonus) token: 1 + the count of leading matching TTT steps at that position.
+    """
+    run = torch.ones_like(matches[0], dtype=torch.bool)
+    accepted = valid0.clone()
+    for m in matches:
+        run = run & m
+        accepted = accepted + run.to(accepted.dtype)
+    return float(accepted.sum()), float(valid0.sum())
