@@ -22,7 +22,7 @@ test: install
 	scripts/test.sh
 
 demo: install
-	$(VENV)/bin/specdraft launch --executor local
+	$(VENV)/bin/specdraft launch --executor local --force
 
 bench: install
 	$(PY) benchmarks/plan_speed.py

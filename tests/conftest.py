@@ -77,3 +77,30 @@ def slurm_cluster() -> SlurmCluster:
 
 
 # --------------------------------------- end of the Slurm section ----------------------------
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch tests (tests/test_launch*.py, tests/test_sbatch*.py): run the real `specdraft` CLI in a
+# subprocess, bounded, in a folder of the test's choosing.
+# ---------------------------------------------------------------------------------------------
+
+import sys  # noqa: E402 - this section's own imports
+from pathlib import Path  # noqa: E402
+
+SPECDRAFT_BIN = Path(sys.executable).with_name("specdraft")
+
+
+@pytest.fixture
+def specdraft_cli(tmp_path):
+    """run(*args, cwd=tmp_path, env=None, timeout=120, text=True) -> CompletedProcess of `specdraft ARGS`."""
+
+    def run(*args, cwd=None, env=None, timeout=120, text=True):
+        full_env = {**os.environ, **(env or {})}
+        full_env.pop("SPECDRAFT_DEBUG", None)  # the boundary's messages are what the tests read
+        return subprocess.run([str(SPECDRAFT_BIN), *map(str, args)], cwd=cwd or tmp_path, env=full_env,
+                              capture_output=True, text=text, timeout=timeout, check=False)
+
+    return run
+
+
+# --------------------------------------- end of the launch section ---------------------------

@@ -1,0 +1,182 @@
+"""The local executor: one process per rank on this machine (gloo), torchrun-style env, one process group.
+
+When a rank exits non-zero the launcher stops the rest (SIGTERM, SIGKILL after a grace period): no hang.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+GRACE_S = 5.0
+POLL_S = 0.2
+HEARTBEAT_S = 5.0  # a progress line at least this often, so a slow start does not look like a hang
+
+
+@dataclass
+class LocalOutcome:
+    exit_codes: dict[int, int] = field(default_factory=dict)
+    exit_order: list[int] = field(default_factory=list)  # ranks in the order they exited non-zero
+    timed_out: bool = False
+    interrupted: bool = False
+    elapsed_s: float = 0.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rank_env(plan, rank: int, port: int) -> dict[str, str]:
+    """The torchrun-style variables of one rank; node and local rank mirror the plan's placement."""
+    me = plan.ranks[rank]
+    per_node = plan.spec["cluster"]["gpus_per_node"]
+    return {
+        "RANK": str(rank), "WORLD_SIZE": str(plan.world_size), "LOCAL_RANK": str(me["local_rank"]),
+        "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(me["node"]), "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        # Ranks share this machine's cores; one torch thread per core each would thrash.
+        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // plan.world_size)),
+    }
+
+
+def base_env(plan) -> dict[str, str]:
+    """This process's environment minus any enclosing job's rank variables, plus the layout's slurm.env."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    env.update(plan.spec["slurm"]["env"])
+    return env
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def group_members(pgid: int, marker: str) -> list[int]:
+    """Pids in process group ``pgid`` whose command line contains ``marker`` (guards against a reused pgid)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        # Field 5 of /proc/PID/stat is the pgrp; the command name (field 2) may hold spaces, so split after ')'.
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and marker in cmdline:
+            out.append(int(entry.name))
+    return out
+
+
+def run(plan, run_dir: str, argv: list[str], timeout_s: float, on_start: Callable[[int, list[int]], None],
+        on_progress: Callable[[dict[int, int | None], float], None]) -> LocalOutcome:
+    """Start every rank, wait, stop the rest when one fails; ``on_start(pgid, pids)`` runs once all started."""
+    logs = Path(run_dir) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = base_env(plan)
+    procs: list[subprocess.Popen] = []
+    outcome = LocalOutcome()
+    started = time.monotonic()
+    pgid = 0
+    # A launcher told to stop (kill, a closed terminal) takes its ranks with it, like Ctrl-C does.
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        for rank in range(plan.world_size):
+            with open(logs / f"rank-{rank}.out", "ab") as out, open(logs / f"rank-{rank}.err", "ab") as err:
+                # Rank 0 starts a new process group and the others join it: `cancel` signals the group.
+                proc = subprocess.Popen(argv, env={**env, **rank_env(plan, rank, port)}, stdout=out, stderr=err,
+                                        stdin=subprocess.DEVNULL, cwd=run_dir, process_group=pgid)
+            pgid = pgid or proc.pid
+            procs.append(proc)
+        on_start(pgid, [p.pid for p in procs])
+        outcome = _wait(procs, pgid, started, timeout_s, on_progress)
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+        _stop(procs, pgid)
+        outcome.exit_codes = {r: p.returncode for r, p in enumerate(procs)}
+    except BaseException:
+        _stop(procs, pgid)
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    outcome.elapsed_s = time.monotonic() - started
+    return outcome
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _wait(procs, pgid: int, started: float, timeout_s: float, on_progress) -> LocalOutcome:
+    outcome = LocalOutcome()
+    codes: dict[int, int | None] = {r: None for r in range(len(procs))}
+    stop_at = None
+    last = None
+    next_beat = 0.0
+    while True:
+        for rank, proc in enumerate(procs):
+            if codes[rank] is None and proc.poll() is not None:
+                codes[rank] = proc.returncode
+                if proc.returncode != 0:
+                    outcome.exit_order.append(rank)
+        now = time.monotonic()
+        if last != codes or now >= next_beat:
+            on_progress(dict(codes), now - started)
+            last, next_beat = dict(codes), now + HEARTBEAT_S
+        if all(code is not None for code in codes.values()):
+            break
+        if stop_at is None and (outcome.exit_order or now - started > timeout_s):
+            outcome.timed_out = not outcome.exit_order
+            signal_group(pgid, signal.SIGTERM)
+            stop_at = now + GRACE_S
+        elif stop_at is not None and now > stop_at:
+            signal_group(pgid, signal.SIGKILL)
+            stop_at = float("inf")
+        time.sleep(POLL_S)
+    outcome.exit_codes = {r: c for r, c in codes.items() if c is not None}
+    return outcome
+
+
+def _stop(procs, pgid: int) -> None:
+    if pgid:
+        signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_S
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    if pgid:
+        signal_group(pgid, signal.SIGKILL)
+    for proc in procs:
+        proc.wait()
+
+
+def cancel(pgid: int, marker: str) -> int:
+    """SIGTERM the run's process group (then SIGKILL after the grace period); returns how many ranks were alive."""
+    alive = group_members(pgid, marker)
+    if not alive:
+        return 0
+    signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_S
+    while time.monotonic() < deadline and group_members(pgid, marker):
+        time.sleep(POLL_S)
+    if group_members(pgid, marker):
+        signal_group(pgid, signal.SIGKILL)
+    return len(alive)

@@ -1,0 +1,53 @@
+"""RankContext: what runtime.entry hands a workload's `run(ctx)`; plain data, no torch import."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankContext:
+    """One rank's view of the launch.
+
+    A workload is `run(ctx: RankContext) -> dict | None`, registered by name in runtime.entry.WORKLOADS. While it
+    runs, torch.distributed and megatron's parallel_state are initialised with the plan's layout; a returned dict
+    is merged into the rank's result line (a "checks" list of {name, value, expected, passed} decides `ok`).
+    The rank process then exits without interpreter finalisation (runtime.entry.exit_now): close what you write.
+    """
+
+    plan: dict
+    """The whole plan.json as loaded (LaunchPlan.to_dict() shape: spec, parallel, ranks, stages, tap_routes, ...)."""
+    run_dir: Path
+    """The run folder (plan.json's directory); a workload writes its files under it."""
+    global_rank: int
+    """This process's rank in the world (SLURM_PROCID or RANK)."""
+    local_rank: int
+    """Rank on its node (SLURM_LOCALID or LOCAL_RANK); the CUDA device index on GPU."""
+    world_size: int
+    """Number of ranks; equals plan["world_size"] (entry checks it)."""
+    node: int
+    """Node index in the allocation (SLURM_NODEID, GROUP_RANK for the local executor)."""
+    device: str
+    """"cpu" or "cuda:<local_rank>" (already made current on GPU)."""
+    backend: str
+    """torch.distributed backend: "gloo" on CPU, "nccl" on GPU."""
+    steps: int
+    """Optimizer steps to run: `specdraft launch --steps`, else the plan's training.train_iters."""
+    workload: str
+    """The registered workload name being run (e.g. "selftest", "cotrain")."""
+
+    @property
+    def coords(self) -> dict:
+        """This rank's record in the plan: global_rank, node, local_rank, tp, cp, dp, pp, ep, etp, edp."""
+        return self.plan["ranks"][self.global_rank]
+
+    @property
+    def results_dir(self) -> Path:
+        """Where entry writes one result file per rank (results/rank-00000.json)."""
+        return self.run_dir / "results"
+
+    @property
+    def metrics_path(self) -> Path:
+        """JSON-lines progress file (one object per step, with a "step" key) that `specdraft status` summarises."""
+        return self.run_dir / "metrics.jsonl"

@@ -1,0 +1,245 @@
+"""The payload on every rank: `python -m specdraft.runtime.entry RUN_DIR/plan.json [--workload W] [--steps N]`.
+
+Env -> checks against the plan -> torch.distributed + megatron groups -> workload -> results/rank-NNNNN.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from importlib import import_module
+from pathlib import Path
+
+from specdraft.runtime.context import RankContext
+
+# name -> "module:function"; imported only when chosen, so a missing module fails only the workload that needs it.
+WORKLOADS = {
+    "selftest": "specdraft.runtime.selftest:run",
+    "cotrain": "specdraft.runtime.cotrain:run",
+}
+FAULT_ENV = "SPECDRAFT_FAULT_RANK"  # test-only: this rank raises just before the workload (a real fault)
+TIMEOUT_ENV = "SPECDRAFT_DIST_TIMEOUT_S"
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (another rank failed, or the run was cancelled): recorded, not blamed on this rank."""
+
+
+class WorkloadUnavailable(RuntimeError):
+    pass
+
+
+def load_workload(name: str):
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+    module_name, _, func = WORKLOADS[name].partition(":")
+    try:
+        module = import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name != module_name:
+            raise
+        raise WorkloadUnavailable(f"workload {name!r} is not available yet: {module_name} is not part of this "
+                                  "specdraft; run --workload selftest") from None
+    return getattr(module, func)
+
+
+def rank_env(environ) -> tuple[int, int, int, int]:
+    """(global_rank, local_rank, world_size, node) from torchrun-style env, else from Slurm's."""
+    def need(*names):
+        missing = [n for n in names if n not in environ]
+        if missing:
+            raise ValueError(f"missing environment variable(s) {', '.join(missing)}: run this through "
+                             "`specdraft launch` (Slurm or local), or set RANK/WORLD_SIZE/LOCAL_RANK yourself")
+        return [int(environ[n]) for n in names]
+
+    if not {"MASTER_ADDR", "MASTER_PORT"} <= set(environ):
+        raise ValueError("MASTER_ADDR and MASTER_PORT must be set (the sbatch script exports them from the "
+                         "allocation; the local executor sets 127.0.0.1 and a free port)")
+    if "RANK" in environ or "WORLD_SIZE" in environ:
+        rank, world, local = need("RANK", "WORLD_SIZE", "LOCAL_RANK")
+        return rank, local, world, int(environ.get("GROUP_RANK", "0"))
+    rank, world, local, node = need("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID")
+    return rank, local, world, node
+
+
+def check_placement(plan: dict, rank: int, local_rank: int, world_size: int, node: int) -> None:
+    """The environment's world and this rank's place in it must be the plan's."""
+    from specdraft.plan.grid import RankGrid, Sizes
+
+    if world_size != plan["world_size"]:
+        raise ValueError(f"WORLD_SIZE is {world_size} but the plan's world_size is {plan['world_size']}: the "
+                         "allocation does not match the plan (nodes x tasks per node)")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
+    me = plan["ranks"][rank]
+    par = plan["parallel"]
+    sizes = Sizes(world_size=world_size, **{k: par[k] for k in ("tp", "cp", "pp", "dp", "ep", "etp", "edp", "vpp",
+                                                                 "order")})
+    grid = RankGrid(sizes=sizes, gpus_per_node=plan["spec"]["cluster"]["gpus_per_node"])
+    expected = {**grid.coords(rank), "local_rank": rank % grid.gpus_per_node,
+                "node": grid.node_of(rank)}
+    got = {**{k: me[k] for k in ("tp", "cp", "dp", "pp", "etp", "ep", "edp")}, "local_rank": me["local_rank"],
+           "node": me["node"]}
+    if got != expected:
+        raise ValueError(f"plan.json's ranks[{rank}] is {got} but its own layout gives {expected}: the plan was "
+                         "edited or is stale; recompile it with `specdraft plan`")
+    if (local_rank, node) != (me["local_rank"], me["node"]):
+        raise ValueError(f"rank {rank} runs as local rank {local_rank} on node {node}, but the plan places it as "
+                         f"local rank {me['local_rank']} on node {me['node']}: tasks must be laid out in blocks of "
+                         "gpus_per_node per node (sbatch --ntasks-per-node, the default block distribution)")
+
+
+def init_megatron(plan: dict, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
+    import warnings
+
+    # Expected without TE/Apex; four copies per rank would bury a real error in the stderr tail we report.
+    warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    par, spec_par = plan["parallel"], plan["spec"]["parallel"]
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=par["tp"], pipeline_model_parallel_size=par["pp"],
+        virtual_pipeline_model_parallel_size=par["vpp"], context_parallel_size=par["cp"],
+        hierarchical_context_parallel_sizes=spec_par.get("hierarchical_cp_sizes"),
+        expert_model_parallel_size=par["ep"], expert_tensor_parallel_size=par["etp"], order=par["order"],
+        distributed_timeout_minutes=max(1, int(timeout_s // 60)),
+        # On gloo the default groups already are gloo groups; duplicates would only double the set-up time.
+        create_gloo_process_groups=backend != "gloo",
+    )
+
+
+def check_megatron_ranks(plan: dict, rank: int) -> dict:
+    """Megatron's view of this rank must equal the plan's; returns megatron's coordinates."""
+    from megatron.core import parallel_state as ps
+
+    got = {
+        "tp": ps.get_tensor_model_parallel_rank(), "cp": ps.get_context_parallel_rank(),
+        "dp": ps.get_data_parallel_rank(), "pp": ps.get_pipeline_model_parallel_rank(),
+        "ep": ps.get_expert_model_parallel_rank(), "etp": ps.get_expert_tensor_parallel_rank(),
+        "edp": ps.get_expert_data_parallel_rank(),
+    }
+    me = plan["ranks"][rank]
+    bad = {k: (me[k], v) for k, v in got.items() if me[k] != v}
+    if bad:
+        detail = ", ".join(f"{k}: plan {p} vs megatron {m}" for k, (p, m) in bad.items())
+        raise ValueError(f"rank {rank}: megatron-core placed this rank differently from the plan ({detail}); "
+                         f"the plan's rank order {plan['parallel']['order']!r} and megatron disagree")
+    return got
+
+
+def _device(plan: dict, local_rank: int) -> tuple[str, str]:
+    gpu = plan["spec"]["cluster"]["gpu"]
+    if gpu == "cpu":
+        return "cpu", "gloo"
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError(f"the plan is for {gpu} GPUs but torch.cuda.is_available() is False on "
+                         f"{socket.gethostname()}; use a CUDA build of torch, or cluster.gpu=cpu for a CPU run")
+    torch.cuda.set_device(local_rank)
+    return f"cuda:{local_rank}", "nccl"
+
+
+def write_result(run_dir: Path, rank: int, record: dict) -> Path:
+    from specdraft.fsutil import atomic_write_text
+
+    return atomic_write_text(run_dir / "results" / f"rank-{rank:05d}.json", json.dumps(record, sort_keys=True) + "\n")
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated(f"terminated by signal {signal.Signals(signum).name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specdraft.runtime.entry", description=__doc__.splitlines()[0])
+    parser.add_argument("plan", help="RUN_DIR/plan.json; results go next to it")
+    parser.add_argument("--workload", default="selftest", choices=sorted(WORKLOADS))
+    parser.add_argument("--steps", type=int, default=None)
+    args = parser.parse_args(argv)
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    started = time.time()
+    plan_path = Path(args.plan).absolute()
+    run_dir = plan_path.parent
+    record: dict = {"hostname": socket.gethostname(), "workload": args.workload, "started_at": started,
+                    "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "pid": os.getpid()}
+    rank = None
+    try:
+        plan = json.loads(plan_path.read_text(encoding="utf-8"))
+        rank, local_rank, world_size, node = rank_env(os.environ)
+        record.update(global_rank=rank, local_rank=local_rank, node=node)
+        if 0 <= rank < len(plan["ranks"]):
+            record["coords"] = {k: plan["ranks"][rank][k] for k in ("tp", "cp", "dp", "pp", "ep", "etp", "edp")}
+        check_placement(plan, rank, local_rank, world_size, node)
+        workload = load_workload(args.workload)
+        device, backend = _device(plan, local_rank)
+        record.update(device=device, backend=backend)
+        # torchrun's names, for code that reads them (MASTER_ADDR/MASTER_PORT come from the launcher).
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
+        init_megatron(plan, rank, world_size, backend, float(os.environ.get(TIMEOUT_ENV, "300")))
+        record["megatron"] = check_megatron_ranks(plan, rank)
+        steps = args.steps if args.steps is not None else plan["spec"]["training"]["train_iters"]
+        ctx = RankContext(plan=plan, run_dir=run_dir, global_rank=rank, local_rank=local_rank, world_size=world_size,
+                          node=node, device=device, backend=backend, steps=steps, workload=args.workload)
+        fault = os.environ.get(FAULT_ENV)
+        if fault is not None and fault.strip() == str(rank):
+            raise RuntimeError(f"injected fault on rank {rank} ({FAULT_ENV}={fault})")
+        out = workload(ctx) or {}
+        record.update(out)
+        failed = [c for c in record.get("checks", []) if not c["passed"]]
+        record.update(ok=not failed, error=None, terminated=False, finished_at=time.time())
+        if failed:
+            record["error"] = "failed checks: " + "; ".join(
+                f"{c['name']} got {c.get('value')} expected {c.get('expected')}" for c in failed)
+        record["elapsed_s"] = round(record["finished_at"] - started, 3)
+        write_result(run_dir, rank, record)
+        print(f"[specdraft] rank {rank}: {args.workload} {'ok' if not failed else 'FAILED: ' + record['error']}",
+              flush=True)
+        _teardown()
+        return 0 if not failed else 1
+    except BaseException as err:  # noqa: BLE001 - recorded in the result file and re-signalled by the exit code
+        tail = traceback.format_exc().splitlines()[-30:]
+        terminated = isinstance(err, (Terminated, KeyboardInterrupt))
+        record.update(ok=False, terminated=terminated, error="\n".join(tail), error_type=type(err).__name__,
+                      failed_at=time.time(), finished_at=time.time())
+        print("\n".join(tail), file=sys.stderr, flush=True)
+        if rank is not None and rank >= 0:
+            try:
+                write_result(run_dir, rank, record)
+            except OSError as werr:
+                print(f"[specdraft] could not write the result file: {werr}", file=sys.stderr, flush=True)
+        return 143 if terminated else 1
+
+
+def _teardown() -> None:
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def exit_now(code: int) -> None:
+    """Flush and leave without interpreter finalisation: after megatron's import that alone takes seconds, and
+    after a failure it would wait on gloo's threads while peers wait on us. Results are already on disk."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    exit_now(main())
