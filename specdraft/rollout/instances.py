@@ -103,7 +103,12 @@ def check_rollout(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
         err("rollout.max_model_len", max_model_len(spec), "not even one full-length sequence's KV cache fits after "
             f"the weights ({budget['kv_bytes_per_gpu'] / gib:.1f} GiB KV budget per GPU)",
             "raise rollout.tp or rollout.gpu_memory_utilization, or lower rollout.max_response_length")
-    elif r.speculative and not spec.draft.enabled:
+    if max_model_len(spec) > m.seq_length:
+        warnings.append(Problem(path="rollout.max_response_length", value=r.max_response_length, rule=(
+            f"prompt_length + max_response_length ({max_model_len(spec)}) exceeds model.seq_length "
+            f"({m.seq_length}): the trainer cannot take the longest rollouts whole"),
+            fix=f"raise model.seq_length to {max_model_len(spec)} or cap the responses", severity="warning"))
+    if r.speculative and not spec.draft.enabled:
         warnings.append(Problem(path="rollout.speculative", value=True, rule="speculative decoding needs the "
                                 "co-trained draft, but draft.enabled is false", fix="set draft.enabled=true",
                                 severity="warning"))

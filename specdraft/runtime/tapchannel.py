@@ -79,8 +79,11 @@ class TapChannel:
         self._local: dict[int, dict] = defaultdict(dict)
         self._buffers: dict[int, dict] = {}
         self._works: dict[int, list] = {}
-        if self.is_draft_rank and not self.blocking:
-            for m in range(min(self.slots, num_microbatches)):
+        if self.is_draft_rank:
+            # The blocking baseline pre-posts every microbatch: with a blocking send in the source's hook, a
+            # receive posted only when the draft runs deadlocks against 1F1B (the draft stage first needs the
+            # very activations the blocked source has not sent yet).
+            for m in range(num_microbatches if self.blocking else min(self.slots, num_microbatches)):
                 self._post(m)
 
     def end_step(self) -> None:
@@ -146,17 +149,10 @@ class TapChannel:
 
     def receive(self, m: int) -> dict:
         """Every tap of microbatch ``m`` for this draft rank (waits for its landing slot to fill)."""
-        if self.blocking:
-            self._buffers[m] = {}
-            for inc in self.incoming:
-                buf = torch.empty(inc.shape, dtype=self.dtype, device=self.device)
-                dist.recv(buf, src=inc.src, group=inc.group)
-                self._buffers[m][(inc.src, inc.tap)] = buf
-        else:
-            if m not in self._works:
-                raise RuntimeError(f"TapChannel: microbatch {m} has no landing slot (slots={self.slots})")
-            for work in self._works.pop(m):
-                work.wait()
+        if m not in self._works:
+            raise RuntimeError(f"TapChannel: microbatch {m} has no landing slot (slots={self.slots})")
+        for work in self._works.pop(m):
+            work.wait()
         taps = dict(self._local.pop(m, {}))
         for (src, tap), buf in self._buffers.pop(m).items():
             self._record("received", m, tap, src, self.rank, buf)
