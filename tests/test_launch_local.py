@@ -28,7 +28,7 @@ def _results(folder: Path) -> dict[int, dict]:
 
 @pytest.mark.timeout(240)
 def test_default_layout_passes_every_check_and_is_not_launched_twice(specdraft_cli, tmp_path):
-    proc = specdraft_cli("launch", "--executor", "local", timeout=200)
+    proc = specdraft_cli("launch", "--executor", "local", "--workload", "selftest", timeout=200)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "executor: local (requested)" in proc.stderr and "all 4 ranks passed selftest" in proc.stdout
     folder = _run_folder(tmp_path)
@@ -53,7 +53,7 @@ def test_default_layout_passes_every_check_and_is_not_launched_twice(specdraft_c
         assert all(c["passed"] for c in result["checks"])
 
     # The same plan again (its own plan.json, so an edit of the built-in layout meanwhile cannot change it).
-    again = specdraft_cli("launch", folder / "plan.json", "--run-dir", folder, "--executor", "local")
+    again = specdraft_cli("launch", folder / "plan.json", "--run-dir", folder, "--executor", "local", "--workload", "selftest")
     assert again.returncode == 2
     for part in (str(folder), f"job {record['job_id']}", "state COMPLETED", "--force"):
         assert part in again.stderr, again.stderr

@@ -25,11 +25,13 @@ def test_two_nodes_by_two_tasks_pass_and_the_submitted_script_is_the_dry_run(slu
     # One compiled plan for every step, so a concurrent edit of the built-in layout cannot change it midway.
     plan = tmp_path / "plan.json"
     assert specdraft_cli("plan", *TWO_BY_TWO, "-o", plan).returncode == 0
-    dry = specdraft_cli("launch", plan, "--executor", "slurm", "--dry-run", "--run-dir", folder, text=False)
+    dry = specdraft_cli("launch", plan, "--executor", "slurm", "--workload", "selftest", "--dry-run", "--run-dir",
+                        folder, text=False)
     assert dry.returncode == 0, dry.stderr
     assert not folder.exists()
 
-    proc = specdraft_cli("launch", plan, "--executor", "slurm", "--run-dir", folder, "--wait", timeout=200)
+    proc = specdraft_cli("launch", plan, "--executor", "slurm", "--workload", "selftest", "--run-dir", folder, "--wait",
+                         timeout=200)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all 4 ranks passed selftest" in proc.stdout
     record = _record(folder)

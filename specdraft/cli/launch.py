@@ -55,7 +55,8 @@ def launch(
                                  "per-rank command (stderr); create nothing, submit nothing."),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="The run folder (default: runs/<name>-<hash8>)."),
     force: bool = typer.Option(False, "--force", help="Launch again into a run folder whose job has ended."),
-    workload: str = typer.Option("selftest", "--workload", "-w", help="selftest or cotrain."),
+    workload: str = typer.Option("cotrain", "--workload", "-w", help="cotrain (the co-training job) or selftest "
+                                 "(collectives over every group and tap route)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Steps to run (default: training.train_iters)."),
     wait: bool = typer.Option(False, "--wait", help="Slurm: wait for the job to end and report every rank."),
     python: Optional[str] = typer.Option(None, "--python", help="Interpreter on the nodes (default: this one; "
@@ -120,14 +121,21 @@ def _launch_local(plan, folder, render, force, workload, steps, python) -> None:
 
     err = _console(stderr=True)
     err.print(f"run folder: {folder}", markup=False)
+    if workload == "cotrain":
+        from specdraft.cli.cotrain_view import ProgressBar
 
-    def on_progress(codes: dict, elapsed: float) -> None:
-        running = sum(c is None for c in codes.values())
-        ok = sum(c == 0 for c in codes.values())
-        err.print(f"[local] {elapsed:5.1f} s  ranks: {running} running, {ok} done, "
-                  f"{len(codes) - running - ok} failed", markup=False)
+        total = steps or plan.spec["training"]["train_iters"]
+        with ProgressBar(err, folder, total) as bar:
+            record, _ = launch_local(plan, folder, render, force, workload, steps, python,
+                                     lambda codes, elapsed: bar.update())
+    else:
+        def on_progress(codes: dict, elapsed: float) -> None:
+            running = sum(c is None for c in codes.values())
+            ok = sum(c == 0 for c in codes.values())
+            err.print(f"[local] {elapsed:5.1f} s  ranks: {running} running, {ok} done, "
+                      f"{len(codes) - running - ok} failed", markup=False)
 
-    record, _ = launch_local(plan, folder, render, force, workload, steps, python, on_progress)
+        record, _ = launch_local(plan, folder, render, force, workload, steps, python, on_progress)
     _finish(folder, record, record["state"])
 
 
@@ -146,6 +154,12 @@ def _finish(folder, record, state) -> None:
     if message:
         raise UserError(message, f"the logs: specdraft logs {folder} --rank N")
     passed = sum(1 for r in results.values() if r.get("ok"))
+    if record.get("workload") == "cotrain":
+        from specdraft.cli.cotrain_view import acceptance_table
+
+        table = acceptance_table(folder)
+        if table is not None:
+            out.print(table)
     out.print(f"[green]{state}[/]: all {passed} ranks passed {record.get('workload', 'the workload')}")
 
 

@@ -125,7 +125,7 @@ def unsafe_values(plan: LaunchPlan, run_dir: str, python: str) -> list[str]:
     return problems
 
 
-def render_sbatch(plan: LaunchPlan, run_dir: str, *, python: str, workload: str = "selftest",
+def render_sbatch(plan: LaunchPlan, run_dir: str, *, python: str, workload: str = "cotrain",
                   steps: int | None = None) -> SbatchRender:
     """Render the sbatch script for ``plan`` in the run folder ``run_dir`` (an absolute, normalised path).
 

@@ -41,9 +41,9 @@ export NCCL_IB_TIMEOUT=22
 # submitit reads this to know its tasks run under Slurm.
 export SUBMITIT_EXECUTOR=slurm
 
-# 64 tasks; every one runs: /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/llama3-70b/plan.json --workload selftest
+# 64 tasks; every one runs: /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/llama3-70b/plan.json --workload cotrain
 if [[ "${1:-}" == direct ]]; then
-    srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/llama3-70b/submitit/%j_%t_log.out --error=/scratch/runs/llama3-70b/submitit/%j_%t_log.err /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/llama3-70b/plan.json --workload selftest
+    srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/llama3-70b/submitit/%j_%t_log.out --error=/scratch/runs/llama3-70b/submitit/%j_%t_log.err /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/llama3-70b/plan.json --workload cotrain
 else
     srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/llama3-70b/submitit/%j_%t_log.out --error=/scratch/runs/llama3-70b/submitit/%j_%t_log.err /opt/venv/bin/python -u -m submitit.core._submit /scratch/runs/llama3-70b/submitit
 fi

@@ -38,9 +38,9 @@ export NCCL_DEBUG=WARN
 # submitit reads this to know its tasks run under Slurm.
 export SUBMITIT_EXECUTOR=slurm
 
-# 8 tasks; every one runs: /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/qwen3-8b/plan.json --workload selftest
+# 8 tasks; every one runs: /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/qwen3-8b/plan.json --workload cotrain
 if [[ "${1:-}" == direct ]]; then
-    srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/qwen3-8b/submitit/%j_%t_log.out --error=/scratch/runs/qwen3-8b/submitit/%j_%t_log.err /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/qwen3-8b/plan.json --workload selftest
+    srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/qwen3-8b/submitit/%j_%t_log.out --error=/scratch/runs/qwen3-8b/submitit/%j_%t_log.err /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/qwen3-8b/plan.json --workload cotrain
 else
     srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/qwen3-8b/submitit/%j_%t_log.out --error=/scratch/runs/qwen3-8b/submitit/%j_%t_log.err /opt/venv/bin/python -u -m submitit.core._submit /scratch/runs/qwen3-8b/submitit
 fi

@@ -31,9 +31,9 @@ export OMP_NUM_THREADS=1
 # submitit reads this to know its tasks run under Slurm.
 export SUBMITIT_EXECUTOR=slurm
 
-# 4 tasks; every one runs: /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/tiny-cpu/plan.json --workload selftest
+# 4 tasks; every one runs: /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/tiny-cpu/plan.json --workload cotrain
 if [[ "${1:-}" == direct ]]; then
-    srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/tiny-cpu/submitit/%j_%t_log.out --error=/scratch/runs/tiny-cpu/submitit/%j_%t_log.err /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/tiny-cpu/plan.json --workload selftest
+    srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/tiny-cpu/submitit/%j_%t_log.out --error=/scratch/runs/tiny-cpu/submitit/%j_%t_log.err /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/tiny-cpu/plan.json --workload cotrain
 else
     srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/tiny-cpu/submitit/%j_%t_log.out --error=/scratch/runs/tiny-cpu/submitit/%j_%t_log.err /opt/venv/bin/python -u -m submitit.core._submit /scratch/runs/tiny-cpu/submitit
 fi

@@ -1,0 +1,77 @@
+"""Co-training in the terminal: a rich progress bar fed by metrics.jsonl, and the final acceptance table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+
+def read_metrics(folder: str | Path) -> list[dict]:
+    """Every complete line of RUN/metrics.jsonl (a line being written is skipped, not an error)."""
+    path = Path(folder) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
+
+
+class ProgressBar:
+    """Steps done out of the run's total, with the latest losses and acceptance, redrawn as metrics arrive."""
+
+    def __init__(self, console: Console, folder: str | Path, total_steps: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.folder = folder
+        self.progress = Progress(TextColumn("co-training"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 TextColumn("{task.fields[info]}"), console=console, transient=False)
+        self.task = self.progress.add_task("steps", total=total_steps, info="starting ranks")
+
+    def __enter__(self):
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.update()
+        self.progress.stop()
+
+    def update(self) -> None:
+        rows = read_metrics(self.folder)
+        if not rows:
+            return
+        last = rows[-1]
+        info = f"target {last['target_loss']:.3f}"
+        if last.get("acceptance"):
+            info += f"  draft {last['draft_loss']:.3f}  accept " + " ".join(f"{a:.2f}" for a in last["acceptance"])
+        else:
+            info += "  (policy warm-up)"
+        self.progress.update(self.task, completed=len(rows), info=info)
+
+
+def acceptance_table(folder: str | Path) -> Table | None:
+    """Acceptance per TTT step and accepted length, at the first, middle and last co-training steps."""
+    rows = [r for r in read_metrics(folder) if r.get("acceptance")]
+    if not rows:
+        return None
+    picks = sorted({0, len(rows) // 4, len(rows) // 2, 3 * len(rows) // 4, len(rows) - 1})
+    steps = len(rows[0]["acceptance"])
+    table = Table(title="draft acceptance (top-1 match with the policy, per TTT step)")
+    table.add_column("step", justify="right")
+    table.add_column("target loss", justify="right")
+    table.add_column("draft loss", justify="right")
+    for j in range(steps):
+        table.add_column(f"accept@{j + 1}", justify="right")
+    table.add_column("accept len", justify="right")
+    table.add_column("tap bytes", justify="right")
+    for i in picks:
+        r = rows[i]
+        table.add_row(str(r["step"] + 1), f"{r['target_loss']:.4f}", f"{r['draft_loss']:.4f}",
+                      *(f"{a:.3f}" for a in r["acceptance"]), f"{r['accept_len']:.3f}", f"{r['tap_bytes']:,}")
+    return table
