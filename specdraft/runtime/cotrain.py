@@ -54,4 +54,5 @@ def _forward_step(trainer, chunk_of: dict, data_iterator, model):
         trainer.put_embedding(model, mb)
     output = model(input_ids=mb.tokens[None], position_ids=mb.positions[None], attention_mask=None,
                    packed_seq_params=mb.packed_seq_params())
+    trainer.channel.flush(chunk)  # this microbatch's taps leave as one message per draft rank
     return output, partial(trainer.loss, chunk, mb)

@@ -10,7 +10,8 @@
 4. The schedules' `torch.zeros(..., device="cuda")` token counters (schedules.py:596,983,2138) -> CPU tensors.
 5. `get_pos_emb_on_this_cp_rank` (rope_utils.py:62, pinned memory + .cuda()) -> a CPU zigzag index_select,
    replaced where rotary_pos_embedding.py imported it by name. Only matters for cp > 1 in sbhd.
-6. `get_default_causal_mask` (transformer/utils.py:35, device="cuda") -> a CPU mask.
+6. `get_default_causal_mask` (transformer/utils.py:35, device="cuda") -> a CPU mask, also where
+   fusions/fused_softmax.py imported it by name (else the redirect depends on import order).
 """
 
 from __future__ import annotations
@@ -51,10 +52,12 @@ def apply() -> bool:
     rope_utils.get_pos_emb_on_this_cp_rank = _pos_emb_on_this_cp_rank  # (5)
     rotary_pos_embedding.get_pos_emb_on_this_cp_rank = _pos_emb_on_this_cp_rank
 
+    from megatron.core.fusions import fused_softmax
     from megatron.core.transformer import utils as tf_utils
 
-    tf_utils.get_default_causal_mask = functools.lru_cache()(  # (6)
-        lambda sq: torch.triu(torch.ones(sq, sq, device="cpu"), diagonal=1).bool())
+    cpu_mask = functools.lru_cache()(lambda sq: torch.triu(torch.ones(sq, sq, device="cpu"), diagonal=1).bool())
+    tf_utils.get_default_causal_mask = cpu_mask  # (6)
+    fused_softmax.get_default_causal_mask = cpu_mask
     _APPLIED = True
     return True
 

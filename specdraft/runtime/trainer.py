@@ -21,6 +21,7 @@ from specdraft.runtime.vocab_parallel import accept_length, kl_and_matches, log_
 
 BLOCKING_ENV = "SPECDRAFT_TAPS_BLOCKING"  # benchmark baseline: blocking send/recv of the taps inside the hooks
 AUDIT_ENV = "SPECDRAFT_TAP_AUDIT"  # tests: record a sha256 of every tap sent and received
+SYNTHETIC_ENV = "SPECDRAFT_TAPS_SYNTHETIC"  # benchmark control: no tap transport, zero taps of the right shapes
 
 
 class CoTrainer:
@@ -77,7 +78,8 @@ class CoTrainer:
         shapes.update({layer: (sp_tokens, h) for layer in plan["draft"]["aux_layers"]})
         audit = ctx.run_dir / "taps" if os.environ.get(AUDIT_ENV) == "1" else None
         channel = TapChannel(plan, ctx.global_rank, shapes=shapes, dtype=self.dtype, device=self.device,
-                             blocking=os.environ.get(BLOCKING_ENV) == "1", audit_dir=audit)
+                             blocking=os.environ.get(BLOCKING_ENV) == "1",
+                             synthetic=os.environ.get(SYNTHETIC_ENV) == "1", audit_dir=audit)
         for v, chunk in enumerate(self.chunks):
             stage = plan["stages"][self.pp_rank]
             first = stage["chunks"][v]["first_layer"] if "chunks" in stage else stage["first_layer"]
@@ -143,8 +145,8 @@ class CoTrainer:
         ``local_logits`` are the policy's vocab-parallel logits when the draft shares the last stage; elsewhere
         they arrive as the `logits` tap.
         """
-        started = time.perf_counter()
         taps = self.channel.receive(mb.index)
+        started = time.perf_counter()  # the draft's own compute: waiting for taps is TapChannel's cost
         target_logp = self._target_logp(taps["logits"] if local_logits is None else local_logits)
         aux_layers = self.plan["draft"]["aux_layers"]
         aux = torch.stack([taps[layer] for layer in aux_layers]).to(self.dtype)  # (n_taps, t, h)
