@@ -76,8 +76,9 @@ def _check_inputs(q, k, v, cu_seqlens, cp: int) -> list[int]:
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape; got k {tuple(k.shape)}, v {tuple(v.shape)}")
     hkv = k.shape[2]
-    if (k.shape[0], k.shape[1], k.shape[3]) != (S, T, D) or hkv == 0:
-        raise ValueError(f"k/v shape {tuple(k.shape)} does not fit q {tuple(q.shape)}; expected ({S}, {T}, Hkv, {D})")
+    if k.shape[0] < S or (k.shape[1], k.shape[3]) != (T, D) or hkv == 0:
+        raise ValueError(f"k/v shape {tuple(k.shape)} does not fit q {tuple(q.shape)}; expected (S_kv, {T}, Hkv, {D}) "
+                         f"with S_kv >= {S} (q holds the last S of the S_kv steps)")
     if H % hkv:
         raise ValueError(f"q heads H={H} must be divisible by k/v heads Hkv={hkv} (GQA groups)")
     if not q.is_floating_point() or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -320,6 +321,16 @@ def branch_backward(q5, kb, vb, do5, lse5, delta5, first_step: int):
 
 
 # ------------------------------------------------------------------------------------------------------ autograd
+def _branch_queries(q_steps: int, kv_steps: int) -> tuple[int, int]:
+    """(index in q of the first query that sees branch keys, that query's TTT step).
+
+    q holds the last q_steps of kv_steps steps (the TTT unroll calls with only its newest step); step 0, the
+    trunk query, sees no branch key."""
+    first_step = kv_steps - q_steps
+    skip = 1 if first_step == 0 else 0
+    return skip, first_step + skip
+
+
 class _BranchAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu, ring, scale):
@@ -330,11 +341,12 @@ class _BranchAttention(torch.autograd.Function):
         kv = torch.stack((k[0], v[0])).transpose(1, 2).contiguous()  # (2, Hkv, T, D): the only thing that travels
         cu_local = [c // ring.size for c in cu]
         out, lse = trunk_forward(qh, kv, cu_local, ring, _block_rows(S * H))
-        if S > 1:
+        skip, first_step = _branch_queries(S, k.shape[0])
+        if k.shape[0] > 1 and S > skip:
             G = H // hkv
-            kb, vb = (x[1:].permute(2, 1, 0, 3) for x in (k, v))  # (Hkv, T, S-1, D): never leave the rank
-            branch_forward(qh.view(hkv, T, S, G, D)[:, :, 1:], kb, vb, out.view(hkv, T, S, G, D)[:, :, 1:],
-                           lse.view(hkv, T, S, G)[:, :, 1:], first_step=1)
+            kb, vb = (x[1:].permute(2, 1, 0, 3) for x in (k, v))  # (Hkv, T, S_kv-1, D): never leave the rank
+            branch_forward(qh.view(hkv, T, S, G, D)[:, :, skip:], kb, vb, out.view(hkv, T, S, G, D)[:, :, skip:],
+                           lse.view(hkv, T, S, G)[:, :, skip:], first_step=first_step)
         out = heads_last(out, S, q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.cu_local, ctx.ring, ctx.scale = cu_local, ring, scale
@@ -351,14 +363,16 @@ class _BranchAttention(torch.autograd.Function):
         qh, doh = heads_first(q, hkv, lse.dtype, ctx.scale), heads_first(dout, hkv, lse.dtype)  # (Hkv, T, M, D)
         kv = torch.stack((k[0], v[0])).transpose(1, 2).contiguous()
         dqh, dkv = trunk_backward(qh, kv, doh, lse, delta, ctx.cu_local, ctx.ring, _block_rows(S * H))
-        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
         dk[0], dv[0] = dkv[0].transpose(0, 1), dkv[1].transpose(0, 1)
-        if S > 1:
+        skip, first_step = _branch_queries(S, k.shape[0])
+        if k.shape[0] > 1 and S > skip:
             kb, vb = (x[1:].permute(2, 1, 0, 3) for x in (k, v))
             view5 = (hkv, T, S, G, D)
-            dq5, dkb, dvb = branch_backward(qh.view(view5)[:, :, 1:], kb, vb, doh.view(view5)[:, :, 1:],
-                                            lse.view(view5[:-1])[:, :, 1:], delta.view(view5[:-1])[:, :, 1:], 1)
-            dqh.view(view5)[:, :, 1:] += dq5
+            dq5, dkb, dvb = branch_backward(qh.view(view5)[:, :, skip:], kb, vb, doh.view(view5)[:, :, skip:],
+                                            lse.view(view5[:-1])[:, :, skip:], delta.view(view5[:-1])[:, :, skip:],
+                                            first_step)
+            dqh.view(view5)[:, :, skip:] += dq5
             dk[1:], dv[1:] = dkb.permute(2, 1, 0, 3), dvb.permute(2, 1, 0, 3)
         dq = heads_last(dqh.mul_(ctx.scale), S, q.dtype)  # chain rule through qh = q * scale
         return dq, dk, dv, None, None, None
@@ -370,7 +384,9 @@ def branch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 
     q (S, T, H, D), k/v (S, T, Hkv, D): step 0 is the trunk, 1..S-1 the branch steps, T this rank's tokens.
     Query (j, r) sees trunk keys r' <= r of its sequence and branch keys (i, r) for 1 <= i <= j, in one softmax.
-    cu_seqlens is global. cp_group None or of size 1 computes locally. Bad input raises ValueError."""
+    cu_seqlens is global. cp_group None or of size 1 computes locally. Bad input raises ValueError.
+    q may also hold only the last S_q of the S steps of k/v (S_q <= S): a sequential TTT unroll passes just its
+    newest step, so each step costs one ring pass with one query set."""
     ring = _Ring(cp_group)
     cu = _check_inputs(q, k, v, cu_seqlens, ring.size)
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)

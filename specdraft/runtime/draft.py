@@ -118,7 +118,6 @@ class Eagle3Draft(nn.Module):
         """
         steps = emb.shape[0]
         hidden = self.fc(aux.permute(1, 0, 2).flatten(1))  # (t, n_taps*h) -> (t, h)
-        qs: list[list[torch.Tensor]] = [[] for _ in self.layers]
         ks: list[list[torch.Tensor]] = [[] for _ in self.layers]
         vs: list[list[torch.Tensor]] = [[] for _ in self.layers]
         logits = []
@@ -126,12 +125,12 @@ class Eagle3Draft(nn.Module):
             x = hidden
             for i, layer in enumerate(self.layers):
                 q, k, v = layer.project(x, emb[j] if i == 0 else None, positions[j])
-                qs[i].append(q)
                 ks[i].append(k)
                 vs[i].append(v)
-                # (j+1, t, H/tp, d): the query of step j sees trunk keys (step 0) and branch keys 1..j.
-                attn = branch_attention(torch.stack(qs[i]), torch.stack(ks[i]), torch.stack(vs[i]),
-                                        cu_seqlens, cp_group=cp_group)[j]
+                # Only step j's queries (its input depends on step j-1's output) against the k/v of steps 0..j:
+                # trunk keys (step 0) ride the ring, branch keys 1..j stay on this rank.
+                attn = branch_attention(q[None], torch.stack(ks[i]), torch.stack(vs[i]), cu_seqlens,
+                                        cp_group=cp_group)[0]  # (t, H/tp, d)
                 x = layer.finish(x, attn)
             hidden = x
             logits.append(self.lm_head(self.norm(hidden))[0])
