@@ -80,6 +80,8 @@ def simulate_cmd(
     tp_overhead_scale: float = typer.Option(1.0, "--tp-overhead-scale", help="Scale the reconfiguration overhead."),
     tp_predictor: str = typer.Option("request", "--tp-predictor", help="request or population remaining-length model."),
     check_every: int = typer.Option(64, "--check-every", help="Adaptive TP check-point period in decode steps."),
+    tp_start: str = typer.Option("auto", "--tp-start",
+                                 help="Adaptive TP's starting TP: auto (throughput-optimal for the bulk) or a size."),
     profile: Optional[str] = typer.Option(None, "--profile", help="Measured decode-step CSV replacing the roofline."),
     format: str = typer.Option("text", "--format", "-f", help="text (rich table) or json."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Write a PNG timeline (needs matplotlib)."),
@@ -91,7 +93,7 @@ def simulate_cmd(
     opts = SimulateOptions(seeds=seeds, steps=steps, prediction_error=prediction_error, median=median, sigma=sigma,
                            correlation=correlation, workload=workload, history=history, profile=profile,
                            adaptive_tp=adaptive_tp, tp_overhead_scale=tp_overhead_scale, tp_predictor=tp_predictor,
-                           check_every_steps=check_every, timeline=plot is not None)
+                           check_every_steps=check_every, tp_start=tp_start, timeline=plot is not None)
     report = run(_spec(args), opts)
     if plot:
         from specdraft.rollout.plot import write_timeline
@@ -153,7 +155,9 @@ def _print_plan(console, data: dict) -> None:
                         "tokens/verify"),
         ("speculation pays up to batch", str(data["speculation_below_batch"])),
         ("max_model_len", str(data["max_model_len"])),
-        ("weights per GPU", f"{kv['weights_bytes_per_gpu'] / gib:.1f} GiB (target)"),
+        ("weights per GPU", f"{kv['weights_bytes_per_gpu'] / gib:.1f} GiB (target "
+                            f"{kv['target_weights_bytes_per_gpu'] / gib:.1f} + draft "
+                            f"{kv['draft_weights_bytes_per_gpu'] / gib:.1f})"),
         ("KV budget per GPU", f"{kv['kv_bytes_per_gpu'] / gib:.1f} GiB, {kv['max_full_length_sequences']} "
                               "full-length sequences"),
         ("KV capacity per instance", f"{data['kv_capacity_tokens']:,} tokens (after target + draft weights)"),
@@ -204,8 +208,8 @@ def _print_simulation(console, data: dict) -> None:
         mark = " (best in hindsight)" if int(tp) == gen["best_static_tp"] else ""
         t2.add_row(f"static tp {tp}{mark}", f"{mk['mean']:.1f} ± {mk['ci95']:.1f}", f"{mk['mean'] / best - 1:+.1%}")
     ad = gen["adaptive"]
-    t2.add_row(f"adaptive from tp {gen['layout_tp']}", f"{ad['makespan_s']['mean']:.1f} ± {ad['makespan_s']['ci95']:.1f}",
-               f"{ad['vs_best_static']:+.1%}")
+    mk = ad["makespan_s"]
+    t2.add_row(f"adaptive from tp {ad['start_tp']}", f"{mk['mean']:.1f} ± {mk['ci95']:.1f}", f"{ad['vs_best_static']:+.1%}")
     console.print(t2)
     console.print(f"adaptive: {ad['switches_per_run']:.1f} switches per run, {ad['overhead_s']:.2f} s overhead, "
                   f"{ad['vs_layout_tp']:+.1%} vs static tp {gen['layout_tp']}; speculation pays up to batch "

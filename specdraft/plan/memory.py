@@ -151,7 +151,7 @@ def draft_memory(spec: LayoutSpec, tokens: int, num_microbatches: int, draft_slo
                 + 2 * logits)  # the draft's logits and log-probs, kept for backward
     target_probs = logits  # the detached policy distribution, computed once and shifted per step
     fc_in = tokens * num_taps * m.hidden_size * act_bytes
-    # A landing slot holds one microbatch's taps: the aux hidden states plus ttt_steps embedding streams.
-    slots = draft_slots * (num_taps + d.ttt_steps) * tokens * m.hidden_size * act_bytes
+    # A landing slot holds one microbatch's taps: the aux hidden states plus the token embeddings.
+    slots = draft_slots * (num_taps + 1) * tokens * m.hidden_size * act_bytes
     del num_microbatches
     return state + d.ttt_steps * per_step + target_probs + fc_in + slots

@@ -23,6 +23,9 @@ MARGIN_FRACTION = 0.05
 # A group counts as freed once its batch fell below this share of its peak (PAT: the effective batch shrinks).
 # It only gates when the planner looks; the switch rule decides. A batch that never shrinks never qualifies.
 SHRINK_FRACTION = 0.9
+# Deferral horizons, as fractions of the merged group's predicted makespan: a merge is postponed when merging after
+# one of them is predicted to finish sooner (the bulk keeps the narrow groups' throughput a while longer).
+DEFER_FRACTIONS = (0.1, 0.2, 0.3)
 _NORMAL = NormalDist()
 
 
@@ -52,33 +55,61 @@ class RemainingPredictor:
         return max(total - generated, 0.0)
 
 
-def predict_makespan(cost, tp: int, reqs: list[tuple[float, float]]) -> float:
-    """Seconds until the last of ``reqs`` (context tokens, predicted remaining tokens) finishes on a tp group.
+def run_requests(cost, tp: int, reqs: list[tuple[float, float]], horizon: float = math.inf) -> tuple[float, list]:
+    """Run ``reqs`` (context tokens, predicted remaining tokens) together on a tp group for up to ``horizon`` s.
 
-    All requests run together (the tail is far below the KV limit); the batch shrinks as they finish, and
-    each phase between finishes is the closed-form affine step sum of costmodel.steps_time.
+    Returns (seconds run, the unfinished requests as (context, remaining)). All requests run together (the tail is
+    far below the KV limit); the batch shrinks as they finish, and each phase between finishes is the closed-form
+    affine step sum of costmodel.steps_time.
     """
-    from specdraft.rollout.costmodel import steps_time
+    from specdraft.rollout.costmodel import steps_time, steps_within
 
-    if not reqs:
-        return 0.0
     items = sorted(reqs, key=lambda r: r[1])
     batch = len(items)
     ctx = sum(c for c, _ in items)
     done = 0.0  # tokens every surviving request has gained
     t = 0.0
-    for c, rem in items:
+    for i, (c, rem) in enumerate(items):
         if rem > done:
             spec = cost.use_speculation(tp, batch, ctx) if cost.speculative else False
             a, b = cost.affine(tp, batch, spec, ctx)
             e = cost.tokens_per_step(spec)
-            steps = (rem - done) / e
-            t += steps_time(a, b, ctx, batch * e, steps)
+            phase = steps_time(a, b, ctx, batch * e, (rem - done) / e)
+            if t + phase > horizon:
+                gained = done + e * steps_within(a, b, ctx, batch * e, horizon - t)
+                return horizon, [(cj + gained, rj - gained) for cj, rj in items[i:]]
+            t += phase
             ctx += batch * (rem - done)
             done = rem
         batch -= 1
         ctx -= c + rem
-    return t
+    return t, []
+
+
+def predict_makespan(cost, tp: int, reqs: list[tuple[float, float]]) -> float:
+    """Seconds until the last of ``reqs`` (context tokens, predicted remaining tokens) finishes on a tp group."""
+    return run_requests(cost, tp, reqs)[0] if reqs else 0.0
+
+
+def bulk_tp(cost, tps: list[int], prompts, gpus: int) -> int:
+    """The TP with the most predicted tokens/s per GPU while every instance is full: where adaptive TP starts.
+
+    Each instance of ``tp`` GPUs holds its share of the step's samples (up to max_num_seqs and its KV room) at the
+    token-weighted mean context of the predicted lengths, sum L (P + L/2) / sum L; the tail is the planner's job.
+    """
+    preds = [(p.prompt_len, x) for p in prompts for x in p.predicted]
+    if not preds or len(tps) == 1:
+        return tps[0]
+    ctx = sum(x * (pl + x / 2.0) for pl, x in preds) / max(sum(x for _, x in preds), 1.0)
+    best, best_rate = tps[0], -1.0
+    for tp in sorted(tps):
+        batch = min(MAX_NUM_SEQS, -(-len(preds) // max(gpus // tp, 1)))
+        batch = max(1, min(batch, int(cost.kv_capacity_tokens(tp) * (1.0 - KV_WATERMARK) / ctx)))
+        spec = cost.use_speculation(tp, batch, batch * ctx)
+        rate = batch * cost.tokens_per_step(spec) / cost.decode_step(tp, batch, batch * ctx, spec) / tp
+        if rate > best_rate * (1.0 + 1e-9):
+            best, best_rate = tp, rate
+    return best
 
 
 @dataclass
@@ -149,6 +180,7 @@ class PlannerConfig:
     margin_s: float = MARGIN_S
     margin_fraction: float = MARGIN_FRACTION
     shrink_fraction: float = SHRINK_FRACTION
+    defer_fractions: tuple = DEFER_FRACTIONS
 
 
 @dataclass
@@ -160,12 +192,12 @@ class Plan:
     merges: list  # (offset, size, [old group ids], Overhead)
 
 
-def _requests(group) -> list:
-    inst = group
+def group_requests(inst) -> list:
+    """(request, tokens generated so far, the group's tp) for every running or queued request of a group."""
     out = []
     for req in list(inst.stack) + list(inst.queue):
         generated = inst.progress - req.base if req.running else req.generated
-        out.append((req, max(generated, 0.0)))
+        out.append((req, max(generated, 0.0), inst.tp))
     return out
 
 
@@ -181,12 +213,24 @@ def plan_node(cfg: PlannerConfig, cost, groups: dict[int, object], offsets: dict
     cache: dict = {}
 
     def group_reqs(g):
-        inst = groups[g]
-        return [(req, gen, inst.tp) for req, gen in _requests(inst)]
+        return group_requests(groups[g])
+
+    def remaining(items):
+        return [(req.prompt_len + gen, cfg.predictor.remaining(req.predicted, gen)) for req, gen, _ in items]
 
     def pred(tp, items):
-        return predict_makespan(cost, tp, [(req.prompt_len + gen, cfg.predictor.remaining(req.predicted, gen))
-                                           for req, gen, _ in items])
+        return predict_makespan(cost, tp, remaining(items))
+
+    def deferred(inside, size, merged):
+        """Predicted makespan of merging later instead: each group runs on alone for d seconds, then merges."""
+        best_later = math.inf
+        for frac in cfg.defer_fractions:
+            d = frac * merged
+            survivors = []
+            for g in inside:
+                survivors += run_requests(cost, groups[g].tp, remaining(group_reqs(g)), d)[1]
+            best_later = min(best_later, d + predict_makespan(cost, size, survivors))
+        return best_later
 
     def members(offset, size):
         return [g for g in groups if offset <= offsets[g] < offset + size]
@@ -213,8 +257,13 @@ def plan_node(cfg: PlannerConfig, cost, groups: dict[int, object], offsets: dict
                                     [(req.rid, tp, req.prompt_len + gen) for req, gen, tp in items],
                                     groups_cached=cfg.groups_cached, scale=cfg.overhead_scale)
                 merged = ov.total_s + pred(size, items)
-                if merged < out[0]:
+                # Merging now gives up the narrow groups' throughput at once; when merging a little later is
+                # predicted to finish sooner still, keep the groups as they are and look again at the next check.
+                later = deferred(inside, size, merged) + ov.total_s if cfg.defer_fractions else math.inf
+                if merged < out[0] and merged <= later:
                     out = (merged, [(offset, size)])
+                elif later < out[0]:
+                    out = (later, out[1])
         cache[key] = out
         return out
 
@@ -233,4 +282,6 @@ def plan_node(cfg: PlannerConfig, cost, groups: dict[int, object], offsets: dict
                             [(req.rid, tp, req.prompt_len + gen) for req, gen, tp in items],
                             groups_cached=cfg.groups_cached, scale=cfg.overhead_scale)
         merges.append((offset, size, inside, ov))
+    if not merges:
+        return None
     return Plan(predicted_now_s=now, predicted_after_s=after, merges=merges)

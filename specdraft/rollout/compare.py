@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from specdraft.errors import UserError
 from specdraft.rollout import costmodel, metrics, scheduler, trainer
-from specdraft.rollout.adaptive_tp import PlannerConfig, RemainingPredictor
+from specdraft.rollout.adaptive_tp import PlannerConfig, RemainingPredictor, bulk_tp
 from specdraft.rollout.generation import GenConfig, simulate_generation
 from specdraft.rollout.instances import rollout_gpus
 from specdraft.rollout.simulator import SimConfig, plan_steps, simulate
@@ -37,6 +37,7 @@ class SimulateOptions:
     tp_overhead_scale: float = 1.0
     tp_predictor: str = "request"
     check_every_steps: int = 64
+    tp_start: str = "auto"  # adaptive TP's starting TP: "auto" (throughput-optimal for the bulk) or a number
     groups_cached: bool = True
     timeline: bool = False
 
@@ -72,6 +73,8 @@ def _check(opts: SimulateOptions) -> None:
         raise UserError(f"--tp-overhead-scale {opts.tp_overhead_scale} must be >= 0", "1 is the modelled overhead")
     if opts.tp_predictor not in ("request", "population"):
         raise UserError(f"--tp-predictor {opts.tp_predictor!r} is not known", "use request or population")
+    if opts.tp_start != "auto" and not str(opts.tp_start).isdigit():
+        raise UserError(f"--tp-start {opts.tp_start!r} is not auto or a TP size", "e.g. --tp-start auto or 1")
     if opts.check_every_steps < 1:
         raise UserError(f"--check-every {opts.check_every_steps} must be >= 1", "e.g. 64 decode steps")
     LengthModel(median=opts.median, sigma=opts.sigma, correlation=opts.correlation).check()
@@ -150,7 +153,11 @@ def _generation(spec, opts, cost, tps, prompts, seed, gens, report) -> None:
                             overhead_scale=opts.tp_overhead_scale, groups_cached=opts.groups_cached)
     cfg = GenConfig(cost=cost, gpus_per_node=c.gpus_per_node, num_nodes=nodes, planner=planner,
                     check_every_steps=opts.check_every_steps, timeline=opts.timeline and seed == 0)
-    res = simulate_generation(cfg, prompts, r.tp)
+    start = bulk_tp(cost, tps, prompts, rollout_gpus(spec)) if opts.tp_start == "auto" else int(opts.tp_start)
+    if start not in tps:
+        raise UserError(f"--tp-start {start} is not a TP this layout can use", f"use auto or one of {tps}")
+    res = simulate_generation(cfg, prompts, start)
+    res.start_tp = start
     gens.setdefault("adaptive", []).append(res)
     if seed == 0:
         report.generation_timeline = res.timeline
@@ -162,12 +169,14 @@ def _generation_summary(gens: dict, cost, tps: list[int], spec: LayoutSpec) -> d
     best = min(static, key=lambda tp: static[tp]["makespan_s"]["mean"])
     adaptive = gens["adaptive"]
     mk = metrics.mean_ci([g.makespan_s for g in adaptive])
+    starts = sorted({g.start_tp for g in adaptive})
     ctx = spec.rollout.prompt_length + min(spec.rollout.max_response_length, 4096)
     return {
         "static": static,
         "best_static_tp": int(best),
         "layout_tp": spec.rollout.tp,
         "adaptive": {
+            "start_tp": starts[0] if len(starts) == 1 else starts,
             "makespan_s": mk,
             "vs_best_static": metrics.relative(mk["mean"], static[best]["makespan_s"]["mean"]),
             "vs_layout_tp": metrics.relative(mk["mean"], static[str(spec.rollout.tp)]["makespan_s"]["mean"]),

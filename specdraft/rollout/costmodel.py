@@ -1,7 +1,7 @@
-"""Roofline cost model of one vLLM instance: decode/verify step time, prefill, all-reduce, KV capacity.
+"""Calibrated roofline cost model of one vLLM instance: decode/verify step time, prefill, all-reduce, KV capacity.
 
-Every constant is either from the GPU catalogue (specdraft/spec/gpus.py) or calibrated below against the
-public anchors collected in the shared notes (/work/shared/notes/field.md, "Rollout side").
+Every constant is either from the GPU catalogue (specdraft/spec/gpus.py) or calibrated below against the public
+anchors collected in the shared notes (/work/shared/notes/field.md, "Rollout side"); docs/rollout.md has the table.
 """
 
 from __future__ import annotations
@@ -12,23 +12,35 @@ from dataclasses import dataclass, field
 from specdraft.spec.gpus import CATALOGUE
 from specdraft.spec.schema import LayoutSpec
 
-# Achieved fraction of peak HBM bandwidth for decode GEMMs. Calibrated on microsoft/vidur's H100 profile of the
-# Llama-2-7B MLP (270.6 MB of bf16 weights): 180 us at TP1 and 45 us at TP8 for <= 64 tokens. Solving
-# t = W / (tp * eta * 3.35 TB/s) + c for both points gives eta = 0.52 and c = 25.7 us.
-HBM_EFFICIENCY = 0.52
-# Fixed cost of one GEMM block (attention or MLP) per layer: kernel launches and small ops (same fit as above).
-BLOCK_OVERHEAD_S = 25.7e-6
-# Achieved fraction of peak bf16 FLOP/s once compute-bound: the same vidur profile gives 375 us at TP1 for 512
-# tokens, i.e. 2 * 135.3M params * 512 tokens / (375 - 25.7 us) = 397 TFLOP/s = 0.40 of the H100's 989.
-FLOPS_EFFICIENCY = 0.40
-# All-reduce: latency + ring traffic 2 (tp-1)/tp * bytes over the NVLink bandwidth. The latency puts 1M fp16
-# elements at 34-38 us for TP2-TP8, the middle of the measured 30-45 us range quoted in the notes.
+# ---- calibration (H100 SXM; docs/rollout.md "Cost model") ------------------------------------------------------
+# microsoft/vidur's H100 profile of Llama-2-7B (data/profiling/compute/h100/meta-llama/Llama-2-7b-hf/mlp.csv) times
+# every token-wise op of one decoder layer: QKV and O projections, rope, both norms, the gated MLP and the residual
+# adds (vidur/profiling/mlp/mlp_impl.py::GPTBlock; only the attention kernel and the all-reduces are left out).
+# The notes quote it as "MLP per layer": ~180 us at TP1 and ~45 us at TP8 for <= 64 tokens, 375 us at TP1 for 512.
+# The layer reads 202.4M bf16 params (404.8 MB). A memory-bound layer costs W / (tp * eta_bw * BW) + floor; the two
+# <= 64-token points give eta_bw * 3.35 TB/s = 404.8 MB * 7/8 / 135 us, i.e. eta_bw = 0.783, and floor = 25.7 us.
+# The additive floor (not max(roofline, floor)) is what the profile shows in between: it predicts 103 us at TP2 and
+# 64 us at TP4 against vidur's 101-111 us and 64-73 us, where a max() floor would give 90 us and 45 us.
+HBM_EFFICIENCY = 0.783
+LAYER_FLOOR_S = 25.7e-6
+# Compute-bound once tokens are many: 375 us at TP1 for 512 tokens is 2 * 202.4M * 512 FLOPs in (375 - 25.7) us,
+# i.e. 593 TFLOP/s = 0.60 of the H100's 989.
+FLOPS_EFFICIENCY = 0.60
+# Fixed cost of one lone GEMM outside a layer (the LM head): the per-GEMM intercepts of the same profile (TP1 vs TP8
+# of attn_pre_proj, attn_post_proj, mlp_up_proj, mlp_down_proj at 64 tokens) are 3.4-6.6 us.
+GEMM_FLOOR_S = 5e-6
+# Decode attention per layer: the KV read at eta_bw (assumed: it streams HBM like the GEMMs above) plus a floor of
+# three small kernels (KV-cache write, paged decode attention, split-KV merge), each at the ~4 us every small kernel
+# costs in the same vidur profile (input_layernorm / post_attention_layernorm at <= 64 tokens: 4 us).
+ATTN_FLOOR_S = 12e-6
+# All-reduce: latency + ring traffic 2 (tp-1)/tp * bytes over NVLink. 1M fp16 elements then cost 34-38 us at TP2-8,
+# inside the measured 30-45 us (notes; vidur's network/h100_dgx/all_reduce.csv medians: 34-43 us).
 ALLREDUCE_LATENCY_S = 30e-6
 # vLLM's long-standing default cap on concurrently running sequences (EngineArgs.max_num_seqs = 256).
 MAX_NUM_SEQS = 256
 # vLLM admits a request only while 1% of the KV blocks stay free (its watermark), which curbs preemption churn.
 KV_WATERMARK = 0.01
-ACT_BYTES = 2  # bf16 activations travel in the all-reduces
+ACT_BYTES = 2  # bf16 activations travel in the all-reduces and the logits gather
 WEIGHT_BYTES = 2  # bf16 weights
 
 
@@ -47,7 +59,7 @@ def expected_accepted(acceptance: float, k: int) -> float:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What the roofline needs of a transformer: per-layer GEMM params, head, KV bytes, attention width."""
+    """What the cost model needs of a transformer: per-layer GEMM params, head, KV bytes, attention width."""
 
     layers: int
     hidden: int
@@ -55,21 +67,24 @@ class ModelShape:
     mlp_params: int  # dense MLP of one layer (active experts only for MoE)
     mlp_weight_params: int  # MLP weights a decode step must read (every expert, once batches touch them all)
     head_params: int  # LM head (vocab x hidden)
-    kv_bytes_per_token: int
+    kv_bytes_per_token: int  # K and V of every layer, every KV head
     attn_width: int  # query heads x head_dim
     total_params: int
+    kv_heads: int = 1 << 30  # KV heads; a TP wider than this replicates them (vLLM), so the KV stops sharding
+    vocab: int = 0
 
 
 @dataclass(frozen=True)
 class CostModel:
     """Per-step costs of one vLLM instance of the layout's model on the layout's GPU.
 
-    Decode step (one token per running sequence, or k drafts + a (k+1)-token verify with speculation):
-      per layer  max(weight bytes / tp / (eta_bw * BW), 2 * params * tokens / tp / (eta_f * peak)) + overhead
-                 for the attention and the MLP block, plus 2 all-reduces of tokens x hidden (tp > 1);
-      once       the KV cache of every running sequence read at eta_bw * BW (decode attention is memory-bound);
-      + LM head, and with speculation the draft's k sequential forwards.
-    The batch's KV read is linear in its total context, so a step costs a + b * total_context (see `affine`).
+    Forward over ``tokens`` tokens on a tp group (`forward`):
+      per layer   sum over the attention and MLP blocks of max(weight bytes / tp / (eta_bw BW),
+                  2 params tokens / tp / (eta_f peak)) + LAYER_FLOOR_S, + 2 all-reduces of tokens x hidden (tp > 1);
+      once        the embedding's all-reduce (vocab-parallel, tp > 1), the LM head GEMM + GEMM_FLOOR_S and the
+                  gather of its vocab-parallel logits (tp > 1).
+    Decode attention: per layer ATTN_FLOOR_S, plus the batch's KV read at eta_bw (linear in its total context).
+    A step (one token per sequence, or k draft forwards + one (k+1)-token verify) costs a + b * total_context.
     """
 
     target: ModelShape
@@ -91,24 +106,42 @@ class CostModel:
             return 0.0
         return ALLREDUCE_LATENCY_S + 2.0 * (tp - 1) / tp * nbytes / self.link_bw
 
+    def gather(self, tp: int, nbytes: float) -> float:
+        """Gather of ``nbytes`` in total, 1/tp from each rank (the LM head's vocab-parallel logits)."""
+        if tp <= 1:
+            return 0.0
+        return ALLREDUCE_LATENCY_S + (tp - 1) / tp * nbytes / self.link_bw
+
     def _gemm(self, params: float, weight_params: float, tokens: float, tp: int) -> float:
+        """Roofline of one GEMM block without its floor: memory- or compute-bound, whichever is slower."""
         mem = weight_params * WEIGHT_BYTES / tp / (HBM_EFFICIENCY * self.hbm_bw)
         flops = 2.0 * params * tokens / tp / (FLOPS_EFFICIENCY * self.peak_flops)
-        return max(mem, flops) + BLOCK_OVERHEAD_S
+        return max(mem, flops)
 
-    def _forward(self, m: ModelShape, tokens: float, tp: int, layers: int | None = None) -> float:
-        """Weight-side time of one forward over ``tokens`` tokens (no KV read), all layers + LM head."""
-        n = m.layers if layers is None else layers
-        per_layer = (self._gemm(m.attn_params, m.attn_params, tokens, tp)
-                     # MoE: a step reads only the experts its tokens touch (at most every expert).
-                     + self._gemm(m.mlp_params, min(m.mlp_weight_params, tokens * m.mlp_params), tokens, tp)
-                     + 2 * self.allreduce(tp, tokens * m.hidden * ACT_BYTES))
-        return n * per_layer + self._gemm(m.head_params, m.head_params, tokens, tp)
+    def layer_s(self, m: ModelShape, tokens: float, tp: int) -> float:
+        """Token-wise ops of one layer (what vidur's per-layer profile times): GEMMs, norms, rope, adds."""
+        # MoE: a step reads only the experts its tokens touch (at most every expert).
+        mlp_weights = min(m.mlp_weight_params, tokens * m.mlp_params)
+        return (self._gemm(m.attn_params, m.attn_params, tokens, tp)
+                + self._gemm(m.mlp_params, mlp_weights, tokens, tp) + LAYER_FLOOR_S)
+
+    def forward(self, m: ModelShape, tokens: float, tp: int) -> float:
+        """Weight-side time of one forward over ``tokens`` tokens (no attention), all layers + embedding + head."""
+        act = tokens * m.hidden * ACT_BYTES
+        per_layer = self.layer_s(m, tokens, tp) + 2 * self.allreduce(tp, act)
+        head = (self._gemm(m.head_params, m.head_params, tokens, tp) + GEMM_FLOOR_S
+                + self.gather(tp, tokens * m.vocab * ACT_BYTES))
+        return m.layers * per_layer + self.allreduce(tp, act) + head
+
+    def kv_shards(self, tp: int, m: ModelShape | None = None) -> int:
+        """How many ways the KV cache splits over a tp group (KV heads replicate beyond tp = kv_heads)."""
+        m = m or self.target
+        return max(1, min(tp, m.kv_heads))
 
     def kv_read_per_token(self, tp: int, m: ModelShape | None = None) -> float:
         """Seconds to read one context token's KV (all layers) on one GPU of a tp group."""
         m = m or self.target
-        return m.kv_bytes_per_token / tp / (HBM_EFFICIENCY * self.hbm_bw)
+        return m.kv_bytes_per_token / self.kv_shards(tp, m) / (HBM_EFFICIENCY * self.hbm_bw)
 
     # ---- decode ----------------------------------------------------------------------------------------
     def tokens_per_step(self, spec: bool) -> float:
@@ -118,8 +151,8 @@ class CostModel:
     def affine(self, tp: int, batch: int, spec: bool, context: float | None = None) -> tuple[float, float]:
         """(a, b): one step of ``batch`` running sequences costs a + b * (their total context tokens).
 
-        ``context`` is unused here (the roofline is affine everywhere); a measured profile uses it to pick the
-        local linear piece (profile.ProfileCost).
+        ``context`` is unused here (the model is affine everywhere); a measured profile uses it to pick the local
+        linear piece (profile.ProfileCost).
         """
         key = (tp, batch, spec)
         hit = self._cache.get(key)
@@ -127,11 +160,11 @@ class CostModel:
             return hit
         k = self.num_speculative_tokens
         q = k + 1 if spec else 1  # query tokens per sequence in the target pass (the verify grows with k+1)
-        a = self._forward(self.target, batch * q, tp)
+        a = self.forward(self.target, batch * q, tp) + self.target.layers * ATTN_FLOOR_S
         b = self.kv_read_per_token(tp)
         if spec and self.draft is not None:
             # k sequential draft forwards of one token per sequence; the draft's own KV is read each time.
-            a += k * self._forward(self.draft, batch, tp)
+            a += k * (self.forward(self.draft, batch, tp) + self.draft.layers * ATTN_FLOOR_S)
             b += k * self.kv_read_per_token(tp, self.draft)
         self._cache[key] = (a, b)
         return a, b
@@ -167,20 +200,28 @@ class CostModel:
             return 0.0
         m = self.target
         attn_flops = 2.0 * m.layers * m.attn_width * tokens * tokens  # QK^T and PV over the causal half
-        t = self._forward(m, tokens, tp) + attn_flops / tp / (FLOPS_EFFICIENCY * self.peak_flops)
-        return t
+        return (self.forward(m, tokens, tp) + m.layers * ATTN_FLOOR_S
+                + attn_flops / tp / (FLOPS_EFFICIENCY * self.peak_flops))
 
     # ---- memory ----------------------------------------------------------------------------------------
     def weight_bytes(self) -> int:
+        """bf16 weights of one instance: the target, plus the EAGLE-3 draft when it speculates."""
         draft = self.draft.total_params if (self.draft is not None and self.speculative) else 0
         return (self.target.total_params + draft) * WEIGHT_BYTES
+
+    def kv_bytes_per_token_per_gpu(self, tp: int) -> float:
+        """KV bytes one context token holds on each GPU: the target's and, when speculating, the draft's layers."""
+        per = self.target.kv_bytes_per_token / self.kv_shards(tp)
+        if self.draft is not None and self.speculative:
+            per += self.draft.kv_bytes_per_token / self.kv_shards(tp, self.draft)
+        return per
 
     def kv_capacity_tokens(self, tp: int) -> int:
         """Context tokens an instance of ``tp`` GPUs can hold after its weights (target + draft) are loaded."""
         per_gpu = self.hbm_bytes * self.gpu_memory_utilization - self.weight_bytes() / tp
         if per_gpu <= 0:
             return 0
-        return int(per_gpu * tp / self.target.kv_bytes_per_token)
+        return int(per_gpu / self.kv_bytes_per_token_per_gpu(tp))
 
 
 def _shape(spec: LayoutSpec, *, draft: bool) -> ModelShape:
@@ -191,28 +232,25 @@ def _shape(spec: LayoutSpec, *, draft: bool) -> ModelShape:
     head_dim = m.kv_channels or m.hidden_size // m.num_attention_heads
     kv_heads = m.num_query_groups or m.num_attention_heads
     attn = attention_params(spec)
+    common = dict(hidden=m.hidden_size, head_params=m.vocab_size * m.hidden_size, kv_heads=kv_heads,
+                  attn_width=m.num_attention_heads * head_dim, vocab=m.vocab_size)
     if draft:
         layers = spec.draft.num_layers
-        total = draft_params(spec)
-        head = m.vocab_size * m.hidden_size
         # EAGLE-3 reads [embedding ; hidden] (2h) in its first layer and fuses three taps through `fc` (3h x h):
         # both are folded into the attention GEMM of the (usually single) draft layer.
         num_taps = len(spec.draft.aux_layers) if spec.draft.aux_layers is not None else 3
         fold = (num_taps * m.hidden_size * m.hidden_size + m.hidden_size * m.num_attention_heads * head_dim) / layers
         mlp = mlp_params(m.hidden_size, m.ffn_hidden_size, m.swiglu)
-        return ModelShape(layers=layers, hidden=m.hidden_size, attn_params=int(attn + fold), mlp_params=mlp,
-                          mlp_weight_params=mlp, head_params=head, total_params=total,
-                          kv_bytes_per_token=2 * layers * kv_heads * head_dim * 2,
-                          attn_width=m.num_attention_heads * head_dim)
+        return ModelShape(layers=layers, attn_params=int(attn + fold), mlp_params=mlp, mlp_weight_params=mlp,
+                          total_params=draft_params(spec), kv_bytes_per_token=2 * layers * kv_heads * head_dim * 2,
+                          **common)
     if m.num_experts:
         expert = mlp_params(m.hidden_size, m.moe_ffn_hidden_size or 0, m.swiglu)
         mlp_active, mlp_weights = m.moe_router_topk * expert, m.num_experts * expert
     else:
         mlp_active = mlp_weights = mlp_params(m.hidden_size, m.ffn_hidden_size, m.swiglu)
-    return ModelShape(layers=m.num_layers, hidden=m.hidden_size, attn_params=attn, mlp_params=mlp_active,
-                      mlp_weight_params=mlp_weights, head_params=m.vocab_size * m.hidden_size,
-                      kv_bytes_per_token=kv_bytes_per_token(spec), attn_width=m.num_attention_heads * head_dim,
-                      total_params=model_params(spec))
+    return ModelShape(layers=m.num_layers, attn_params=attn, mlp_params=mlp_active, mlp_weight_params=mlp_weights,
+                      kv_bytes_per_token=kv_bytes_per_token(spec), total_params=model_params(spec), **common)
 
 
 def from_spec(spec: LayoutSpec, *, acceptance_rate: float | None = None) -> CostModel:

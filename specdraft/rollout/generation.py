@@ -10,7 +10,8 @@ import heapq
 import math
 from dataclasses import dataclass, field
 
-from specdraft.rollout.adaptive_tp import PlannerConfig, plan_node
+from specdraft.rollout.adaptive_tp import Plan, PlannerConfig, group_requests, merge_overhead, plan_node
+from specdraft.rollout.costmodel import KV_WATERMARK, MAX_NUM_SEQS
 from specdraft.rollout.engine import Instance, Req
 from specdraft.rollout.scheduler import _lpt, hint_from_cost
 from specdraft.rollout.workload import Prompt
@@ -25,6 +26,9 @@ class GenConfig:
     check_every_steps: int = 64  # check-point period, in decode steps of a lone sequence at the starting tp
     planner: PlannerConfig | None = None
     timeline: bool = False
+    # Scripted switches instead of the planner: at each (time s, tp), every aligned block of a node becomes one
+    # tp group (groups already that wide stay). Used to search switch schedules in hindsight (benchmarks/).
+    script: tuple = ()
 
 
 @dataclass
@@ -36,6 +40,7 @@ class GenResult:
     generated_tokens: float
     accounted_tokens: float
     overhead_s: float  # seconds of stall charged to merged groups, summed over switches
+    start_tp: int = 0  # the TP every group started at
     timeline: list = field(default_factory=list, repr=False)
     finish_counts: dict = field(default_factory=dict, repr=False)
 
@@ -43,6 +48,7 @@ class GenResult:
 class _Gen:
     def __init__(self, cfg: GenConfig, prompts: list[Prompt], tp: int):
         self.cfg = cfg
+        self.start_tp = tp
         self.insts: dict[int, Instance] = {}
         self.where: dict[int, tuple[int, int]] = {}  # instance id -> (node, offset)
         self.next_id = 0
@@ -113,6 +119,8 @@ class _Gen:
             ctx = self.reqs[0].prompt_len if self.reqs else 1
             period = cfg.check_every_steps * cfg.cost.decode_step(tp0, 1, ctx, cfg.cost.speculative)
             self._push(period, "check")
+        for t, tp in cfg.script:
+            self._push(t, "script", tp)
         self._snapshot()
         total = len(self.reqs)
         while self.events and self.done < total:
@@ -124,6 +132,9 @@ class _Gen:
                 inst = self.insts[arg[0]]
                 self._collect(inst)
                 self._reschedule(inst)
+            elif kind == "script":
+                self.now = t
+                self._scripted(arg)
             else:
                 self.now = t
                 self._check()
@@ -136,7 +147,7 @@ class _Gen:
             makespan_s=max(r.finish_time for r in self.reqs) if self.reqs else 0.0,
             switches=self.switches, finished=self.done, requests=total,
             generated_tokens=self.retired_tokens + sum(i.tokens for i in self.insts.values()),
-            accounted_tokens=sum(r.length for r in self.reqs), overhead_s=self.overhead,
+            accounted_tokens=sum(r.length for r in self.reqs), overhead_s=self.overhead, start_tp=self.start_tp,
             timeline=self.timeline, finish_counts=self.finish_counts)
 
     def _check(self) -> None:
@@ -153,6 +164,28 @@ class _Gen:
                 continue
             for offset, size, inside, ov in plan.merges:
                 self._merge(node, offset, size, inside, ov, plan)
+
+    def _scripted(self, size: int) -> None:
+        """Merge every aligned block of ``size`` GPUs into one group (a scripted switch), charging its overhead."""
+        cost = self.cfg.cost
+        for inst in list(self.insts.values()):
+            self._collect(inst)
+            self._reschedule(inst)
+        for node in range(self.cfg.num_nodes):
+            for offset in range(0, self.cfg.gpus_per_node, size):
+                inside = [g for g, (n, o) in self.where.items()
+                          if n == node and g in self.insts and offset <= o < offset + size]
+                if not inside or (len(inside) == 1 and self.insts[inside[0]].tp >= size):
+                    continue
+                if any(self.insts[g].tp > size for g in inside):
+                    continue  # scripted switches only merge
+                items = [it for g in inside for it in group_requests(self.insts[g])]
+                ctx = sum(req.prompt_len + gen for req, gen, _ in items)
+                if len(items) > MAX_NUM_SEQS or ctx > cost.kv_capacity_tokens(size) * (1.0 - KV_WATERMARK):
+                    continue  # the same limits the planner keeps: the merged group must hold every request
+                ov = merge_overhead(cost, [self.insts[g].tp for g in inside], size,
+                                    [(req.rid, tp, req.prompt_len + gen) for req, gen, tp in items])
+                self._merge(node, offset, size, inside, ov, Plan(math.nan, math.nan, []))
 
     def _merge(self, node, offset, size, inside, ov, plan) -> None:
         running, queued = [], []

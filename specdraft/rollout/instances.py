@@ -37,18 +37,45 @@ def max_model_len(spec: LayoutSpec) -> int:
     return r.max_model_len or r.prompt_length + r.max_response_length
 
 
+def speculating(spec: LayoutSpec) -> bool:
+    """Whether the instances load the EAGLE-3 draft (speculation on and a draft to speculate with)."""
+    return spec.rollout.speculative and spec.draft.enabled
+
+
+def draft_kv_bytes_per_token(spec: LayoutSpec) -> int:
+    """K and V of the draft's decoder layer(s): the target's attention shape, draft.num_layers deep."""
+    m = spec.model
+    head_dim = m.kv_channels or m.hidden_size // m.num_attention_heads
+    return 2 * spec.draft.num_layers * (m.num_query_groups or m.num_attention_heads) * head_dim * KV_DTYPE_BYTES
+
+
 def kv_budget(spec: LayoutSpec) -> dict:
-    """Per-GPU HBM split of one instance: weights, KV budget, and how many full-length sequences fit."""
-    r = spec.rollout
+    """Per-GPU HBM split of one instance: weights, KV budget, and how many full-length sequences fit.
+
+    The weights are the target's plus, when the instance speculates, the EAGLE-3 draft's (plan.memory.draft_params;
+    its embeddings are the target's). Both are bf16 and sharded over the instance's tp, and a speculating token also
+    keeps the draft layers' KV. KV heads shard over tp up to their count and replicate beyond it (vLLM). This is the
+    split costmodel.CostModel.kv_capacity_tokens uses.
+    """
+    from specdraft.plan.memory import draft_params  # plan.memory is pure; imported lazily to keep layers thin
+
+    r, m = spec.rollout, spec.model
     gpu = CATALOGUE[spec.cluster.gpu]
-    weights = model_params(spec) * 2 / r.tp  # bf16 weights, sharded over the instance's tp
+    draft = draft_params(spec) if speculating(spec) else 0
+    target_weights = model_params(spec) * 2 / r.tp  # bf16 weights, sharded over the instance's tp
+    draft_weights = draft * 2 / r.tp
+    weights = target_weights + draft_weights
     usable = gpu.hbm_bytes * r.gpu_memory_utilization
     kv = usable - weights
-    per_seq = kv_bytes_per_token(spec) / r.tp * max_model_len(spec)
+    shards = max(1, min(r.tp, m.num_query_groups or m.num_attention_heads))
+    per_token = (kv_bytes_per_token(spec) + (draft_kv_bytes_per_token(spec) if draft else 0)) / shards
+    per_seq = per_token * max_model_len(spec)
     return {
         "weights_bytes_per_gpu": int(weights),
+        "target_weights_bytes_per_gpu": int(target_weights),
+        "draft_weights_bytes_per_gpu": int(draft_weights),
         "kv_bytes_per_gpu": int(max(kv, 0)),
-        "kv_bytes_per_token_per_gpu": kv_bytes_per_token(spec) / r.tp,
+        "kv_bytes_per_token_per_gpu": per_token,
         "max_full_length_sequences": int(kv // per_seq) if per_seq > 0 and kv > 0 else 0,
     }
 
@@ -97,8 +124,9 @@ def check_rollout(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
     budget = kv_budget(spec)
     gib = 2**30
     if budget["kv_bytes_per_gpu"] <= 0:
-        err("rollout.tp", r.tp, f"the bf16 weights ({budget['weights_bytes_per_gpu'] / gib:.1f} GiB per GPU) do "
-            f"not fit in {r.gpu_memory_utilization:.0%} of the {c.gpu} HBM", "raise rollout.tp")
+        what = "target + draft" if budget["draft_weights_bytes_per_gpu"] else "target"
+        err("rollout.tp", r.tp, f"the bf16 weights ({what}: {budget['weights_bytes_per_gpu'] / gib:.1f} GiB per GPU) "
+            f"do not fit in {r.gpu_memory_utilization:.0%} of the {c.gpu} HBM", "raise rollout.tp")
     elif budget["max_full_length_sequences"] < 1:
         err("rollout.max_model_len", max_model_len(spec), "not even one full-length sequence's KV cache fits after "
             f"the weights ({budget['kv_bytes_per_gpu'] / gib:.1f} GiB KV budget per GPU)",

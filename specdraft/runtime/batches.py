@@ -2,6 +2,8 @@
 
 The draft's inputs are all derived from the global row before sharding (shifted token ids, positions p + j,
 validity masks), so no CP communication is needed for them; only the target's logits cross ranks (halo.py).
+The TTT steps' token streams x_{p+1+j} overlap almost entirely, so stage 0 embeds each needed token once
+(`emb_ids`) and the draft rebuilds the S streams with `emb_index` (-1: past the end of the sequence).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 
 from specdraft.runtime.branch_attention import zigzag_shard
 from specdraft.runtime.data import Row, shifted
+from specdraft.runtime.halo import local_global_rows
 
 
 @dataclass
@@ -23,7 +26,8 @@ class Microbatch:
     positions: torch.Tensor  # (t,)
     cu_seqlens: torch.Tensor  # (n+1,) global, int32
     max_seqlen: int
-    shifted_ids: torch.Tensor  # (S, t) x_{p+1+j}, j = 0..S-1
+    emb_ids: torch.Tensor  # (n,) the distinct tokens x_{p+1+j} the S streams need, in global row order
+    emb_index: torch.Tensor  # (S, t) row of emb_ids feeding step j at local row p; -1 past the sequence end
     draft_positions: torch.Tensor  # (S, t) p + j
     draft_valid: torch.Tensor  # (S, t) 1 where the target row p+1+j has a next token
 
@@ -41,16 +45,32 @@ def make_microbatch(index: int, row: Row, *, cp: int, cp_rank: int, steps: int, 
     def shard(x: torch.Tensor) -> torch.Tensor:
         return zigzag_shard(x, cu, cp, cp_rank, dim=-1).to(device) if cp > 1 else x.to(device)
 
-    shifted_ids = torch.stack([shifted(row.tokens, cu, 1 + j) for j in range(steps)])
+    emb_ids, emb_index = _embedding_rows(row, cp, cp_rank, steps)
     valid = torch.stack([shifted(row.loss_mask, cu, 1 + j) for j in range(steps)])
     positions = torch.stack([row.positions + j for j in range(steps)])
     lengths = (cu[1:] - cu[:-1]).tolist()
     return Microbatch(
         index=index, tokens=shard(row.tokens), labels=shard(row.labels), loss_mask=shard(row.loss_mask),
         positions=shard(row.positions), cu_seqlens=cu.to(device=device, dtype=torch.int32),
-        max_seqlen=max(lengths), shifted_ids=shard(shifted_ids), draft_positions=shard(positions),
+        max_seqlen=max(lengths), emb_ids=emb_ids.to(device), emb_index=emb_index.to(device),
+        draft_positions=shard(positions),
         draft_valid=shard(valid),
     )
+
+
+def _embedding_rows(row: Row, cp: int, cp_rank: int, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token ids to embed once, (S, t) index into them) for the streams x_{p+1+j} of this rank's rows."""
+    cu = row.cu_seqlens.tolist()
+    local = torch.tensor(local_global_rows(cu, cp, cp_rank), dtype=torch.long)  # (t,) global rows
+    seq_end = torch.empty(cu[-1], dtype=torch.long)
+    for start, end in zip(cu, cu[1:]):
+        seq_end[start:end] = end
+    wanted = torch.stack([local + 1 + j for j in range(steps)])  # (S, t)
+    inside = wanted < seq_end[local][None, :]
+    needed = torch.unique(wanted[inside])  # sorted global rows
+    index = torch.full(wanted.shape, -1, dtype=torch.long)
+    index[inside] = torch.searchsorted(needed, wanted[inside])
+    return row.tokens[needed], index
 
 
 def global_counts(rows: list[Row], steps: int) -> tuple[float, list[float]]:

@@ -32,20 +32,16 @@ class Message:
     src: int
     group: object
     taps: tuple
-    shapes: tuple
-
-    @property
-    def numel(self) -> int:
-        return sum(math.prod(s) for s in self.shapes)
 
 
 class TapChannel:
     """One rank's side of every tap route in the plan."""
 
-    def __init__(self, plan: dict, rank: int, *, shapes: dict, dtype: torch.dtype, device: torch.device,
+    def __init__(self, plan: dict, rank: int, *, shape, dtype: torch.dtype, device: torch.device,
                  blocking: bool = False, synthetic: bool = False, audit_dir: Path | None = None):
         self.rank = rank
-        self.dtype, self.device, self.shapes = dtype, device, shapes
+        # shape(tap, microbatch) -> the tap's tensor shape (the embedding tap's row count varies with the data).
+        self.dtype, self.device, self.shape = dtype, device, shape
         self.blocking = blocking
         # Benchmark control: nothing travels and the draft gets zeros of the right shapes ("equal work").
         self.synthetic = synthetic
@@ -69,8 +65,7 @@ class TapChannel:
         self.messages = []
         for (src, _chunk, _logits), taps in sorted(inbound.items()):
             taps.sort(key=lambda item: tap_order(item[0]))
-            self.messages.append(Message(src=src, group=taps[0][1], taps=tuple(t for t, _ in taps),
-                                         shapes=tuple(tuple(shapes[t]) for t, _ in taps)))
+            self.messages.append(Message(src=src, group=taps[0][1], taps=tuple(t for t, _ in taps)))
         self.local_taps = {r["tap"] for r in plan["tap_routes"] if r["local"] and r["dst_rank"] == rank}
         self.layer_taps = {r["tap"] for r in plan["tap_routes"]
                            if r["src_rank"] == rank and isinstance(r["tap"], int)}
@@ -161,7 +156,8 @@ class TapChannel:
     def _post(self, m: int) -> None:
         buffers, works = [], []
         for msg in self.messages:
-            buf = torch.empty(msg.numel, dtype=self.dtype, device=self.device)
+            numel = sum(math.prod(self.shape(tap, m)) for tap in msg.taps)
+            buf = torch.empty(numel, dtype=self.dtype, device=self.device)
             buffers.append((msg, buf))
             works.append(dist.irecv(buf, src=msg.src, group=msg.group))
         self._buffers[m], self._works[m] = buffers, works
@@ -169,7 +165,7 @@ class TapChannel:
     def receive(self, m: int) -> dict:
         """Every tap of microbatch ``m`` for this draft rank (waits for its landing slot to fill)."""
         if self.synthetic:
-            return {tap: torch.zeros(self.shapes[tap], dtype=self.dtype, device=self.device)
+            return {tap: torch.zeros(self.shape(tap, m), dtype=self.dtype, device=self.device)
                     for tap in {*self.local_taps, *(t for msg in self.messages for t in msg.taps)}}
         if m not in self._works:
             raise RuntimeError(f"TapChannel: microbatch {m} has no landing slot (slots={self.slots})")
@@ -179,7 +175,8 @@ class TapChannel:
         for msg, buf in self._buffers.pop(m):
             self.bytes_received += buf.numel() * buf.element_size()
             offset = 0
-            for tap, shape in zip(msg.taps, msg.shapes):
+            for tap in msg.taps:
+                shape = self.shape(tap, m)
                 n = math.prod(shape)
                 taps[tap] = buf[offset:offset + n].view(shape)
                 offset += n

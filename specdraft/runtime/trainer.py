@@ -74,10 +74,15 @@ class CoTrainer:
         tokens = self.row_tokens // self.cp
         sp_tokens = tokens // self.tp if plan["parallel"]["sequence_parallel"] else tokens
         h = m["hidden_size"]
-        shapes = {"embedding": (self.steps_ttt, sp_tokens, h), "logits": (tokens, m["vocab_size"] // self.tp)}
+        shapes = {"logits": (tokens, m["vocab_size"] // self.tp)}
         shapes.update({layer: (sp_tokens, h) for layer in plan["draft"]["aux_layers"]})
+
+        def shape(tap, m_index):
+            if tap == "embedding":  # one row per distinct token the TTT streams need: data dependent
+                return (len(self.microbatches[m_index].emb_ids), h)
+            return shapes[tap]
         audit = ctx.run_dir / "taps" if os.environ.get(AUDIT_ENV) == "1" else None
-        channel = TapChannel(plan, ctx.global_rank, shapes=shapes, dtype=self.dtype, device=self.device,
+        channel = TapChannel(plan, ctx.global_rank, shape=shape, dtype=self.dtype, device=self.device,
                              blocking=os.environ.get(BLOCKING_ENV) == "1",
                              synthetic=os.environ.get(SYNTHETIC_ENV) == "1", audit_dir=audit)
         for v, chunk in enumerate(self.chunks):
@@ -103,12 +108,10 @@ class CoTrainer:
 
     @torch.no_grad()
     def put_embedding(self, model, mb) -> None:
-        """Stage 0: the embeddings of the S shifted token streams x_{p+1+j} (the draft's per-step inputs)."""
+        """Stage 0: embeddings of the tokens x_{p+1+j} the draft's TTT steps read (each distinct token once)."""
         if not self.cotraining or (not self.sends_embedding and "embedding" not in self.channel.local_taps):
             return
-        emb = model.embedding.word_embeddings(mb.shifted_ids)  # (S, t) -> (S, t, h)
-        if self.plan["parallel"]["sequence_parallel"]:
-            emb = emb.chunk(self.tp, dim=1)[self.ps.get_tensor_model_parallel_rank()]
+        emb = model.embedding.word_embeddings(mb.emb_ids[None])[0]  # (n,) -> (n, h)
         self.channel.put(0, "embedding", emb.to(self.dtype))
 
     def loss(self, chunk: int, mb, output: torch.Tensor):
@@ -150,9 +153,11 @@ class CoTrainer:
         target_logp = self._target_logp(taps["logits"] if local_logits is None else local_logits)
         aux_layers = self.plan["draft"]["aux_layers"]
         aux = torch.stack([taps[layer] for layer in aux_layers]).to(self.dtype)  # (n_taps, t, h)
-        emb = taps["embedding"].to(self.dtype)  # (S, t, h)
+        table = taps["embedding"].to(self.dtype)  # (n, h)
+        table = torch.cat([table, table.new_zeros(1, table.shape[1])])  # row -1: past the sequence end
+        emb = table[mb.emb_index]  # (S, t, h): step j's input token embeddings
         if self.plan["parallel"]["sequence_parallel"]:
-            aux, emb = self._gather_sp(aux), self._gather_sp(emb)
+            aux = self._gather_sp(aux)
         shifts = [1 + j for j in range(self.steps_ttt)]
         target = shift_rows(target_logp, shifts, mb.cu_seqlens, self.cp_group)  # (S, t, V)
         logits = self.draft.ttt(aux, emb, mb.draft_positions, mb.cu_seqlens, self.cp_group)
