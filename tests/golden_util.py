@@ -8,8 +8,9 @@ from pathlib import Path
 GOLDEN = Path(__file__).parent / "golden"
 
 
-def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
+def check_golden(name: str | Path, text: str) -> None:
+    """``name`` is relative to tests/golden, or a Path (e.g. a generated document under docs/)."""
+    path = name if isinstance(name, Path) else GOLDEN / name
     if os.environ.get("SPECDRAFT_REGEN_GOLDEN") == "1":
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)

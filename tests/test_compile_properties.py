@@ -72,8 +72,7 @@ def test_tap_routes_invariants(spec):
         assert key not in seen, "no duplicate routes"
         seen.add(key)
         if tap != "logits":
-            rows = tokens * spec.parallel.tp if tap == "embedding" and spec.parallel.sequence_parallel else tokens
-            assert route["bytes_per_microbatch"] == rows * spec.model.hidden_size * DTYPE_BYTES[spec.training.dtype]
+            assert route["bytes_per_microbatch"] == tokens * spec.model.hidden_size * DTYPE_BYTES[spec.training.dtype]
     off_stage = [t for t in plan.taps if not t["local"]]
     non_local = [r for r in plan.tap_routes if not r["local"]]
     par = plan.parallel

@@ -102,3 +102,12 @@ def test_shipped_default_is_the_packaged_file():
     from pathlib import Path
 
     assert builtin_layout_text() == (Path(__file__).parents[1] / "layouts" / "tiny-cpu.yaml").read_text()
+
+
+def test_docs_spec_reference_is_current():
+    from pathlib import Path
+
+    from specdraft.spec.docs import markdown_reference
+    from tests.golden_util import check_golden
+
+    check_golden(Path(__file__).parents[1] / "docs" / "spec.md", markdown_reference())

@@ -38,14 +38,13 @@ def tap_bytes(spec: LayoutSpec, tap: int | str) -> int:
 
     A hidden-state tap is local tokens x hidden x dtype bytes. The embedding tap carries the embeddings of the
     tokens x_{p+1+j} the draft's TTT steps read: the streams overlap, so each token is sent once, about one row
-    per local token (micro batch tokens / cp; the runtime adds up to 2*ttt_steps rows per packed sequence at
-    chunk ends). The logits tap is the vocab-parallel slice of the policy's logits.
+    per local token (the runtime's exact count is data dependent: about one row fewer per packed sequence, plus
+    up to 2*ttt_steps rows per chunk end under CP). The logits tap is the vocab-parallel slice of the logits.
     """
     m, p, t = spec.model, spec.parallel, spec.training
     if tap == "logits":
         return t.micro_batch_size * m.seq_length // p.cp * (m.vocab_size // p.tp) * DTYPE_BYTES[t.dtype]
-    tokens = t.micro_batch_size * m.seq_length // p.cp if tap == "embedding" else local_tokens(spec)
-    return tokens * m.hidden_size * DTYPE_BYTES[t.dtype]
+    return local_tokens(spec) * m.hidden_size * DTYPE_BYTES[t.dtype]
 
 
 def tap_sources(spec: LayoutSpec, owner: dict[int, tuple[int, int]]) -> list[dict]:

@@ -65,6 +65,7 @@ class CoTrainer:
         self.draft_in_loss = self.draft is not None and self.is_last
         self.cp_group = ps.get_context_parallel_group() if self.cp > 1 else None
         self.tp_group = ps.get_tensor_model_parallel_group() if self.tp > 1 else None
+        self.sequence_parallel = bool(par["sequence_parallel"])
         self.channel = self._channel(plan, ctx, m)
         self.sends_embedding = any(r["tap"] == "embedding" and r["src_rank"] == ctx.global_rank
                                    for r in plan["tap_routes"])
@@ -79,7 +80,8 @@ class CoTrainer:
 
         def shape(tap, m_index):
             if tap == "embedding":  # one row per distinct token the TTT streams need: data dependent
-                return (len(self.microbatches[m_index].emb_ids), h)
+                rows = len(self.microbatches[m_index].emb_ids)
+                return (-(-rows // self.tp) if self.sequence_parallel else rows, h)
             return shapes[tap]
         audit = ctx.run_dir / "taps" if os.environ.get(AUDIT_ENV) == "1" else None
         channel = TapChannel(plan, ctx.global_rank, shape=shape, dtype=self.dtype, device=self.device,
@@ -112,6 +114,10 @@ class CoTrainer:
         if not self.cotraining or (not self.sends_embedding and "embedding" not in self.channel.local_taps):
             return
         emb = model.embedding.word_embeddings(mb.emb_ids[None])[0]  # (n,) -> (n, h)
+        if self.sequence_parallel:  # like the hidden taps, each TP rank ships 1/tp of the rows (padded)
+            per = -(-emb.shape[0] // self.tp)
+            padded = F.pad(emb, (0, 0, 0, per * self.tp - emb.shape[0]))
+            emb = padded.chunk(self.tp)[self.ps.get_tensor_model_parallel_rank()]
         self.channel.put(0, "embedding", emb.to(self.dtype))
 
     def loss(self, chunk: int, mb, output: torch.Tensor):
@@ -153,11 +159,11 @@ class CoTrainer:
         target_logp = self._target_logp(taps["logits"] if local_logits is None else local_logits)
         aux_layers = self.plan["draft"]["aux_layers"]
         aux = torch.stack([taps[layer] for layer in aux_layers]).to(self.dtype)  # (n_taps, t, h)
-        table = taps["embedding"].to(self.dtype)  # (n, h)
+        table = taps["embedding"].to(self.dtype)  # (n, h), or (ceil(n/tp), h) per TP rank under SP
+        if self.sequence_parallel:
+            aux, table = self._gather_sp(aux, dim=1), self._gather_sp(table, dim=0)[: len(mb.emb_ids)]
         table = torch.cat([table, table.new_zeros(1, table.shape[1])])  # row -1: past the sequence end
         emb = table[mb.emb_index]  # (S, t, h): step j's input token embeddings
-        if self.plan["parallel"]["sequence_parallel"]:
-            aux = self._gather_sp(aux)
         shifts = [1 + j for j in range(self.steps_ttt)]
         target = shift_rows(target_logp, shifts, mb.cu_seqlens, self.cp_group)  # (S, t, V)
         logits = self.draft.ttt(aux, emb, mb.draft_positions, mb.cu_seqlens, self.cp_group)
@@ -173,10 +179,11 @@ class CoTrainer:
         self.stats["draft_s"] += time.perf_counter() - started
         return loss
 
-    def _gather_sp(self, x: torch.Tensor) -> torch.Tensor:
+    def _gather_sp(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """Undo sequence parallelism for the draft: concatenate the TP ranks' row shards along ``dim``."""
         parts = [torch.empty_like(x) for _ in range(self.tp)]
         dist.all_gather(parts, x.contiguous(), group=self.tp_group)
-        return torch.cat(parts, dim=1)
+        return torch.cat(parts, dim=dim)
 
     def draft_after_schedule(self) -> None:
         """A draft off the last stage runs once the schedule is done, microbatch by microbatch."""

@@ -78,3 +78,20 @@ def explain(path: str) -> list[FieldDoc]:
     close = difflib.get_close_matches(path, [f.path for f in everything], n=3)
     raise UserError(f"no layout field named {path!r}",
                     f"did you mean {', '.join(close)}?" if close else "run `specdraft explain` to list every field")
+
+
+def markdown_reference() -> str:
+    """The whole schema as Markdown tables (docs/spec.md is this text; a test keeps it current)."""
+    lines = ["# Layout spec reference", "",
+             "Generated from the field docstrings in `specdraft/spec/schema.py` (`specdraft explain FIELD` prints the "
+             "same). Fields marked `(required)` have no default.", ""]
+    for doc in all_fields():
+        if doc.section:
+            lines += ["", f"## `{doc.path}`", "", doc.doc, "", "| field | type | default | meaning |",
+                      "|---|---|---|---|"]
+        elif "." not in doc.path:
+            lines += [f"- `{doc.path}` ({doc.type}, {doc.default}): {doc.doc}"]
+        else:
+            cells = [f"`{doc.path.split('.', 1)[1]}`", doc.type, f"`{doc.default}`", doc.doc]
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
