@@ -68,7 +68,7 @@ def check(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
     sizes = sizes_of(spec)
     m = num_microbatches(spec, sizes.dp)
     draft_stage = draft_stage_index(spec) if spec.draft.enabled else None
-    memory = stage_memory(spec, stage_layer_counts(spec), sizes.dp * 1, sizes.edp, m, draft_stage,
+    memory = stage_memory(spec, stage_layer_counts(spec), sizes.dp, sizes.edp, m, draft_stage,
                           draft_slots(spec, m))
     for stage in memory:
         gib = stage["total"] / 2**30

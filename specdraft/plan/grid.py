@@ -97,18 +97,14 @@ class RankGrid:
     def stage_ranks(self, pp: int) -> list[int]:
         """Every global rank of pipeline stage ``pp``, ascending."""
         s = self.sizes
-        d = self._decoder_strides()
         return sorted(self.rank_of(tp=t, cp=c, dp=x, pp=pp)
-                      for t in range(s.tp) for c in range(s.cp) for x in range(s.dp)) if d else []
+                      for t in range(s.tp) for c in range(s.cp) for x in range(s.dp))
 
     def groups(self, dim: str) -> list[list[int]]:
         """All groups of one decoder dimension (tp, cp, dp or pp), like RankGenerator.get_ranks(dim)."""
-        s = self.sizes
         others = [k for k in ("tp", "cp", "dp", "pp") if k != dim]
-        size = {"tp": s.tp, "cp": s.cp, "dp": s.dp, "pp": s.pp}
         seen: dict[tuple, list[int]] = {}
-        for r in range(s.world_size):
+        for r in range(self.sizes.world_size):
             c = self.coords(r)
             seen.setdefault(tuple(c[k] for k in others), []).append(r)
-        del size
         return sorted(seen.values())

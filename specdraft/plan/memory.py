@@ -114,7 +114,7 @@ def stage_memory(spec: LayoutSpec, stage_counts: list[int], dp: int, edp: int, n
         if last:
             # fp32 logits for the cross-entropy, vocab-parallel over tp.
             activations += 4 * tokens * m.vocab_size / p.tp
-        draft = draft_memory(spec, tokens, num_microbatches, draft_slots) if rank == draft_stage else 0
+        draft = draft_memory(spec, tokens, draft_slots) if rank == draft_stage else 0
         total = weights + grads + optimizer + activations + draft
         out.append({
             "pp": rank,
@@ -130,7 +130,7 @@ def stage_memory(spec: LayoutSpec, stage_counts: list[int], dp: int, edp: int, n
     return out
 
 
-def draft_memory(spec: LayoutSpec, tokens: int, num_microbatches: int, draft_slots: int) -> float:
+def draft_memory(spec: LayoutSpec, tokens: int, draft_slots: int) -> float:
     """Draft weights, grads, optimizer (own Adam, fp32 master), TTT activations and tap landing slots.
 
     As in specdraft's runtime, the draft's decoder layer(s) and LM head are tensor-parallel (heads, MLP and
@@ -153,5 +153,4 @@ def draft_memory(spec: LayoutSpec, tokens: int, num_microbatches: int, draft_slo
     fc_in = tokens * num_taps * m.hidden_size * act_bytes
     # A landing slot holds one microbatch's taps: the aux hidden states plus the token embeddings.
     slots = draft_slots * (num_taps + 1) * tokens * m.hidden_size * act_bytes
-    del num_microbatches
     return state + d.ttt_steps * per_step + target_probs + fc_in + slots

@@ -104,7 +104,6 @@ def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
     _parallel_rules(spec, err, warn)
     _draft_rules(spec, err, warn)
 
-    world = world_size(spec)
     dp = resolved_dp(spec)
     if t.micro_batch_size < 1:
         err("training.micro_batch_size", t.micro_batch_size, "must be >= 1", "usually 1 with packing")
@@ -132,7 +131,6 @@ def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
              "set training.dtype=fp32 for local CPU layouts")
 
     _slurm_rules(spec, err)
-    del world
     return errors, warnings
 
 
