@@ -106,6 +106,11 @@ def print_status(console: Console, folder: Path, record: dict) -> None:
         steps = record.get("steps") or plan["spec"]["training"]["train_iters"]
         console.print(f"progress: {count}/{steps} step(s) logged in metrics.jsonl; last: "
                       + escape(_clip(", ".join(f"{k}={v}" for k, v in last.items()), 200)))
+        from specdraft.cli.cotrain_view import acceptance_table
+
+        table = acceptance_table(folder)
+        if table is not None:
+            console.print(table)
     message = monitor.problem(folder, record, state)
     if message:
         first, _, rest = message.partition("\n")
