@@ -1,63 +1,102 @@
-"""TapChannel's cost on this CPU: pipeline step time with pp=2 against no draft and against blocking sends.
+"""TapChannel's cost on this CPU: the pp=2 pipeline step against no draft, equal work and blocking sends.
 
-Run: `.venv/bin/python benchmarks/tapchannel.py [--steps N] [OVERRIDES...]`. Three real local launches of the same
-layout (gloo, one process per rank), measured in the same run:
+Run: `.venv/bin/python benchmarks/tapchannel.py [--rounds N] [OVERRIDES...]`. One gloo world of 2 spawned ranks
+(one per pipeline stage) builds four co-trainers of the same layout and runs their steps interleaved, round after
+round, so every mode is timed under the same conditions in the same processes:
   - no draft: the pipeline alone (draft.enabled=false);
+  - equal work: the draft runs on zero taps of the right shapes and nothing travels (pipeline + draft compute);
   - TapChannel: asynchronous isend/irecv on dedicated pair groups into landing slots;
-  - blocking: dist.send inside the forward hooks (NeMo-RL main's approach; receives pre-posted, else it deadlocks).
-  - equal work: the draft runs on zero taps of the same shapes and nothing travels (the draft's own compute).
-It prints the median step time after warm-up and the ratios; TapChannel's overhead is its step time over the
+  - blocking: dist.send inside the forward (NeMo-RL main's approach; receives pre-posted, else it deadlocks).
+It prints median step times (max over the two ranks) and the ratios. TapChannel's overhead is its step over the
 equal-work step: what moving the taps costs on top of the pipeline plus the draft.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BASE = ["cluster.gpus_per_node=2", "parallel.cp=1", "parallel.pp=2", "model.hidden_size=128",
-        "model.ffn_hidden_size=512", "model.seq_length=256", "training.global_batch_size=8",
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.distributed, the house harness
+from tests.distributed import run_distributed  # noqa: E402
+
+BASE = ["cluster.gpus_per_node=2", "parallel.cp=1", "parallel.pp=2", "model.hidden_size=256",
+        "model.ffn_hidden_size=1024", "model.seq_length=512", "training.global_batch_size=8",
         "training.warmup_steps=0"]
+MODES = {  # name -> (extra overrides, environment read when the co-trainer is built)
+    "no draft": (["draft.enabled=false"], {}),
+    "equal work": ([], {"SPECDRAFT_TAPS_SYNTHETIC": "1"}),
+    "TapChannel": ([], {}),
+    "blocking": ([], {"SPECDRAFT_TAPS_BLOCKING": "1"}),
+}
 
 
-def run(label: str, overrides: list[str], steps: int, env: dict, root: Path) -> list[dict]:
-    folder = root / label
-    cmd = [str(Path(sys.executable).with_name("specdraft")), "launch", *overrides, "--executor", "local",
-           "--workload", "cotrain", "--steps", str(steps), "--run-dir", str(folder)]
-    proc = subprocess.run(cmd, cwd=root, env={**os.environ, **env}, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        raise SystemExit(f"{label} failed:\n{proc.stdout}\n{proc.stderr}")
-    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+def _plans(overrides: list[str]) -> dict:
+    from specdraft.plan.compile import compile
+    from specdraft.spec.load import load_layout
+
+    return {mode: compile(load_layout(None, [*BASE, *overrides, *extra])).to_dict()
+            for mode, (extra, _) in MODES.items()}
+
+
+def _worker(rank, world_size, plans, rounds, root):
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from specdraft.runtime import cpu_compat
+    from specdraft.runtime.context import RankContext
+    from specdraft.runtime.cotrain import make_step
+    from specdraft.runtime.trainer import CoTrainer
+
+    ps.initialize_model_parallel(pipeline_model_parallel_size=2)
+    cpu_compat.apply()
+    steps, bytes_sent = {}, {}
+    for mode, plan in plans.items():
+        for key in ("SPECDRAFT_TAPS_SYNTHETIC", "SPECDRAFT_TAPS_BLOCKING"):
+            os.environ.pop(key, None)
+        os.environ.update(MODES[mode][1])
+        ctx = RankContext(plan=plan, run_dir=Path(root), global_rank=rank, local_rank=rank, world_size=world_size,
+                          node=0, device="cpu", backend="gloo", steps=rounds, workload="cotrain")
+        trainer = CoTrainer(ctx)
+        steps[mode] = (trainer, make_step(trainer))
+    times = {mode: [] for mode in plans}
+    for index in range(rounds):
+        for mode, (trainer, step) in steps.items():
+            dist.barrier()
+            started = time.perf_counter()
+            step(index)
+            elapsed = torch.tensor([time.perf_counter() - started])
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            times[mode].append(float(elapsed))
+            bytes_sent[mode] = trainer.channel.bytes_sent
+            trainer.channel.bytes_sent = 0
+    return times, bytes_sent
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=14)
-    parser.add_argument("--skip", type=int, default=4, help="warm-up steps left out of the medians")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--skip", type=int, default=2, help="warm-up rounds left out of the medians")
     parser.add_argument("overrides", nargs="*", help="extra layout overrides")
     args = parser.parse_args()
-    layout = [*BASE, *args.overrides]
+    plans = _plans(args.overrides)
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        rows = {
-            "no draft": run("nodraft", [*layout, "draft.enabled=false"], args.steps, {}, root),
-            "equal work": run("equal", layout, args.steps, {"SPECDRAFT_TAPS_SYNTHETIC": "1"}, root),
-            "TapChannel": run("tapchannel", layout, args.steps, {}, root),
-            "blocking": run("blocking", layout, args.steps, {"SPECDRAFT_TAPS_BLOCKING": "1"}, root),
-        }
-    med = {k: statistics.median(r["step_time_s"] for r in v[args.skip:]) for k, v in rows.items()}
-    print(f"layout: {' '.join(layout)}; {args.steps} steps, medians over the last {args.steps - args.skip}")
-    print(f"{'mode':<12} {'step s':>8} {'tap bytes/step':>15} {'vs no draft':>12} {'vs equal work':>14}")
-    for mode in rows:
-        print(f"{mode:<12} {med[mode]:>8.3f} {rows[mode][-1]['tap_bytes']:>15,} "
-              f"{med[mode] / med['no draft']:>11.3f}x {med[mode] / med['equal work']:>13.3f}x")
+        results = run_distributed(_worker, 2, plans, args.rounds, tmp, timeout=3600)
+    times, _ = results[0]
+    sent = results[0][1]["TapChannel"] + results[1][1]["TapChannel"]
+    med = {mode: statistics.median(t[args.skip:]) for mode, t in times.items()}
+    print(f"layout: {' '.join([*BASE, *args.overrides])}")
+    print(f"{args.rounds} rounds of the four modes interleaved; medians over the last {args.rounds - args.skip}; "
+          f"TapChannel moves {sent:,} bytes per step")
+    print(f"{'mode':<12} {'step s':>8} {'vs no draft':>12} {'vs equal work':>14}")
+    for mode in MODES:
+        print(f"{mode:<12} {med[mode]:>8.3f} {med[mode] / med['no draft']:>11.3f}x "
+              f"{med[mode] / med['equal work']:>13.3f}x")
     print(f"TapChannel overhead over equal work: {med['TapChannel'] / med['equal work'] - 1:+.1%} (target <= 10%)")
     print(f"TapChannel step / blocking step: {med['TapChannel'] / med['blocking']:.3f}x (target <= 1)")
 

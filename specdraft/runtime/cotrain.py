@@ -16,8 +16,6 @@ from specdraft.runtime.context import RankContext
 
 
 def run(ctx: RankContext) -> dict:
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-
     from specdraft.runtime import cpu_compat
     from specdraft.runtime.metrics import StepMetrics
     from specdraft.runtime.trainer import CoTrainer
@@ -25,12 +23,26 @@ def run(ctx: RankContext) -> dict:
     cpu_compat.apply()
     trainer = CoTrainer(ctx)
     metrics = StepMetrics(ctx, trainer)
+    step = make_step(trainer)
+    for index in range(ctx.steps):
+        started = time.perf_counter()
+        step(index)
+        metrics.record(index, time.perf_counter() - started)
+    dist.barrier()
+    return {"steps": ctx.steps, "final": metrics.last}
+
+
+def make_step(trainer):
+    """One optimizer step of ``trainer``: the schedule (target + draft when it shares the last stage), the draft
+    elsewhere, the taps' completion, both optimizers."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
     forward_backward = get_forward_backward_func()
     chunk_of = {id(c): i for i, c in enumerate(trainer.chunks)}
     single = len(trainer.chunks) == 1
-    for step in range(ctx.steps):
-        started = time.perf_counter()
-        trainer.begin_step(step)
+
+    def step(index: int) -> None:
+        trainer.begin_step(index)
         iterators = [iter(trainer.microbatches) for _ in trainer.chunks]
         forward_backward(
             forward_step_func=partial(_forward_step, trainer, chunk_of),
@@ -41,9 +53,8 @@ def run(ctx: RankContext) -> dict:
         trainer.draft_after_schedule()
         trainer.channel.end_step()
         trainer.optimizer_steps()
-        metrics.record(step, time.perf_counter() - started)
-    dist.barrier()
-    return {"steps": ctx.steps, "final": metrics.last}
+
+    return step
 
 
 def _forward_step(trainer, chunk_of: dict, data_iterator, model):

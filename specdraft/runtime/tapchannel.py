@@ -43,7 +43,7 @@ class TapChannel:
         # shape(tap, microbatch) -> the tap's tensor shape (the embedding tap's row count varies with the data).
         self.dtype, self.device, self.shape = dtype, device, shape
         self.blocking = blocking
-        # Benchmark control: nothing travels and the draft gets zeros of the right shapes ("equal work").
+        # Benchmark control: nothing travels and the draft gets random taps of the right shapes ("equal work").
         self.synthetic = synthetic
         self.slots = max(1, plan["draft"]["landing_slots"])
         self.audit_dir = audit_dir
@@ -165,7 +165,9 @@ class TapChannel:
     def receive(self, m: int) -> dict:
         """Every tap of microbatch ``m`` for this draft rank (waits for its landing slot to fill)."""
         if self.synthetic:
-            return {tap: torch.zeros(self.shape(tap, m), dtype=self.dtype, device=self.device)
+            # Random normals, not zeros: all-zero inputs make the draft's arithmetic itself cheaper on CPU.
+            g = torch.Generator(device=self.device).manual_seed(m)
+            return {tap: torch.randn(self.shape(tap, m), generator=g, dtype=self.dtype, device=self.device)
                     for tap in {*self.local_taps, *(t for msg in self.messages for t in msg.taps)}}
         if m not in self._works:
             raise RuntimeError(f"TapChannel: microbatch {m} has no landing slot (slots={self.slots})")
