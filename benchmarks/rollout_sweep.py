@@ -17,6 +17,7 @@ from specdraft.rollout.compare import SimulateOptions, run  # noqa: E402
 from specdraft.spec.load import builtin_layout_text, load_layout_text  # noqa: E402
 
 DEDICATED = ["rollout.colocated=false", "rollout.num_nodes=1"]
+DP2 = ["parallel.cp=1"]  # the training layout asp's targets were set on (tp2 pp2 dp2); the shipped one is dp1
 
 
 def layout(overrides=()):
@@ -47,9 +48,13 @@ def generation_table(data: dict) -> None:
     print("\n| generation config | makespan s | vs best static |")
     print("|---|---|---|")
     for tp, rec in gen["static"].items():
-        print(f"| static tp {tp} | {fmt(rec['makespan_s'])} | {rec['makespan_s']['mean'] / best - 1:+.1%} |")
+        mark = " (best in hindsight)" if int(tp) == gen["best_static_tp"] else ""
+        layout_mark = " (the layout's)" if int(tp) == gen["layout_tp"] else ""
+        print(f"| static tp {tp}{layout_mark}{mark} | {fmt(rec['makespan_s'])} | "
+              f"{rec['makespan_s']['mean'] / best - 1:+.1%} |")
     ad = gen["adaptive"]
-    print(f"| adaptive (from tp {gen['layout_tp']}) | {fmt(ad['makespan_s'])} | {ad['vs_best_static']:+.1%} |")
+    print(f"| **adaptive (from tp {ad['start_tp']})** | **{fmt(ad['makespan_s'])}** | "
+          f"**{ad['vs_best_static']:+.1%}** |")
     print(f"\nadaptive: {ad['switches_per_run']:.1f} switches/run, {ad['overhead_s']:.2f} s overhead/run, "
           f"{ad['vs_layout_tp']:+.1%} vs static tp {gen['layout_tp']}; speculation pays up to batch "
           f"{gen['speculation_below_batch']}")
@@ -67,35 +72,42 @@ def main() -> None:
     policies_table("qwen3-8b (colocated, 8 x TP1 on 8 H100s): "
                    f"`specdraft rollout simulate --seeds {seeds} --adaptive-tp`", data)
     generation_table(data)
-    dedicated = run(layout(DEDICATED), SimulateOptions(seeds=seeds)).data
-    policies_table("dedicated rollout node (8 x TP1) + 8 training GPUs: "
-                   f"`specdraft rollout simulate --seeds {seeds} {' '.join(DEDICATED)}`", dedicated)
+    for title, overrides in (("dedicated rollout node (8 x TP1) + 8 training GPUs", DEDICATED),
+                             ("training tp2 pp2 dp2 (colocated)", DP2),
+                             ("training tp2 pp2 dp2, dedicated rollout node", DP2 + DEDICATED)):
+        other = run(layout(overrides), SimulateOptions(seeds=seeds)).data
+        policies_table(f"{title}: `specdraft rollout simulate --seeds {seeds} {' '.join(overrides)}`", other)
 
     print(f"\n## asp vs prediction error ({seeds} seeds, colocated)\n")
-    print("| --prediction-error | asp vs fifo | asp vs oracle | asp vs sorted |")
-    print("|---|---|---|---|")
-    for err in (0.0, 0.1, 0.2, 0.4, 0.8):
-        pols = run(layout(), SimulateOptions(seeds=seeds, prediction_error=err,
-                                             policies=("fifo", "sorted", "asp", "oracle"))).data["policies"]
-        it = {k: v["iteration_time_s"]["mean"] for k, v in pols.items()}
-        print(f"| {err} | {it['asp'] / it['fifo'] - 1:+.1%} | {it['asp'] / it['oracle'] - 1:+.1%} | "
-              f"{it['asp'] / it['sorted'] - 1:+.1%} |")
+    print("| --prediction-error | layout | asp vs fifo | asp vs oracle | asp vs sorted |")
+    print("|---|---|---|---|---|")
+    for overrides in ([], DP2):
+        for err in (0.0, 0.1, 0.2, 0.4, 0.8):
+            pols = run(layout(overrides), SimulateOptions(seeds=seeds, prediction_error=err,
+                                                          policies=("fifo", "sorted", "asp", "oracle"))).data
+            it = {k: v["iteration_time_s"]["mean"] for k, v in pols["policies"].items()}
+            print(f"| {err} | {' '.join(overrides) or 'shipped'} | {it['asp'] / it['fifo'] - 1:+.1%} | "
+                  f"{it['asp'] / it['oracle'] - 1:+.1%} | {it['asp'] / it['sorted'] - 1:+.1%} |")
 
     print(f"\n## adaptive TP sweeps ({seeds} seeds, one generation step of the default workload)\n")
-    print("| setting | adaptive makespan s | vs best static | vs static tp 1 | switches/run | overhead s/run |")
-    print("|---|---|---|---|---|---|")
+    print("| setting | adaptive makespan s | best static | vs best static | vs static tp 1 | switches/run | "
+          "overhead s/run |")
+    print("|---|---|---|---|---|---|---|")
     sweeps = [("--tp-overhead-scale", {"tp_overhead_scale": x}) for x in (0.5, 1.0, 2.0, 4.0)]
-    sweeps += [("--prediction-error", {"prediction_error": x}) for x in (0.0, 0.5, 1.0)]
-    sweeps += [("--tp-predictor population", {"tp_predictor": "population"})]
-    sweeps += [("rollout.speculative=false", {})]
+    sweeps += [("--prediction-error", {"prediction_error": x}) for x in (0.0, 0.2, 0.5, 1.0)]
+    sweeps += [("--check-every", {"check_every_steps": x}) for x in (16, 256)]
+    sweeps += [("--tp-predictor population", {"tp_predictor": "population"}), ("--tp-start 2", {"tp_start": "2"})]
+    sweeps += [("rollout.speculative=false", {}), ("rollout.acceptance_rate=0.5", {})]
     for label, kw in sweeps:
         overrides = [label] if "=" in label else []
         gen = run(layout(overrides), SimulateOptions(seeds=seeds, steps=1, policies=(), adaptive_tp=True,
-                                                     **kw)).data
-        ad = gen["generation"]["adaptive"]
-        value = "" if "tp_predictor" in kw or overrides else f" {next(iter(kw.values()))}"
-        print(f"| {label}{value} | {fmt(ad['makespan_s'])} | {ad['vs_best_static']:+.1%} | {ad['vs_layout_tp']:+.1%} "
-              f"| {ad['switches_per_run']:.1f} | {ad['overhead_s']:.2f} |")
+                                                     **kw)).data["generation"]
+        ad = gen["adaptive"]
+        best = gen["static"][str(gen["best_static_tp"])]["makespan_s"]["mean"]
+        value = "" if overrides or " " in label else f" {next(iter(kw.values()))}"
+        print(f"| {label}{value} | {fmt(ad['makespan_s'])} | {best:.1f} (tp {gen['best_static_tp']}) | "
+              f"{ad['vs_best_static']:+.1%} | {ad['vs_layout_tp']:+.1%} | {ad['switches_per_run']:.1f} | "
+              f"{ad['overhead_s']:.2f} |")
     print(f"\n(sweep wall time {time.perf_counter() - start:.0f} s)")
 
 

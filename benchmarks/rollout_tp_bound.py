@@ -2,8 +2,9 @@
 
 Run: `.venv/bin/python benchmarks/rollout_tp_bound.py [--seeds 20]` (a few minutes on 2 cores). For each seed of
 the default workload (one generation step, 8B model on one node of 8 H100s) it simulates every static TP, the
-planner (`--adaptive-tp`), and a grid of scripted schedules (start at any tp, then up to three merges of every block to a
-wider tp at times on a grid), then reports the best schedule chosen with the true lengths known. Model-based estimates.
+planner (`--adaptive-tp`), and a grid of scripted schedules (start at any tp, then up to three merges of every
+block to a wider tp at times on a grid), then reports the best schedule chosen with the true lengths known.
+Model-based estimates.
 """
 
 from __future__ import annotations

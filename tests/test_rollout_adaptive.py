@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdraft.rollout import costmodel
-from specdraft.rollout.adaptive_tp import PlannerConfig, RemainingPredictor, merge_overhead, reshard_bytes
+from specdraft.rollout.adaptive_tp import (PlannerConfig, RemainingPredictor, bulk_tp, merge_overhead, predict_makespan,
+                                          reshard_bytes, run_requests)
 from specdraft.rollout.generation import GenConfig, simulate_generation
 from specdraft.rollout.workload import LengthModel, synthetic, uniform
 from specdraft.spec.load import builtin_layout_text, load_layout_text
@@ -16,12 +17,12 @@ SPEC = load_layout_text(builtin_layout_text("qwen3-8b"), [], source="<built-in q
 COST = costmodel.from_spec(SPEC)
 
 
-def planner(scale=1.0, sigma=0.2, mode="request"):
-    return PlannerConfig(predictor=RemainingPredictor(mode=mode, sigma=sigma), overhead_scale=scale)
+def planner(scale=1.0, sigma=0.2, mode="request", **kw):
+    return PlannerConfig(predictor=RemainingPredictor(mode=mode, sigma=sigma), overhead_scale=scale, **kw)
 
 
-def adaptive(prompts, scale=1.0, every=64, tp=1):
-    cfg = GenConfig(cost=COST, gpus_per_node=8, planner=planner(scale), check_every_steps=every)
+def adaptive(prompts, scale=1.0, every=64, tp=1, **kw):
+    cfg = GenConfig(cost=COST, gpus_per_node=8, planner=planner(scale, **kw), check_every_steps=every)
     return simulate_generation(cfg, prompts, tp)
 
 
@@ -70,7 +71,7 @@ def test_default_step_switches_and_its_overheads_add_up():
     _check_run(out)
 
 
-def _check_run(out):
+def _check_run(out, predicted=True):
     assert out.finished == out.requests == len(out.finish_counts)
     assert set(out.finish_counts.values()) == {1}
     assert out.generated_tokens == pytest.approx(out.accounted_tokens, rel=1e-6)
@@ -81,7 +82,8 @@ def _check_run(out):
         assert ov["kv"] == pytest.approx(sum(r["seconds"] for r in sw["requests"]))
         assert len(sw["requests"]) >= sw["to"]["running"]
         assert sum(g["tp"] for g in sw["from"]) == sw["to"]["tp"]
-        assert sw["predicted_makespan_s"]["switch"] < sw["predicted_makespan_s"]["stay"]
+        if predicted:
+            assert sw["predicted_makespan_s"]["switch"] < sw["predicted_makespan_s"]["stay"]
         charged += ov["total"]
     assert out.overhead_s == pytest.approx(charged)
 
@@ -100,26 +102,55 @@ def test_kv_move_picks_the_cheaper_of_migration_and_recompute():
     assert reshard_bytes([4], 2, 1e9) == 5e8  # a split is not nested: the new shard must travel
 
 
-def _generation(seeds):
+@settings(max_examples=40, deadline=None)
+@given(reqs=st.lists(st.tuples(st.floats(100, 20000), st.floats(1, 16000)), min_size=1, max_size=40),
+       tp=st.sampled_from([1, 2, 4, 8]), frac=st.floats(0.0, 1.0))
+def test_running_part_way_then_on_adds_up_to_the_whole_run(reqs, tp, frac):
+    """The planner's deferral runs groups for a while, then predicts the rest: the two parts equal one run."""
+    whole = predict_makespan(COST, tp, reqs)
+    spent, survivors = run_requests(COST, tp, reqs, frac * whole)
+    assert spent <= whole * (1 + 1e-9) and len(survivors) <= len(reqs)
+    assert all(rem > -1e-6 for _, rem in survivors)
+    assert spent + predict_makespan(COST, tp, survivors) == pytest.approx(whole, rel=1e-6, abs=1e-9)
+
+
+def test_scripted_switches_merge_every_block_and_keep_the_books():
+    prompts = synthetic(LengthModel(median=1500, cap=8192), 1, 16, 4, 512, 3, 0.2)[0]
+    out = simulate_generation(GenConfig(cost=COST, gpus_per_node=8, script=((1.0, 2), (3.0, 8))), prompts, 1)
+    _check_run(out, predicted=False)
+    assert [sw["to"]["tp"] for sw in out.switches] == [2, 2, 2, 2, 8]
+
+
+def test_the_bulk_starts_at_the_throughput_optimal_tp():
+    """The default 8B step: 64 samples per TP1 instance outrun every wider TP per GPU while all are busy."""
+    prompts = synthetic(LengthModel(cap=16384), 1, 64, 8, 1024, 0, 0.2)[0]
+    assert bulk_tp(COST, [1, 2, 4, 8], prompts, 8) == 1
+    assert bulk_tp(COST, [4], prompts, 8) == 4
+
+
+def _generation(seeds, **kw):
     out = []
     for seed in seeds:
         prompts = synthetic(LengthModel(cap=16384), 1, 64, 8, 1024, seed, 0.2)[0]
         static = {tp: simulate_generation(GenConfig(cost=COST, gpus_per_node=8), prompts, tp).makespan_s
                   for tp in (1, 2, 4, 8)}
-        out.append((static, adaptive(prompts).makespan_s))
+        out.append((static, adaptive(prompts, **kw).makespan_s))
     return out
 
 
 def test_adaptive_beats_the_layouts_static_tp_and_every_static_tp():
-    """Seeds 0-2 of the default workload: >= 20% faster than the layout's static tp 1 (PAT's baseline) and
-    faster than the best static TP in hindsight (by ~2-3%, see the next test and docs/rollout.md)."""
-    for static, adapt in _generation(range(3)):
-        assert adapt <= 0.80 * static[1], (static, adapt)
-        assert adapt < min(static.values()), (static, adapt)
+    """Seeds 0-2 of the default workload: >= 10% faster than the layout's static tp 1 (PAT's baseline) and >= 2%
+    faster than the best static TP in hindsight (5.5% over 20 seeds, docs/rollout.md); deferring merges helps."""
+    without = _generation(range(3), defer_fractions=())
+    for (static, adapt), (_, eager) in zip(_generation(range(3)), without):
+        assert adapt <= 0.90 * static[1], (static, adapt)
+        assert adapt <= 0.98 * min(static.values()), (static, adapt)
+        assert adapt <= eager, (adapt, eager)
 
 
-@pytest.mark.xfail(strict=True, reason="issue target not reached by the cost model: static TP8 already gives the "
-                   "long responses most of the speed-up, so adaptive TP gains ~2-3% over it (docs/rollout.md)")
+@pytest.mark.xfail(strict=True, reason="issue target not reached by the calibrated cost model: static TP4 gives up "
+                   "under 10% of bulk throughput and serves the fat tail 2-3x faster per sequence than TP1, so merging gains "
+                   "~5.5% (the best merge schedule in hindsight: 5.6%); docs/rollout.md")
 def test_adaptive_cuts_20_percent_against_the_best_static_tp():
     for static, adapt in _generation(range(3)):
         assert adapt <= 0.80 * min(static.values()), (static, adapt)

@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from specdraft.errors import UserError
 from specdraft.rollout import costmodel
-from specdraft.rollout.costmodel import ModelShape, expected_accepted, steps_time, steps_within
+from specdraft.rollout.costmodel import expected_accepted, steps_time, steps_within
 from specdraft.rollout.instances import kv_budget
-from specdraft.rollout.profile import CONTEXTS, ProfileCost, read_csv, table_rows, to_csv
+from specdraft.rollout.profile import LLAMA2_7B, CONTEXTS, ProfileCost, read_csv, table_rows, to_csv
 from specdraft.spec.load import builtin_layout_text, load_layout_text
 
 
@@ -26,13 +26,6 @@ def test_expected_accepted_tokens_closed_form():
     assert expected_accepted(0.0, 5) == 1.0 and expected_accepted(0.9, 0) == 1.0
     assert expected_accepted(1.0, 4) == 5.0
     assert [expected_accepted(0.6, k) for k in range(1, 6)] == sorted(expected_accepted(0.6, k) for k in range(1, 6))
-
-
-# Llama-2-7B as microsoft/vidur profiled it (MHA, 32 layers, gated MLP 11008): the calibration's reference model.
-LLAMA2_7B = ModelShape(layers=32, hidden=4096, attn_params=4 * 4096 * 4096, mlp_params=3 * 4096 * 11008,
-                       mlp_weight_params=3 * 4096 * 11008, head_params=32000 * 4096,
-                       kv_bytes_per_token=2 * 32 * 4096 * 2, attn_width=4096, total_params=6_738_415_616, kv_heads=32,
-                       vocab=32000)
 
 
 @pytest.mark.parametrize("tp, tokens, measured_us", [(1, 1, 180), (1, 64, 180), (8, 1, 45), (8, 64, 45),

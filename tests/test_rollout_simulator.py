@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -72,13 +73,19 @@ def test_simulation_is_deterministic_for_a_seed():
     assert run(SPEC, opts).data == run(SPEC, opts).data
 
 
-def _targets(spec, seeds):
+DEDICATED = ("rollout.colocated=false", "rollout.num_nodes=1")
+
+
+@functools.lru_cache(maxsize=None)
+def _targets(overrides: tuple, seeds: int = 8) -> dict:
+    """Iteration times of fifo, sorted, asp and the oracle on seeds 0..seeds-1 of the default long-tail workload."""
+    spec = load_layout_text(builtin_layout_text("qwen3-8b"), list(overrides), source="<built-in qwen3-8b>")
     k, warm = plan_steps(4, spec.rollout.max_policy_lag)
     n_inst = 8
     out = {p: [] for p in ("fifo", "sorted", "asp", "oracle")}
     cost, train = costmodel.from_spec(spec), trainer.from_spec(spec)
     hint = scheduler.hint_from_cost(cost, 1, 64)
-    for seed in seeds:
+    for seed in range(seeds):
         work = synthetic(LengthModel(cap=16384), k + spec.rollout.max_policy_lag, 64, 8, 1024, seed, 0.2)
         for policy in out:
             cfg = SimConfig(cost=cost, trainer=train, num_instances=n_inst, tp=1,
@@ -89,15 +96,16 @@ def _targets(spec, seeds):
     return out
 
 
-@pytest.mark.parametrize("overrides", [[], ["rollout.colocated=false", "rollout.num_nodes=1"]],
-                         ids=["colocated", "dedicated"])
+def _mean(values: list) -> float:
+    return sum(values) / len(values)
+
+
+@pytest.mark.parametrize("overrides", [(), DEDICATED], ids=["colocated", "dedicated"])
 def test_asp_targets_on_the_default_long_tail_workload(overrides):
-    """Seeds 0-7, 20% prediction error: asp >= 15% faster than fifo on average, never slower than sorted,
-    within 10% of the oracle on every seed (docs/rollout.md reports the same over 20 seeds)."""
-    spec = load_layout_text(builtin_layout_text("qwen3-8b"), overrides, source="<built-in qwen3-8b>")
-    it = _targets(spec, range(8))
-    mean = {p: sum(v) / len(v) for p, v in it.items()}
-    assert mean["asp"] <= 0.85 * mean["fifo"], mean
+    """Seeds 0-7, 20% prediction error, the shipped layout (training tp2 pp2 dp2): asp >= 15% faster than fifo on
+    average, never slower than sorted, within 10% of the oracle on every seed (docs/rollout.md: 20 seeds)."""
+    it = _targets(overrides)
+    assert _mean(it["asp"]) <= 0.85 * _mean(it["fifo"]), it
     assert all(a <= s for a, s in zip(it["asp"], it["sorted"])), it
     assert all(a <= 1.10 * o for a, o in zip(it["asp"], it["oracle"])), it
 

@@ -82,31 +82,43 @@ def simulate_cmd(
     check_every: int = typer.Option(64, "--check-every", help="Adaptive TP check-point period in decode steps."),
     tp_start: str = typer.Option("auto", "--tp-start",
                                  help="Adaptive TP's starting TP: auto (throughput-optimal for the bulk) or a size."),
-    profile: Optional[str] = typer.Option(None, "--profile", help="Measured decode-step CSV replacing the roofline."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="Measured decode-step CSV replacing the cost model."),
     format: str = typer.Option("text", "--format", "-f", help="text (rich table) or json."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Write a PNG timeline (needs matplotlib)."),
+    plot_tp: Optional[str] = typer.Option(None, "--plot-tp", help="With --adaptive-tp: write a PNG of static vs "
+                                          "adaptive TP generation, switch points marked (needs matplotlib)."),
 ) -> None:
     """Simulate fifo, random, sorted, longest_first, asp and the oracle side by side (model-based estimates)."""
     from specdraft.rollout.compare import SimulateOptions, run
 
     _format(format)
+    if plot_tp and not adaptive_tp:
+        from specdraft.errors import UserError
+
+        raise UserError("--plot-tp draws the TP comparison, which needs --adaptive-tp", "add --adaptive-tp")
     opts = SimulateOptions(seeds=seeds, steps=steps, prediction_error=prediction_error, median=median, sigma=sigma,
                            correlation=correlation, workload=workload, history=history, profile=profile,
                            adaptive_tp=adaptive_tp, tp_overhead_scale=tp_overhead_scale, tp_predictor=tp_predictor,
-                           check_every_steps=check_every, tp_start=tp_start, timeline=plot is not None)
+                           check_every_steps=check_every, tp_start=tp_start,
+                           timeline=plot is not None or plot_tp is not None)
     report = run(_spec(args), opts)
     if plot:
         from specdraft.rollout.plot import write_timeline
 
         write_timeline(plot, report)
+    if plot_tp:
+        from specdraft.rollout.plot import write_tp_timeline
+
+        write_tp_timeline(plot_tp, report)
     if format == "json":
         import json
 
         sys.stdout.write(json.dumps({k: v for k, v in report.data.items()}, indent=2) + "\n")
         return
     _print_simulation(_console(), report.data)
-    if plot:
-        _console().print(f"wrote {plot}")
+    for path in (plot, plot_tp):
+        if path:
+            _console().print(f"wrote {path}")
 
 
 @rollout_app.command("profile")
@@ -118,12 +130,20 @@ def profile_cmd(args: Optional[List[str]] = TargetArgs,
     from specdraft.rollout.profile import table_rows, to_csv, valid_tps
 
     spec = _spec(args)
-    rows = table_rows(from_spec(spec), valid_tps(spec))
+    cost = from_spec(spec)
+    rows = table_rows(cost, valid_tps(spec))
     if csv:
         from specdraft.fsutil import atomic_write_text
 
         atomic_write_text(csv, to_csv(rows))
     _print_profile(_console(), spec.name, rows)
+    from specdraft.rollout.profile import calibration_rows
+
+    title = f"calibration against the shared notes' anchors ({spec.cluster.gpu}, model-based)"
+    table = _table(title, ["anchor", "published", "model"])
+    for row in calibration_rows(cost):
+        table.add_row(*row)
+    _console().print(table)
     if csv:
         _console().print(f"wrote {csv}")
 

@@ -77,23 +77,26 @@ def check(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
         if stage["fraction"] > 1.0:
             errors.append(Problem(path=where, value=f"{gib:.1f} GiB", rule=f"exceeds the {spec.cluster.gpu} HBM "
                                   f"({cap:.1f} GiB) on pipeline stage {stage['pp']}",
-                                  fix=_memory_fix(spec)))
+                                  fix=_memory_fix(spec, stage)))
         elif stage["fraction"] > 0.9:
             warnings.append(Problem(path=where, value=f"{gib:.1f} GiB", rule=f"uses {stage['fraction']:.0%} of "
-                                    f"the {spec.cluster.gpu} HBM ({cap:.1f} GiB)", fix=_memory_fix(spec),
+                                    f"the {spec.cluster.gpu} HBM ({cap:.1f} GiB)", fix=_memory_fix(spec, stage),
                                     severity="warning"))
     return errors, warnings
 
 
-def _memory_fix(spec: LayoutSpec) -> str:
+def _memory_fix(spec: LayoutSpec, stage: dict) -> str:
     t, p = spec.training, spec.parallel
     hints = []
+    if stage["draft"] > 0.25 * stage["total"]:
+        hints.append("move layers off the draft's stage (`specdraft plan --balance` finds the split, or set "
+                     "parallel.first_stage_layers/last_stage_layers), or put the draft elsewhere (draft.stage)")
     if not t.distributed_optimizer:
         hints.append("training.distributed_optimizer=true")
     if t.recompute != "full":
         hints.append("training.recompute=full")
     hints.append(f"raise parallel.pp (now {p.pp}) or parallel.tp (now {p.tp})")
-    return "try " + ", ".join(hints)
+    return "try " + "; ".join(hints)
 
 
 def compile(spec: LayoutSpec) -> LaunchPlan:  # noqa: A001 - the name the design uses

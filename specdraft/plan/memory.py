@@ -9,6 +9,7 @@ from __future__ import annotations
 from specdraft.spec.schema import LayoutSpec
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+HEAD_CHUNK_TOKENS = 2048  # the runtime's checkpointed LM-head/KL chunk (specdraft.runtime.vocab_parallel)
 
 
 def _head_dim(spec: LayoutSpec) -> int:
@@ -146,10 +147,13 @@ def draft_memory(spec: LayoutSpec, tokens: int, draft_slots: int) -> float:
     act_bytes = DTYPE_BYTES[t.dtype]
     ffn_term = 4 * m.ffn_hidden_size / m.hidden_size
     logits = 4 * tokens * m.vocab_size / p.tp  # one fp32 vocab-parallel logits tensor
+    # The LM head and KL run in checkpointed token chunks (runtime/vocab_parallel.py), so per TTT step only the
+    # output hidden state is kept; one chunk's logits, log-probs and target slice live transiently.
+    chunk = 4 * min(tokens, HEAD_CHUNK_TOKENS) * m.vocab_size / p.tp
     per_step = (activation_bytes_per_layer(spec, tokens, ffn_term, recompute="none") * d.num_layers
                 + tokens * 2 * m.hidden_size * act_bytes  # [embedding ; hidden] input of the draft layer
-                + 2 * logits)  # the draft's logits and log-probs, kept for backward
-    target_probs = logits  # the detached policy distribution, computed once and shifted per step
+                + tokens * m.hidden_size * act_bytes)  # the step's output hidden state
+    target_probs = 2 * logits + 3 * chunk  # the policy's log-probs and their halo copy, plus one chunk in flight
     fc_in = tokens * num_taps * m.hidden_size * act_bytes
     # A landing slot holds one microbatch's taps: the aux hidden states plus the token embeddings.
     slots = draft_slots * (num_taps + 1) * tokens * m.hidden_size * act_bytes

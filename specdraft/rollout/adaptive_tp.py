@@ -259,11 +259,9 @@ def plan_node(cfg: PlannerConfig, cost, groups: dict[int, object], offsets: dict
                 merged = ov.total_s + pred(size, items)
                 # Merging now gives up the narrow groups' throughput at once; when merging a little later is
                 # predicted to finish sooner still, keep the groups as they are and look again at the next check.
-                later = deferred(inside, size, merged) + ov.total_s if cfg.defer_fractions else math.inf
-                if merged < out[0] and merged <= later:
-                    out = (merged, [(offset, size)])
-                elif later < out[0]:
-                    out = (later, out[1])
+                if merged < out[0]:
+                    later = deferred(inside, size, merged) + ov.total_s if cfg.defer_fractions else math.inf
+                    out = (merged, [(offset, size)]) if merged <= later else (later, out[1])
         cache[key] = out
         return out
 

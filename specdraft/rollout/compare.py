@@ -47,11 +47,12 @@ class Report:
     data: dict
     timeline: dict = field(default_factory=dict)
     generation_timeline: list = field(default_factory=list)
+    static_timelines: dict = field(default_factory=dict)  # tp -> the static run's timeline (seed 0)
     switches: list = field(default_factory=list)
 
 
 def cost_model(spec: LayoutSpec, profile: str | None, tps: list[int]):
-    """The roofline, or a measured profile wrapped around it (checked to cover ``tps``)."""
+    """The calibrated cost model, or a measured profile wrapped around it (checked to cover ``tps``)."""
     base = costmodel.from_spec(spec)
     if profile is None:
         return base
@@ -89,6 +90,8 @@ def run(spec: LayoutSpec, opts: SimulateOptions) -> Report:
     from specdraft.rollout.profile import valid_tps
 
     tps = valid_tps(spec) if opts.adaptive_tp else [r.tp]
+    if opts.adaptive_tp and opts.tp_start != "auto" and int(opts.tp_start) not in tps:
+        raise UserError(f"--tp-start {opts.tp_start} is not a TP this layout can use", f"use auto or one of {tps}")
     cost = cost_model(spec, opts.profile, tps)
     train = trainer.from_spec(spec)
     n_inst = rollout_gpus(spec) // r.tp
@@ -145,8 +148,12 @@ def _generation(spec, opts, cost, tps, prompts, seed, gens, report) -> None:
     r, c = spec.rollout, spec.cluster
     nodes = rollout_gpus(spec) // c.gpus_per_node
     for tp in tps:
-        res = simulate_generation(GenConfig(cost=cost, gpus_per_node=c.gpus_per_node, num_nodes=nodes), prompts, tp)
+        static = GenConfig(cost=cost, gpus_per_node=c.gpus_per_node, num_nodes=nodes,
+                           timeline=opts.timeline and seed == 0)
+        res = simulate_generation(static, prompts, tp)
         gens.setdefault(str(tp), []).append(res)
+        if static.timeline:
+            report.static_timelines[tp] = res.timeline
     predictor = RemainingPredictor(mode=opts.tp_predictor, sigma=max(opts.prediction_error, 0.05),
                                    median=opts.median, cap=r.max_response_length)
     planner = PlannerConfig(predictor=predictor, max_tp=max(tps), heads=spec.model.num_attention_heads,
@@ -154,8 +161,6 @@ def _generation(spec, opts, cost, tps, prompts, seed, gens, report) -> None:
     cfg = GenConfig(cost=cost, gpus_per_node=c.gpus_per_node, num_nodes=nodes, planner=planner,
                     check_every_steps=opts.check_every_steps, timeline=opts.timeline and seed == 0)
     start = bulk_tp(cost, tps, prompts, rollout_gpus(spec)) if opts.tp_start == "auto" else int(opts.tp_start)
-    if start not in tps:
-        raise UserError(f"--tp-start {start} is not a TP this layout can use", f"use auto or one of {tps}")
     res = simulate_generation(cfg, prompts, start)
     res.start_tp = start
     gens.setdefault("adaptive", []).append(res)

@@ -1,4 +1,4 @@
-"""`--plot`: a PNG timeline of per-instance utilisation, trainer queue depth and (with --adaptive-tp) TP switches.
+"""`--plot` / `--plot-tp`: PNG timelines of instance utilisation, trainer queue depth, and static vs adaptive TP.
 
 matplotlib is imported only here, lazily, so the rest of specdraft.rollout stays stdlib-only.
 """
@@ -24,8 +24,8 @@ def _grid(end: float, points: int = 1200) -> list[float]:
     return [end * i / (points - 1) for i in range(points)]
 
 
-def write_timeline(path: str, report) -> None:
-    """Draw the asp run of seed 0 (and the adaptive-TP generation of seed 0) into ``path``."""
+def _pyplot(path: str):
+    """matplotlib's pyplot (Agg) and ListedColormap, or a UserError naming what is missing or wrong."""
     try:
         import matplotlib
 
@@ -35,7 +35,24 @@ def write_timeline(path: str, report) -> None:
     except ImportError:
         raise UserError("--plot needs matplotlib", "pip install 'specdraft[plot]' (or matplotlib)") from None
     if not str(path).lower().endswith(".png"):
-        raise UserError(f"--plot {path!r} must name a .png file", "e.g. --plot rollout-timeline.png")
+        raise UserError(f"{path!r} must name a .png file", "e.g. --plot rollout-timeline.png")
+    return plt, ListedColormap
+
+
+def _save(fig, plt, path: str) -> None:
+    import io
+
+    from specdraft.fsutil import atomic_write_bytes
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def write_timeline(path: str, report) -> None:
+    """Draw the asp run of seed 0 (and the adaptive-TP generation of seed 0) into ``path``."""
+    plt, ListedColormap = _pyplot(path)
     tl = report.timeline
     gen = report.generation_timeline
     rows = 2 + (1 if gen else 0)
@@ -73,14 +90,46 @@ def write_timeline(path: str, report) -> None:
         ax2.legend(lines, labels, loc="upper left", fontsize=8)
     if gen:
         _generation_panel(axes[2], gen, report.switches, plt, ListedColormap)
-    import io
+    _save(fig, plt, path)
 
-    from specdraft.fsutil import atomic_write_bytes
 
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buffer.getvalue())
+def _running(timeline: list) -> tuple[list[float], list[float]]:
+    """(times, running sequences on the node) from a generation timeline (each GPU repeats its group's batch)."""
+    return [t for t, _ in timeline], [sum(batch / tp for tp, batch, _ in snap) for _, snap in timeline]
+
+
+def write_tp_timeline(path: str, report) -> None:
+    """Seed 0's generation step: the adaptive run's groups per GPU with its switch points, and the running
+    sequences over time of every static TP and of adaptive TP, each ending at its makespan."""
+    plt, ListedColormap = _pyplot(path)
+    gen = report.generation_timeline
+    if not gen:
+        raise UserError("--plot-tp has no adaptive run to draw", "add --adaptive-tp")
+    data = report.data
+    fig, axes = plt.subplots(2, 1, figsize=(12, 7.4), constrained_layout=True, gridspec_kw={"height_ratios": [3, 2.2]},
+                             sharex=True)
+    fig.suptitle(f"{data['layout']}: one generation step, seed 0 - static TP vs adaptive TP (model-based)", fontsize=12)
+    _generation_panel(axes[0], gen, report.switches, plt, ListedColormap)
+    axes[0].set_xlabel("")
+    ax = axes[1]
+    palette = {1: "#9ecae1", 2: "#6baed6", 4: "#3182bd", 8: "#08519c"}
+    for tp, timeline in sorted(report.static_timelines.items()):
+        times, running = _running(timeline)
+        ax.step(times, running, where="post", lw=1.1, color=palette.get(tp, "#777777"),
+                label=f"static tp {tp}: {times[-1]:.0f} s")
+    times, running = _running(gen)
+    start = data.get("generation", {}).get("adaptive", {}).get("start_tp", "?")
+    ax.step(times, running, where="post", lw=2.2, color="#d62728", label=f"adaptive from tp {start}: {times[-1]:.0f} s")
+    for sw in report.switches:
+        ax.axvline(sw["time_s"], color="#d62728", lw=0.8, ls="--", alpha=0.6)
+    ax.set_yscale("symlog", linthresh=10)
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("running sequences (node)")
+    ax.set_xlabel("time (s)")
+    ax.set_title("running sequences over time; each line ends at its makespan, dashed: adaptive switch points",
+                 fontsize=10)
+    ax.legend(loc="upper right", fontsize=8)
+    _save(fig, plt, path)
 
 
 def _generation_panel(ax, gen, switches, plt, ListedColormap) -> None:

@@ -1,7 +1,7 @@
 """Decode-step profile tables: generated from the cost model, written/read as CSV, interpolated in the simulator.
 
 CSV columns: tp, batch, context (mean KV tokens per running sequence), decode_s (one plain decode step) and,
-optionally, spec_decode_s (k draft steps + one (k+1)-token verify). A measured table replaces the roofline.
+optionally, spec_decode_s (k draft steps + one (k+1)-token verify). A measured table replaces the model.
 """
 
 from __future__ import annotations
@@ -14,11 +14,36 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from specdraft.errors import UserError
-from specdraft.rollout.costmodel import MAX_NUM_SEQS, CostModel
+from specdraft.rollout.costmodel import MAX_NUM_SEQS, CostModel, ModelShape
 
 COLUMNS = ("tp", "batch", "context", "decode_s", "spec_decode_s")
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+# Llama-2-7B as microsoft/vidur profiled it (MHA, 32 layers, gated MLP of 11008): the calibration's reference model.
+LLAMA2_7B = ModelShape(layers=32, hidden=4096, attn_params=4 * 4096 * 4096, mlp_params=3 * 4096 * 11008,
+                       mlp_weight_params=3 * 4096 * 11008, head_params=32000 * 4096,
+                       kv_bytes_per_token=2 * 32 * 4096 * 2, attn_width=4096, total_params=6_738_415_616,
+                       kv_heads=32, vocab=32000)
+
+
+def calibration_rows(cost: CostModel) -> list[tuple[str, str, str]]:
+    """(anchor, published figure, this model) for the shared notes' anchors, on the layout's GPU and model.
+
+    The vidur and all-reduce rows are H100 measurements, so they match only on an h100-80gb layout.
+    """
+    us = 1e6
+    rows = [(f"vidur Llama-2-7B layer, tp {tp}, {n} tokens", f"{ref} us",
+             f"{cost.layer_s(LLAMA2_7B, n, tp) * us:.0f} us") for tp, n, ref in ((1, 64, "~180"), (8, 64, "~45"),
+                                                                                 (1, 512, "375"))]
+    rows += [(f"all-reduce of 1M fp16 elements, tp {tp}", "30-45 us", f"{cost.allreduce(tp, 2 * 2**20) * us:.0f} us")
+             for tp in (2, 8)]
+    for batch, ctx in ((1, 2048), (8, 4096), (64, 4096)):
+        ratio = cost.decode_step(1, batch, batch * ctx, False) / cost.decode_step(8, batch, batch * ctx, False)
+        note = "1.3-2x" if batch <= 8 else "(KV-bound: no anchor)"
+        rows.append((f"decode step tp1 / tp8, batch {batch}, context {ctx}", note, f"{ratio:.2f}x"))
+    return rows
 
 
 def valid_tps(spec) -> list[int]:
@@ -32,7 +57,7 @@ def valid_tps(spec) -> list[int]:
 
 
 def table_rows(cost: CostModel, tps: list[int], batches=BATCHES, contexts=CONTEXTS) -> list[dict]:
-    """The profile grid from the roofline (spec_decode_s is empty when the layout does not speculate)."""
+    """The profile grid from the cost model (spec_decode_s is empty when the layout does not speculate)."""
     rows = []
     for tp in tps:
         for b in batches:
@@ -141,7 +166,7 @@ class ProfileCost(CostModel):
     """The cost model with decode steps looked up in a (measured) profile, interpolated between grid points.
 
     Batch is interpolated linearly; along context the step time is linear inside a grid cell, which gives the
-    affine form a + b * total_context the fluid engine needs. Prefill and memory still come from the roofline.
+    affine form a + b * total_context the fluid engine needs. Prefill and memory still come from the cost model.
     """
 
     tables: dict = field(default_factory=dict, compare=False, repr=False)

@@ -109,18 +109,22 @@ class Eagle3Draft(nn.Module):
         self.norm = nn.RMSNorm(shape.hidden)
         self.lm_head = _column(config, shape.hidden, shape.vocab)
 
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(rows, h) -> (rows, vocab/tp) vocab-parallel logits."""
+        return self.lm_head(self.norm(hidden))[0]
+
     def ttt(self, aux: torch.Tensor, emb: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor,
             cp_group=None) -> list[torch.Tensor]:
-        """Unroll the S TTT steps; return each step's vocab-parallel draft logits.
+        """Unroll the S TTT steps; return each step's output hidden state (apply `head` for its logits).
 
         aux: (n_taps, t, h) target hidden states; emb: (S, t, h) embeddings of x_{p+1+j}; positions: (S, t) RoPE
-        positions p + j. Returns S tensors (t, vocab/tp).
+        positions p + j. Returns S tensors (t, h).
         """
         steps = emb.shape[0]
         hidden = self.fc(aux.permute(1, 0, 2).flatten(1))  # (t, n_taps*h) -> (t, h)
         ks: list[list[torch.Tensor]] = [[] for _ in self.layers]
         vs: list[list[torch.Tensor]] = [[] for _ in self.layers]
-        logits = []
+        outputs = []
         for j in range(steps):
             x = hidden
             for i, layer in enumerate(self.layers):
@@ -133,8 +137,8 @@ class Eagle3Draft(nn.Module):
                                         cp_group=cp_group)[0]  # (t, H/tp, d)
                 x = layer.finish(x, attn)
             hidden = x
-            logits.append(self.lm_head(self.norm(hidden))[0])
-        return logits
+            outputs.append(hidden)
+        return outputs
 
 
 def draft_shape(plan: dict) -> DraftShape:

@@ -22,8 +22,12 @@ def local_global_rows(cu: list[int], cp: int, rank: int) -> list[int]:
     return rows
 
 
-def shift_rows(x: torch.Tensor, shifts: list[int], cu_seqlens: torch.Tensor, cp_group=None) -> torch.Tensor:
-    """Shifted copies of local rows. x: (t, ...) local zigzag rows -> (len(shifts), t, ...); 0 past a sequence end."""
+def gather_shifted(x: torch.Tensor, shifts: list[int], cu_seqlens: torch.Tensor, cp_group=None):
+    """(avail, index): avail = local rows + the chunk heads of every CP rank; index (len(shifts), t) is the row of
+    avail holding x[p + s] for local row p, or -1 past its sequence's end. avail[index[i]] is the i-th shift.
+
+    Index form lets a caller materialise one shift (or one token chunk of it) at a time.
+    """
     cp = dist.get_world_size(cp_group) if cp_group is not None else 1
     rank = dist.get_rank(cp_group) if cp_group is not None else 0
     cu = cu_seqlens.tolist()
@@ -33,7 +37,7 @@ def shift_rows(x: torch.Tensor, shifts: list[int], cu_seqlens: torch.Tensor, cp_
     reach = max(shifts)
     if cp > 1:
         head_pos: list[int] = []  # local positions of each local chunk's first rows
-        for b, (start, end) in enumerate(zip(cu, cu[1:])):
+        for start, end in zip(cu, cu[1:]):
             chunk = (end - start) // (2 * cp)
             base = start // cp  # local offset of this sequence's two chunks (earlier sequences hold start/cp rows)
             for slot in range(2):
@@ -52,13 +56,19 @@ def shift_rows(x: torch.Tensor, shifts: list[int], cu_seqlens: torch.Tensor, cp_
     for start, end in zip(cu, cu[1:]):
         seq_end[start:end] = end
     rows = torch.tensor(local, dtype=torch.long)
-    out = torch.zeros((len(shifts), *x.shape), dtype=x.dtype, device=x.device)
+    index = torch.full((len(shifts), len(local)), -1, dtype=torch.long)
     for i, s in enumerate(shifts):
         target = rows + s
         inside = target < seq_end[rows]
         src = lookup[target.clamp(max=lookup.numel() - 1)]
         if bool(((src < 0) & inside).any()):
             raise RuntimeError("halo shift: a needed row is neither local nor in a gathered chunk head")
-        keep = inside.nonzero().squeeze(1)
-        out[i, keep.to(x.device)] = avail[src[keep].to(x.device)]
-    return out
+        index[i, inside] = src[inside]
+    return avail, index.to(x.device)
+
+
+def shift_rows(x: torch.Tensor, shifts: list[int], cu_seqlens: torch.Tensor, cp_group=None) -> torch.Tensor:
+    """Shifted copies of local rows. x: (t, ...) local zigzag rows -> (len(shifts), t, ...); 0 past a sequence end."""
+    avail, index = gather_shifted(x, shifts, cu_seqlens, cp_group)
+    padded = torch.cat([avail, avail.new_zeros(1, *avail.shape[1:])])  # row -1 reads zeros
+    return padded[index]

@@ -14,10 +14,10 @@ from specdraft.runtime.batches import global_counts, make_microbatch
 from specdraft.runtime.context import RankContext
 from specdraft.runtime.data import MarkovData
 from specdraft.runtime.draft import Eagle3Draft, draft_shape
-from specdraft.runtime.halo import shift_rows
+from specdraft.runtime.halo import gather_shifted
 from specdraft.runtime.tapchannel import TapChannel
 from specdraft.runtime.target import build_chunks, init_parameters, transformer_config
-from specdraft.runtime.vocab_parallel import accept_length, kl_and_matches, log_softmax
+from specdraft.runtime.vocab_parallel import accept_length, head_kl_and_matches, log_softmax
 
 BLOCKING_ENV = "SPECDRAFT_TAPS_BLOCKING"  # benchmark baseline: blocking send/recv of the taps inside the hooks
 AUDIT_ENV = "SPECDRAFT_TAP_AUDIT"  # tests: record a sha256 of every tap sent and received
@@ -165,9 +165,11 @@ class CoTrainer:
         table = torch.cat([table, table.new_zeros(1, table.shape[1])])  # row -1: past the sequence end
         emb = table[mb.emb_index]  # (S, t, h): step j's input token embeddings
         shifts = [1 + j for j in range(self.steps_ttt)]
-        target = shift_rows(target_logp, shifts, mb.cu_seqlens, self.cp_group)  # (S, t, V)
-        logits = self.draft.ttt(aux, emb, mb.draft_positions, mb.cu_seqlens, self.cp_group)
-        kl_sums, matches = kl_and_matches(logits, target, mb.draft_valid, self.tp_group)
+        # Step j is trained towards the target at row p+1+j: (avail, index) addresses it without S copies.
+        avail, index = gather_shifted(target_logp, shifts, mb.cu_seqlens, self.cp_group)
+        hiddens = self.draft.ttt(aux, emb, mb.draft_positions, mb.cu_seqlens, self.cp_group)
+        kl_sums, matches = head_kl_and_matches(self.draft.head, hiddens, avail, index, mb.draft_valid,
+                                               self.tp_group)
         loss = sum(kl / max(n, 1.0) for kl, n in zip(kl_sums, self.n_draft)) / self.steps_ttt
         if self.ps.get_tensor_model_parallel_rank() == 0:
             for j in range(self.steps_ttt):

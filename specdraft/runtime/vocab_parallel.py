@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from specdraft.plan.memory import HEAD_CHUNK_TOKENS  # rows per checkpointed LM-head + KL chunk: one constant
+
 
 def _single(group) -> bool:
     return group is None or dist.get_world_size(group) == 1
@@ -17,8 +19,8 @@ def _single(group) -> bool:
 
 @torch.no_grad()
 def log_softmax(logits: torch.Tensor, group=None) -> torch.Tensor:
-    """(t, V/tp) local logits -> (t, V/tp) local slice of the global log-softmax (no gradient)."""
-    x = logits.float()
+    """(t, V/tp) local logits -> (t, V/tp) local slice of the global log-softmax (no gradient; fp32 or wider)."""
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if _single(group):
         return torch.log_softmax(x, dim=-1)
     peak = x.amax(dim=-1, keepdim=True)  # (t, 1)
@@ -56,7 +58,7 @@ def vocab_parallel_kl(logits: torch.Tensor, target_logp: torch.Tensor, group=Non
 @torch.no_grad()
 def argmax(logits: torch.Tensor, group=None) -> torch.Tensor:
     """Global vocabulary index of each row's maximum. (t, V/tp) -> (t,) int64."""
-    value, index = logits.float().max(dim=-1)
+    value, index = logits.max(dim=-1)
     if group is None or dist.get_world_size(group) == 1:
         return index
     size, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -69,17 +71,34 @@ def argmax(logits: torch.Tensor, group=None) -> torch.Tensor:
     return torch.stack(indices).gather(0, best[None]).squeeze(0)
 
 
-def kl_and_matches(draft_logits: list[torch.Tensor], target_logp: torch.Tensor, valid: torch.Tensor, group=None):
+def head_kl_and_matches(head, hiddens: list[torch.Tensor], target_avail: torch.Tensor, target_index: torch.Tensor,
+                        valid: torch.Tensor, group=None, chunk: int = HEAD_CHUNK_TOKENS):
     """Per TTT step: the sum over valid rows of KL(target || draft), and top-1 match indicators.
 
-    draft_logits: S tensors (t, V/tp); target_logp: (S, t, V/tp) detached global log-probs at row p+1+j;
-    valid: (S, t) 0/1.
+    hiddens: S tensors (t, h), the draft's output per step; head(h) -> (rows, V/tp) vocab-parallel logits.
+    target_avail (n, V/tp): detached target log-probs, target_index (S, t) its row for (step, row) or -1; valid
+    (S, t) 0/1. The head and the KL run in checkpointed token chunks, so no step's full (t, V/tp) logits, draft
+    log-probs or shifted target stay alive for backward: at long contexts those dominate the draft's memory.
     """
+    from torch.utils.checkpoint import checkpoint
+
+    def piece(h, index, mask):
+        logits = head(h)  # (rows, V/tp)
+        target = target_avail[index.clamp(min=0)]  # rows past a sequence end are masked out below
+        kl = (vocab_parallel_kl(logits, target, group) * mask).sum()
+        return kl, (argmax(logits, group) == argmax(target, group)) & mask.bool()
+
     kl_sums, matches = [], []
-    for j, logits in enumerate(draft_logits):
-        kl = vocab_parallel_kl(logits, target_logp[j], group)  # (t,)
-        kl_sums.append((kl * valid[j]).sum())
-        matches.append((argmax(logits, group) == argmax(target_logp[j], group)) & valid[j].bool())
+    for j, hidden in enumerate(hiddens):
+        kl, match = hidden.new_zeros((), dtype=torch.float32), []
+        for c0 in range(0, hidden.shape[0], chunk):
+            c1 = min(c0 + chunk, hidden.shape[0])
+            part, hit = checkpoint(piece, hidden[c0:c1], target_index[j, c0:c1], valid[j, c0:c1],
+                                   use_reentrant=False)
+            kl = kl + part
+            match.append(hit)
+        kl_sums.append(kl)
+        matches.append(torch.cat(match))
     return kl_sums, matches
 
 
