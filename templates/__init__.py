@@ -1,0 +1,1 @@
+"""Jinja2 templates of rendered scripts (sbatch), installed as package data."""
