@@ -17,7 +17,6 @@ from specdraft.rollout.compare import SimulateOptions, run  # noqa: E402
 from specdraft.spec.load import builtin_layout_text, load_layout_text  # noqa: E402
 
 DEDICATED = ["rollout.colocated=false", "rollout.num_nodes=1"]
-DP2 = ["parallel.cp=1"]  # the training layout asp's targets were set on (tp2 pp2 dp2); the shipped one is dp1
 
 
 def layout(overrides=()):
@@ -72,16 +71,14 @@ def main() -> None:
     policies_table("qwen3-8b (colocated, 8 x TP1 on 8 H100s): "
                    f"`specdraft rollout simulate --seeds {seeds} --adaptive-tp`", data)
     generation_table(data)
-    for title, overrides in (("dedicated rollout node (8 x TP1) + 8 training GPUs", DEDICATED),
-                             ("training tp2 pp2 dp2 (colocated)", DP2),
-                             ("training tp2 pp2 dp2, dedicated rollout node", DP2 + DEDICATED)):
+    for title, overrides in (("dedicated rollout node (8 x TP1) + 8 training GPUs", DEDICATED),):
         other = run(layout(overrides), SimulateOptions(seeds=seeds)).data
         policies_table(f"{title}: `specdraft rollout simulate --seeds {seeds} {' '.join(overrides)}`", other)
 
     print(f"\n## asp vs prediction error ({seeds} seeds, colocated)\n")
     print("| --prediction-error | layout | asp vs fifo | asp vs oracle | asp vs sorted |")
     print("|---|---|---|---|---|")
-    for overrides in ([], DP2):
+    for overrides in ([],):
         for err in (0.0, 0.1, 0.2, 0.4, 0.8):
             pols = run(layout(overrides), SimulateOptions(seeds=seeds, prediction_error=err,
                                                           policies=("fifo", "sorted", "asp", "oracle"))).data
