@@ -7,6 +7,7 @@ so a rank's coordinate in a dimension is (rank // stride) % size, stride being t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,20 +41,22 @@ class RankGrid:
     sizes: Sizes
     gpus_per_node: int
 
-    def _decoder_strides(self) -> dict[str, int]:
+    @cached_property
+    def _decoder(self) -> dict[str, int]:
         s = self.sizes
         # The decoder generator has ep folded away (ep=1): Megatron builds experts with a second generator.
         return _strides(s.order, {"tp": s.tp, "cp": s.cp, "ep": 1, "dp": s.dp, "pp": s.pp})
 
-    def _expert_strides(self) -> dict[str, int]:
+    @cached_property
+    def _expert(self) -> dict[str, int]:
         s = self.sizes
         return _strides(s.order, {"tp": s.etp, "cp": 1, "ep": s.ep, "dp": s.edp, "pp": s.pp})
 
     def coords(self, global_rank: int) -> dict[str, int]:
         """tp, cp, dp, pp, etp, ep, edp coordinates of one rank."""
         s = self.sizes
-        d = self._decoder_strides()
-        e = self._expert_strides()
+        d = self._decoder
+        e = self._expert
         return {
             "tp": (global_rank // d["tp"]) % s.tp,
             "cp": (global_rank // d["cp"]) % s.cp,
@@ -66,7 +69,7 @@ class RankGrid:
 
     def rank_of(self, *, tp: int, cp: int, dp: int, pp: int) -> int:
         """Inverse of coords for the decoder dimensions."""
-        d = self._decoder_strides()
+        d = self._decoder
         return tp * d["tp"] + cp * d["cp"] + dp * d["dp"] + pp * d["pp"]
 
     def node_of(self, global_rank: int) -> int:
@@ -75,8 +78,8 @@ class RankGrid:
     def ranks(self) -> list[dict[str, int]]:
         """One record per global rank, in rank order (the plan's `ranks`)."""
         s = self.sizes
-        d = self._decoder_strides()
-        e = self._expert_strides()
+        d = self._decoder
+        e = self._expert
         g = self.gpus_per_node
         out = []
         for r in range(s.world_size):

@@ -48,7 +48,9 @@ class LaunchPlan:
         parts = []
         for key, value in self.to_dict().items():
             if key in _ROW_SECTIONS and value:
-                body = "[\n  " + ",\n  ".join(map(compact, value)) + "\n ]"
+                # One C-encoder call for the whole list, then a line break between rows: rows hold only numbers,
+                # booleans and plain names, so "}, {" occurs exactly between rows.
+                body = "[\n  " + compact(value)[1:-1].replace("}, {", "},\n  {") + "\n ]"
             else:
                 body = json.dumps(value, indent=1, ensure_ascii=True).replace("\n", "\n ")
             parts.append(f" {json.dumps(key)}: {body}")

@@ -100,18 +100,24 @@ def _to_plain_dict(text: str, overrides: Sequence[str], source: str) -> dict:
                      rule="the layout must be a YAML mapping", fix="start the file with `name:` and `model:` keys")],
             source,
         )
-    merged = base
     for item in overrides:
         if "=" not in item or item.startswith("="):
             problems.append(Problem(path="<override>", value=item, rule="an override is KEY=VALUE",
                                     fix="write it as a dotlist, e.g. parallel.cp=4"))
-            continue
-        try:
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
-        except (OmegaConfBaseException, yaml.YAMLError, ValueError) as err:
-            problems.append(Problem(path=item.split("=", 1)[0], value=item.split("=", 1)[1],
-                                    rule=f"cannot apply override: {err}".splitlines()[0],
-                                    fix="check the key path and the value's YAML syntax"))
+    if problems:
+        raise SpecError(problems, source)
+    merged = base
+    if overrides:
+        try:  # one merge for all overrides; only when that fails, one at a time to name each bad one
+            merged = OmegaConf.merge(base, OmegaConf.from_dotlist(list(overrides)))
+        except (OmegaConfBaseException, yaml.YAMLError, ValueError):
+            for item in overrides:
+                try:
+                    merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
+                except (OmegaConfBaseException, yaml.YAMLError, ValueError) as err:
+                    problems.append(Problem(path=item.split("=", 1)[0], value=item.split("=", 1)[1],
+                                            rule=f"cannot apply override: {err}".splitlines()[0],
+                                            fix="check the key path and the value's YAML syntax"))
     if problems:
         raise SpecError(problems, source)
     try:
