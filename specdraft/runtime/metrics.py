@@ -25,12 +25,14 @@ class StepMetrics:
     def record(self, step: int, step_time: float) -> dict:
         t = self.trainer
         s, steps = t.stats, t.steps_ttt
+        # On the trainer's device: NCCL reduces only device tensors.
         vector = torch.tensor([s["target_sum"], *s["kl"], *s["match"], s["accepted"], s["positions"],
-                               float(t.channel.bytes_sent)], dtype=torch.float64)
+                               float(t.channel.bytes_sent)], dtype=torch.float64, device=t.device)
         dist.all_reduce(vector)
-        times = torch.tensor([step_time, s["draft_s"]], dtype=torch.float64)
+        times = torch.tensor([step_time, s["draft_s"]], dtype=torch.float64, device=t.device)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)
         t.channel.bytes_sent = t.channel.bytes_received = 0
+        vector, times = vector.cpu(), times.cpu()
         kl, match = vector[1:1 + steps], vector[1 + steps:1 + 2 * steps]
         accepted, positions, tap_bytes = vector[1 + 2 * steps:].tolist()
         n = torch.tensor(t.n_draft, dtype=torch.float64).clamp(min=1)

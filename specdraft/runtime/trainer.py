@@ -217,7 +217,7 @@ class CoTrainer:
         tp_rank = self.ps.get_tensor_model_parallel_rank()
         sq = sum(float(p.grad.float().pow(2).sum()) for p in params
                  if getattr(p, "tensor_model_parallel", False) or tp_rank == 0)
-        total = torch.tensor([sq], dtype=torch.float64)
+        total = torch.tensor([sq], dtype=torch.float64, device=self.device)  # NCCL reduces device tensors
         if group is not None:
             dist.all_reduce(total, group=group)
         return float(total.sqrt())
