@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-
-def read_metrics(folder: str | Path) -> list[dict]:
-    """Every complete line of RUN/metrics.jsonl (a line being written is skipped, not an error)."""
-    path = Path(folder) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return rows
+from specdraft.execute.monitor import read_metrics
 
 
 class ProgressBar:

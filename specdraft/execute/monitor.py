@@ -172,18 +172,24 @@ def cancel(run_dir: str | Path, record: dict) -> str:
     return f"cancelled the local run: stopped {killed} rank process(es) of group {pgid}"
 
 
-def metrics_summary(run_dir: str | Path) -> tuple[int, dict] | None:
-    """(lines logged, the last line) of metrics.jsonl (one line per step, written by training workloads)."""
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """Every complete line of RUN/metrics.jsonl (one per step, written by training workloads); a line still being
+    written is skipped, not an error."""
     path = Path(run_dir) / "metrics.jsonl"
     try:
-        with open(path, "rb") as handle:
-            count = sum(1 for line in handle if line.strip())
+        text = path.read_text(encoding="utf-8")
     except OSError:
-        return None
-    from specdraft.execute.report import tail
+        return []
+    rows = []
+    for line in text.splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
 
-    lines = tail(path, 1)
-    try:
-        return (count, json.loads(lines[-1])) if lines else None
-    except json.JSONDecodeError:
-        return None
+
+def metrics_summary(run_dir: str | Path) -> tuple[int, dict] | None:
+    """(steps logged, the last step's metrics), or None before the first step."""
+    rows = read_metrics(run_dir)
+    return (len(rows), rows[-1]) if rows else None

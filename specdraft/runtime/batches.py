@@ -14,7 +14,7 @@ import torch
 
 from specdraft.runtime.branch_attention import zigzag_shard
 from specdraft.runtime.data import Row, shifted
-from specdraft.runtime.halo import local_global_rows
+from specdraft.runtime.halo import local_global_rows, sequence_ends
 
 
 @dataclass
@@ -62,9 +62,7 @@ def _embedding_rows(row: Row, cp: int, cp_rank: int, steps: int) -> tuple[torch.
     """(token ids to embed once, (S, t) index into them) for the streams x_{p+1+j} of this rank's rows."""
     cu = row.cu_seqlens.tolist()
     local = torch.tensor(local_global_rows(cu, cp, cp_rank), dtype=torch.long)  # (t,) global rows
-    seq_end = torch.empty(cu[-1], dtype=torch.long)
-    for start, end in zip(cu, cu[1:]):
-        seq_end[start:end] = end
+    seq_end = sequence_ends(cu)
     wanted = torch.stack([local + 1 + j for j in range(steps)])  # (S, t)
     inside = wanted < seq_end[local][None, :]
     needed = torch.unique(wanted[inside])  # sorted global rows

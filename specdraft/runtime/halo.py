@@ -22,6 +22,14 @@ def local_global_rows(cu: list[int], cp: int, rank: int) -> list[int]:
     return rows
 
 
+def sequence_ends(cu: list[int]) -> torch.Tensor:
+    """(total,) the end row of the sequence each global row belongs to."""
+    ends = torch.empty(cu[-1], dtype=torch.long)
+    for start, end in zip(cu, cu[1:]):
+        ends[start:end] = end
+    return ends
+
+
 def gather_shifted(x: torch.Tensor, shifts: list[int], cu_seqlens: torch.Tensor, cp_group=None):
     """(avail, index): avail = local rows + the chunk heads of every CP rank; index (len(shifts), t) is the row of
     avail holding x[p + s] for local row p, or -1 past its sequence's end. avail[index[i]] is the i-th shift.
@@ -52,9 +60,7 @@ def gather_shifted(x: torch.Tensor, shifts: list[int], cu_seqlens: torch.Tensor,
         avail_rows, avail = local, x
     lookup = torch.full((cu[-1] + reach + 1,), -1, dtype=torch.long)
     lookup[torch.tensor(avail_rows, dtype=torch.long)] = torch.arange(len(avail_rows))
-    seq_end = torch.empty(cu[-1], dtype=torch.long)
-    for start, end in zip(cu, cu[1:]):
-        seq_end[start:end] = end
+    seq_end = sequence_ends(cu)
     rows = torch.tensor(local, dtype=torch.long)
     index = torch.full((len(shifts), len(local)), -1, dtype=torch.long)
     for i, s in enumerate(shifts):

@@ -143,11 +143,6 @@ class CoTrainer:
                 self.channel.put(chunk, "logits", local.to(self.dtype))
         return total * self.num_microbatches, torch.tensor(1, dtype=torch.int), {}
 
-    def _target_logp(self, local_logits: torch.Tensor) -> torch.Tensor:
-        """Vocab-parallel logits -> this rank's slice of the global fp32 log-probs (detached)."""
-        with torch.no_grad():
-            return log_softmax(local_logits, self.tp_group)
-
     def run_draft(self, mb, local_logits: torch.Tensor | None = None) -> torch.Tensor:
         """The draft's TTT forward for one microbatch; returns its globally normalised loss (graph attached).
 
@@ -156,7 +151,8 @@ class CoTrainer:
         """
         taps = self.channel.receive(mb.index)
         started = time.perf_counter()  # the draft's own compute: waiting for taps is TapChannel's cost
-        target_logp = self._target_logp(taps["logits"] if local_logits is None else local_logits)
+        # This rank's vocab slice of the policy's global log-probs (no gradient).
+        target_logp = log_softmax(taps["logits"] if local_logits is None else local_logits, self.tp_group)
         aux_layers = self.plan["draft"]["aux_layers"]
         aux = torch.stack([taps[layer] for layer in aux_layers]).to(self.dtype)  # (n_taps, t, h)
         table = taps["embedding"].to(self.dtype)  # (n, h), or (ceil(n/tp), h) per TP rank under SP
