@@ -121,6 +121,26 @@ def test_scripted_switches_merge_every_block_and_keep_the_books():
     assert [sw["to"]["tp"] for sw in out.switches] == [2, 2, 2, 2, 8]
 
 
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 1000), groups=st.sampled_from([(4, 1, 1, 1, 1), (2, 2, 1, 1, 1, 1), (4, 2, 1, 1)]),
+       wide=st.integers(0, 40), merges=st.booleans())
+def test_a_heterogeneous_start_places_every_request_once(seed, groups, wide, merges):
+    """The benchmark's heterogeneous starts: the predicted-longest go wide, nothing is lost or run twice."""
+    prompts = synthetic(LengthModel(median=1500, cap=8192), 1, 16, 4, 512, seed, 0.2)[0]
+    cfg = GenConfig(cost=COST, gpus_per_node=8, start_groups=groups, wide_first=wide,
+                    planner=planner() if merges else None)
+    out = simulate_generation(cfg, prompts, groups[0])
+    _check_run(out)
+    assert out.start_tp == groups[0]
+
+
+def test_a_heterogeneous_start_must_fill_the_node_widest_first():
+    prompts = synthetic(LengthModel(median=1500, cap=8192), 1, 4, 2, 512, 0, 0.2)[0]
+    for bad in [(4, 2, 1), (1, 4, 1, 1, 1)]:
+        with pytest.raises(ValueError, match="widest first"):
+            simulate_generation(GenConfig(cost=COST, gpus_per_node=8, start_groups=bad), prompts, 1)
+
+
 def test_the_bulk_starts_at_the_throughput_optimal_tp():
     """The default 8B step: 64 samples per TP1 instance outrun every wider TP per GPU while all are busy."""
     prompts = synthetic(LengthModel(cap=16384), 1, 64, 8, 1024, 0, 0.2)[0]

@@ -29,6 +29,11 @@ class GenConfig:
     # Scripted switches instead of the planner: at each (time s, tp), every aligned block of a node becomes one
     # tp group (groups already that wide stay). Used to search switch schedules in hindsight (benchmarks/).
     script: tuple = ()
+    # A heterogeneous start instead of uniform tp groups: group sizes in node order (aligned, widest first), with
+    # the ``wide_first`` predicted-longest samples on the widest groups and the rest placed sample by sample
+    # (longest-processing-time first) on the others. Used to search such starts (benchmarks/rollout_tp_regimes.py).
+    start_groups: tuple = ()
+    wide_first: int = 0
 
 
 @dataclass
@@ -65,6 +70,8 @@ class _Gen:
                     req = Req(len(self.reqs), p.pid, s, p.step, p.prompt_len, length, p.predicted[s])
                     self.reqs.append(req)
                     self.insts[gid].queue.append(req)
+        if cfg.start_groups:
+            self._heterogeneous_start(hint)
         self.events: list = []
         self.seq = 0
         self.stamp: dict[int, int] = {}
@@ -75,6 +82,34 @@ class _Gen:
         self.finish_counts: dict[int, int] = {}
         self.timeline: list = []
         self.retired_tokens = 0.0
+
+    def _heterogeneous_start(self, hint) -> None:
+        """Rebuild the groups as cfg.start_groups on every node and re-place the requests (see GenConfig)."""
+        cfg = self.cfg
+        sizes = tuple(cfg.start_groups)
+        if sum(sizes) != cfg.gpus_per_node or list(sizes) != sorted(sizes, reverse=True):
+            raise ValueError(f"start_groups {sizes} must fill a node of {cfg.gpus_per_node} GPUs, widest first")
+        self.insts.clear()
+        self.where.clear()
+        node_ids = []
+        for node in range(cfg.num_nodes):
+            ids, offset = [], 0
+            for size in sizes:
+                ids.append(self.next_id)
+                self._add(Instance(self.next_id, size, cfg.cost, spec_mode=cfg.spec_mode), node, offset)
+                offset += size
+            node_ids.append(ids)
+        self.start_tp = sizes[0]
+        wide = [g for ids in node_ids for g in ids if self.insts[g].tp == sizes[0]]
+        narrow = [g for ids in node_ids for g in ids if self.insts[g].tp < sizes[0]] or wide
+        ranked = sorted(self.reqs, key=lambda r: (-r.predicted, r.rid))
+        for j, req in enumerate(ranked[:cfg.wide_first]):
+            self.insts[wide[j % len(wide)]].queue.append(req)
+        loads = [(0.0, g) for g in narrow]
+        for req in ranked[cfg.wide_first:]:
+            load, g = heapq.heappop(loads)
+            self.insts[g].queue.append(req)
+            heapq.heappush(loads, (load + hint.sample(req.predicted, req.prompt_len) / self.insts[g].tp, g))
 
     def _add(self, inst: Instance, node: int, offset: int) -> None:
         inst.index = self.next_id
