@@ -1,10 +1,24 @@
-"""Positional arguments shared by commands: `[LAYOUT | PLAN.json] [OVERRIDES...]`."""
+"""What the typer apps share: their settings, and the positional `[LAYOUT | PLAN.json] [OVERRIDES...]`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import typer
+
 from specdraft.errors import UserError
+
+
+def typer_app(name: str, help: str) -> typer.Typer:
+    """A typer app whose errors reach cli.boundary untouched (no pretty tracebacks, no rich markup)."""
+    return typer.Typer(name=name, help=help, no_args_is_help=True, add_completion=False,
+                       pretty_exceptions_enable=False, rich_markup_mode=None)
+
+
+def target_args(default_layout: str):
+    """The `[LAYOUT] [OVERRIDES...]` argument; ``default_layout`` says what runs without a LAYOUT."""
+    return typer.Argument(None, metavar="[LAYOUT] [OVERRIDES...]",
+                          help=f"Layout YAML (default: {default_layout}), then KEY=VALUE overrides.")
 
 
 def split_target(args: list[str] | None) -> tuple[str | None, list[str]]:

@@ -77,12 +77,18 @@ def run(entry: Callable[[], int | None]) -> int:
         return 1
 
 
-def _print_error(message: str) -> None:
+def console(stderr: bool = False):
+    """The one rich console setup every command prints through (rich is imported only when output is due)."""
     from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def _print_error(message: str) -> None:
     from rich.markup import escape
 
-    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    err = console(stderr=True)
     first, _, rest = message.partition("\n")
-    console.print(f"[bold red]error:[/] {escape(first)}")
+    err.print(f"[bold red]error:[/] {escape(first)}")
     if rest:
-        console.print(escape(rest))
+        err.print(escape(rest))

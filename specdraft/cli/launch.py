@@ -7,17 +7,13 @@ from typing import List, Optional
 
 import typer
 
+from specdraft.cli.boundary import console as _console
+
 TargetArgs = typer.Argument(None, metavar="[LAYOUT | PLAN.json] [OVERRIDES...]",
                             help="Layout YAML or compiled plan.json (default: the built-in tiny CPU layout), "
                                  "then KEY=VALUE overrides.")
 RunArg = typer.Argument(None, metavar="[RUN]", help="A run folder's path, or its name under runs/ "
                                                     "(default: the most recent run).")
-
-
-def _console(stderr: bool = False):
-    from rich.console import Console
-
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
 
 
 def _prepare(args, run_dir, python, workload, steps):

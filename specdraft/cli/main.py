@@ -8,24 +8,13 @@ from typing import List, Optional
 import typer
 
 from specdraft import __version__
+from specdraft.cli.args import target_args, typer_app
+from specdraft.cli.boundary import console as _console
 
-app = typer.Typer(
-    name="specdraft",
-    help="Plan, validate and launch RL post-training with an online co-trained EAGLE-3 draft under TP/CP/PP.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
+app = typer_app("specdraft", "Plan, validate and launch RL post-training with an online co-trained EAGLE-3 draft "
+                            "under TP/CP/PP.")
 
-TargetArgs = typer.Argument(None, metavar="[LAYOUT] [OVERRIDES...]",
-                            help="Layout YAML (default: the built-in tiny CPU layout), then KEY=VALUE overrides.")
-
-
-def _console(stderr: bool = False):
-    from rich.console import Console
-
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+TargetArgs = target_args("the built-in tiny CPU layout")
 
 
 @app.command()

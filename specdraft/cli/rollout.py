@@ -7,30 +7,19 @@ from typing import List, Optional
 
 import typer
 
+from specdraft.cli.args import target_args, typer_app
+from specdraft.cli.boundary import console as _console
 from specdraft.rollout.workload import DEFAULT_CORRELATION, DEFAULT_MEDIAN, DEFAULT_SIGMA
 
-rollout_app = typer.Typer(
-    name="rollout",
-    help="Plan rollout instances, simulate the rollout schedulers and adaptive TP, profile decode steps.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
+rollout_app = typer_app("rollout", "Plan rollout instances, simulate the rollout schedulers and adaptive TP, "
+                                   "profile decode steps.")
 
-TargetArgs = typer.Argument(None, metavar="[LAYOUT] [OVERRIDES...]",
-                            help="Layout YAML (default: the built-in qwen3-8b rollout layout), then KEY=VALUE overrides.")
+TargetArgs = target_args("the built-in qwen3-8b rollout layout")
 
 
 def register(app) -> None:
     """Add the rollout sub-app to ``app``."""
     app.add_typer(rollout_app, name="rollout")
-
-
-def _console():
-    from rich.console import Console
-
-    return Console(highlight=False, soft_wrap=True)
 
 
 def _spec(args):
