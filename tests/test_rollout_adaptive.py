@@ -136,8 +136,8 @@ def test_a_heterogeneous_start_places_every_request_once(seed, groups, wide, mer
 
 def test_a_heterogeneous_start_must_fill_the_node_widest_first():
     prompts = synthetic(LengthModel(median=1500, cap=8192), 1, 4, 2, 512, 0, 0.2)[0]
-    for bad in [(4, 2, 1), (1, 4, 1, 1, 1)]:
-        with pytest.raises(ValueError, match="widest first"):
+    for bad in [(4, 2, 1), (1, 4, 1, 1, 1), (3, 3, 2)]:
+        with pytest.raises(ValueError, match="powers of two, widest first"):
             simulate_generation(GenConfig(cost=COST, gpus_per_node=8, start_groups=bad), prompts, 1)
 
 

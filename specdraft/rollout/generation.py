@@ -53,25 +53,33 @@ class GenResult:
 class _Gen:
     def __init__(self, cfg: GenConfig, prompts: list[Prompt], tp: int):
         self.cfg = cfg
-        self.start_tp = tp
+        sizes = tuple(cfg.start_groups) or (tp,) * (cfg.gpus_per_node // tp)
+        mixed = cfg.start_groups and (list(sizes) != sorted(sizes, reverse=True) or any(s & (s - 1) for s in sizes))
+        if sum(sizes) != cfg.gpus_per_node or mixed:
+            # A mixed start of powers of two, widest first, keeps every group an aligned block, as merges assume.
+            raise ValueError(f"start groups {sizes} must fill a node of {cfg.gpus_per_node} GPUs (a mixed start: "
+                             "powers of two, widest first)")
+        self.start_tp = sizes[0]
         self.insts: dict[int, Instance] = {}
         self.where: dict[int, tuple[int, int]] = {}  # instance id -> (node, offset)
         self.next_id = 0
         for node in range(cfg.num_nodes):
-            for offset in range(0, cfg.gpus_per_node, tp):
-                self._add(Instance(self.next_id, tp, cfg.cost, spec_mode=cfg.spec_mode), node, offset)
+            offset = 0
+            for size in sizes:
+                self._add(Instance(self.next_id, size, cfg.cost, spec_mode=cfg.spec_mode), node, offset)
+                offset += size
         self.reqs: list[Req] = []
         order = sorted(self.insts)
         hint = hint_from_cost(cfg.cost, tp, max(1, sum(len(p.lengths) for p in prompts) // max(len(order), 1)))
-        placed = _lpt(prompts, [0.0] * len(order), hint)
-        for gid, group in zip(order, placed):
-            for p in group:
-                for s, length in enumerate(p.lengths):
-                    req = Req(len(self.reqs), p.pid, s, p.step, p.prompt_len, length, p.predicted[s])
-                    self.reqs.append(req)
-                    self.insts[gid].queue.append(req)
         if cfg.start_groups:
-            self._heterogeneous_start(hint)
+            self._place_by_sample(prompts, hint)
+        else:
+            for gid, group in zip(order, _lpt(prompts, [0.0] * len(order), hint)):
+                for p in group:
+                    for s, length in enumerate(p.lengths):
+                        req = Req(len(self.reqs), p.pid, s, p.step, p.prompt_len, length, p.predicted[s])
+                        self.reqs.append(req)
+                        self.insts[gid].queue.append(req)
         self.events: list = []
         self.seq = 0
         self.stamp: dict[int, int] = {}
@@ -83,30 +91,20 @@ class _Gen:
         self.timeline: list = []
         self.retired_tokens = 0.0
 
-    def _heterogeneous_start(self, hint) -> None:
-        """Rebuild the groups as cfg.start_groups on every node and re-place the requests (see GenConfig)."""
-        cfg = self.cfg
-        sizes = tuple(cfg.start_groups)
-        if sum(sizes) != cfg.gpus_per_node or list(sizes) != sorted(sizes, reverse=True):
-            raise ValueError(f"start_groups {sizes} must fill a node of {cfg.gpus_per_node} GPUs, widest first")
-        self.insts.clear()
-        self.where.clear()
-        node_ids = []
-        for node in range(cfg.num_nodes):
-            ids, offset = [], 0
-            for size in sizes:
-                ids.append(self.next_id)
-                self._add(Instance(self.next_id, size, cfg.cost, spec_mode=cfg.spec_mode), node, offset)
-                offset += size
-            node_ids.append(ids)
-        self.start_tp = sizes[0]
-        wide = [g for ids in node_ids for g in ids if self.insts[g].tp == sizes[0]]
-        narrow = [g for ids in node_ids for g in ids if self.insts[g].tp < sizes[0]] or wide
+    def _place_by_sample(self, prompts: list[Prompt], hint) -> None:
+        """The heterogeneous start's placement: the wide_first predicted-longest samples round-robin on the widest
+        groups, the rest longest-processing-time first, sample by sample, on the narrower ones (see GenConfig)."""
+        for p in prompts:
+            for s, length in enumerate(p.lengths):
+                self.reqs.append(Req(len(self.reqs), p.pid, s, p.step, p.prompt_len, length, p.predicted[s]))
+        ids = sorted(self.insts, key=lambda g: self.where[g])
+        wide = [g for g in ids if self.insts[g].tp == self.start_tp]
+        narrow = [g for g in ids if self.insts[g].tp < self.start_tp] or wide
         ranked = sorted(self.reqs, key=lambda r: (-r.predicted, r.rid))
-        for j, req in enumerate(ranked[:cfg.wide_first]):
+        for j, req in enumerate(ranked[:self.cfg.wide_first]):
             self.insts[wide[j % len(wide)]].queue.append(req)
         loads = [(0.0, g) for g in narrow]
-        for req in ranked[cfg.wide_first:]:
+        for req in ranked[self.cfg.wide_first:]:
             load, g = heapq.heappop(loads)
             self.insts[g].queue.append(req)
             heapq.heappush(loads, (load + hint.sample(req.predicted, req.prompt_len) / self.insts[g].tp, g))
