@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
 import queue as queue_mod
 import socket
 import time
@@ -44,7 +45,10 @@ def _child(rank, world_size, port, backend, timeout, fn, args, results):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
-        value = fn(rank, world_size, *args)
+        # Plain pickle copies tensor bytes into the message. The queue's own pickler would pass shared-memory file
+        # descriptors instead, which the parent can only fetch while this rank is alive: a rank that finishes
+        # first and exits makes the parent's unpickling fail (FileNotFoundError on the resource sharer's socket).
+        value = pickle.dumps(fn(rank, world_size, *args))
         results.put((rank, True, value))
     except BaseException:  # reported to the parent, which raises it with this rank's traceback
         results.put((rank, False, traceback.format_exc()))
@@ -89,7 +93,7 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 120, backend: s
                 continue
             if not ok:
                 raise DistributedTestError(f"{fn.__name__} failed on rank {rank} of {world_size}:\n{value}")
-            values[rank] = value
+            values[rank] = pickle.loads(value)
     finally:
         for p in procs:
             p.join(timeout=5 if len(values) == world_size else 0.1)
