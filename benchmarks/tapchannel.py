@@ -36,10 +36,10 @@ MODES = {  # name -> (extra overrides, environment read when the co-trainer is b
 
 
 def _plans(overrides: list[str]) -> dict:
-    from specdraft.plan.compile import compile
+    from specdraft.assemble import compile
     from specdraft.spec.load import load_layout
 
-    return {mode: compile(load_layout(None, [*BASE, *overrides, *extra])).to_dict()
+    return {mode: compile(load_layout(None, [*BASE, *overrides, *extra]))
             for mode, (extra, _) in MODES.items()}
 
 

@@ -34,7 +34,7 @@ def test_plan_json_is_byte_identical_and_written_atomically(tmp_path):
     second = run("plan", "--format", "json")
     assert first.returncode == 0 and first.stdout == second.stdout
     data = json.loads(first.stdout)
-    for key in ("world_size", "ranks", "stages", "megatron_args", "memory", "warnings", "spec_sha256",
+    for key in ("world_size", "ranks", "stages", "model", "memory", "warnings", "spec_sha256", "slurm",
                 "tap_routes", "draft", "renders"):
         assert key in data
     target = tmp_path / "plan.json"

@@ -20,10 +20,10 @@ BASE = ["model.num_layers=9", "draft.aux_layers=[1,4,7]", "cluster.gpus_per_node
 
 
 def _plan(overrides):
-    from specdraft.plan.compile import compile
+    from specdraft.assemble import compile
     from specdraft.spec.load import load_layout
 
-    return compile(load_layout(None, [*BASE, *overrides])).to_dict()
+    return compile(load_layout(None, [*BASE, *overrides]))
 
 
 def _worker(rank, world_size, cases, root):

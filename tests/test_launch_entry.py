@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ from specdraft.errors import UserError
 from specdraft.execute.launch import check_existing
 from specdraft.execute.report import root_cause
 from specdraft.execute.rundir import launch_lock, read_record, update_record
-from specdraft.plan.compile import compile
+from specdraft.assemble import compile
 from specdraft.runtime.entry import check_placement, load_workload, rank_env
 from specdraft.spec.load import load_layout
 
@@ -36,14 +37,14 @@ def test_rank_env_prefers_torchrun_names_then_slurm():
 
 
 def test_placement_must_match_the_plan(plan):
-    plan = plan.to_dict()
     check_placement(plan, 3, 1, 4, 1)  # rank 3 = node 1, local rank 1
     with pytest.raises(ValueError, match="WORLD_SIZE is 8 but the plan's world_size is 4"):
         check_placement(plan, 3, 1, 8, 1)
     with pytest.raises(ValueError, match="runs as local rank 0 on node 1, but the plan places it as local rank 1"):
         check_placement(plan, 3, 0, 4, 1)  # cyclic distribution instead of block
-    tampered = json.loads(json.dumps(plan))
-    tampered["ranks"][3]["pp"] = 0
+    ranks = list(plan.ranks)
+    ranks[3] = dataclasses.replace(ranks[3], pp=0)
+    tampered = dataclasses.replace(plan, ranks=tuple(ranks))
     with pytest.raises(ValueError, match="edited or is stale"):
         check_placement(tampered, 3, 1, 4, 1)
 
@@ -67,7 +68,7 @@ def test_a_failing_rank_writes_its_result_and_exits_non_zero(plan, tmp_path):
     result = json.loads((tmp_path / "results" / "rank-00001.json").read_text())
     assert result["ok"] is False and result["terminated"] is False and result["global_rank"] == 1
     assert "WORLD_SIZE is 8" in result["error"] and result["hostname"]
-    assert result["coords"] == {k: plan.ranks[1][k] for k in ("tp", "cp", "dp", "pp", "ep", "etp", "edp")}
+    assert result["coords"] == {k: getattr(plan.ranks[1], k) for k in ("tp", "cp", "dp", "pp", "ep", "etp", "edp")}
 
 
 def test_root_cause_is_the_first_rank_that_raised_not_one_that_was_killed():
@@ -125,6 +126,13 @@ def test_selftest_expects_megatrons_groups_from_the_plan_arithmetic():
     from specdraft.runtime.selftest import plan_group, route_pairs
 
     # tp2 cp2 pp2, order tp-cp-ep-dp-pp: rank = tp + 2*cp + 4*pp.
-    plan = compile(load_layout(None, ["cluster.gpus_per_node=8", "parallel.tp=2"])).to_dict()
+    plan = compile(load_layout(None, ["cluster.gpus_per_node=8", "parallel.tp=2"]))
     assert [plan_group(plan, 5, dim) for dim in ("tp", "cp", "pp", "dp")] == [[4, 5], [5, 7], [1, 5], [5]]
     assert route_pairs(plan) == [(0, 4), (1, 5), (2, 6), (3, 7)]  # stage 0 taps -> the draft on stage 1
+
+
+def test_the_launcher_knows_exactly_the_runtime_workloads():
+    from specdraft.execute.launch import WORKLOADS as LAUNCHABLE
+    from specdraft.runtime.entry import WORKLOADS
+
+    assert set(LAUNCHABLE) == set(WORKLOADS)

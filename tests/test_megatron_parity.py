@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from specdraft.plan.compile import compile
+from specdraft.assemble import compile
 from specdraft.plan.stages import chunk_layout
 from tests.layouts import valid_layouts
 
@@ -17,8 +17,8 @@ ps = pytest.importorskip("megatron.core.parallel_state")
 def _groups_from_plan(plan, dims):
     groups = {}
     for r in plan.ranks:
-        key = tuple(r[k] for k in ("tp", "cp", "dp", "pp", "etp", "ep", "edp") if k not in dims)
-        groups.setdefault(key, []).append(r["global_rank"])
+        key = tuple(getattr(r, k) for k in ("tp", "cp", "dp", "pp", "etp", "ep", "edp") if k not in dims)
+        groups.setdefault(key, []).append(r.global_rank)
     return sorted(groups.values())
 
 
@@ -32,13 +32,13 @@ DECODER = {"tp": ("tp",), "cp": ("cp",), "dp": ("dp",), "pp": ("pp",), "tp-cp": 
 def test_rank_grid_equals_megatron_rank_generator(spec):
     plan = compile(spec)
     par = plan.parallel
-    gen = ps.RankGenerator(tp=par["tp"], ep=1, dp=par["dp"], pp=par["pp"], cp=par["cp"], order=par["order"])
+    gen = ps.RankGenerator(tp=par.tp, ep=1, dp=par.dp, pp=par.pp, cp=par.cp, order=par.order)
     for token, dims in DECODER.items():
         # Grouping by "every other coordinate" must give exactly megatron's groups for that token.
         decoder_dims = set(dims) | {"etp", "ep", "edp"}
         ours = sorted(sorted(g) for g in _groups_from_plan(plan, decoder_dims))
         assert ours == sorted(sorted(g) for g in gen.get_ranks(token)), token
-    expert = ps.RankGenerator(tp=par["etp"], ep=par["ep"], dp=par["edp"], pp=par["pp"], cp=1, order=par["order"])
+    expert = ps.RankGenerator(tp=par.etp, ep=par.ep, dp=par.edp, pp=par.pp, cp=1, order=par.order)
     for token, dims in {"tp": ("etp",), "ep": ("ep",), "dp": ("edp",), "tp-ep": ("etp", "ep")}.items():
         ours = sorted(sorted(g) for g in _groups_from_plan(plan, set(dims) | {"tp", "cp", "dp"}))
         assert ours == sorted(sorted(g) for g in expert.get_ranks(token)), f"expert {token}"

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specdraft.plan.compile import compile
+from specdraft.assemble import compile
+from specdraft.plan.codec import encode_value
 from specdraft.render.megatron import format_argv
 from specdraft.render.nemo_rl import to_dotlist, to_yaml
 from specdraft.render.vllm import engine_settings
@@ -22,29 +23,29 @@ IDS = [p.stem for p in LAYOUTS]
 @pytest.mark.parametrize("layout", LAYOUTS, ids=IDS)
 def test_megatron_argv_golden(layout):
     plan = compile(load_layout(layout))
-    assert plan.megatron_args == plan.renders["megatron"]
-    check_golden(f"megatron/{layout.stem}.txt", format_argv(plan.megatron_args))
-    assert shlex.split(format_argv(plan.megatron_args).replace("\\\n", " ")) == plan.megatron_args
+    argv = plan.renders.megatron
+    check_golden(f"megatron/{layout.stem}.txt", format_argv(argv))
+    assert tuple(shlex.split(format_argv(argv).replace("\\\n", " "))) == argv
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=IDS)
 def test_nemo_rl_overrides_golden(layout):
     plan = compile(load_layout(layout))
-    check_golden(f"nemo_rl/{layout.stem}.yaml", to_yaml(plan.renders["nemo_rl"]))
+    check_golden(f"nemo_rl/{layout.stem}.yaml", to_yaml(plan.renders.nemo_rl))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=IDS)
 def test_vllm_settings_golden(layout):
     plan = compile(load_layout(layout))
-    assert plan.renders["vllm"]["problems"] == []
-    check_golden(f"vllm/{layout.stem}.json", json.dumps(plan.renders["vllm"], indent=2) + "\n")
+    assert plan.renders.vllm.problems == ()
+    check_golden(f"vllm/{layout.stem}.json", json.dumps(encode_value(plan.renders.vllm), indent=2) + "\n")
 
 
 def test_megatron_argv_carries_layout_and_draft_flags():
     plan = compile(load_layout(None, ["cluster.gpus_per_node=8", "parallel.tp=2", "parallel.sequence_parallel=true",
                                       "model.seq_length=64", "parallel.first_stage_layers=3",
                                       "parallel.last_stage_layers=5"]))
-    argv = plan.megatron_args
+    argv = plan.renders.megatron
     pairs = dict(zip(argv, argv[1:]))
     assert pairs["--tensor-model-parallel-size"] == "2" and "--sequence-parallel" in argv
     assert pairs["--decoder-first-pipeline-num-layers"] == "3"
@@ -56,11 +57,11 @@ def test_megatron_argv_carries_layout_and_draft_flags():
 
 def test_nemo_rl_keys_match_the_layout():
     plan = compile(load_layout(Path(LAYOUTS[0]).with_name("mixtral-8x22b.yaml")))
-    cfg = plan.renders["nemo_rl"]
+    cfg = plan.renders.nemo_rl
     meg = cfg["policy"]["megatron_cfg"]
     assert (meg["tensor_model_parallel_size"], meg["context_parallel_size"], meg["expert_model_parallel_size"],
             meg["pipeline_model_parallel_size"]) == (4, 2, 8, 4)
-    assert cfg["policy"]["draft"]["aux_layer_indices"] == plan.draft["aux_layers"]
+    assert tuple(cfg["policy"]["draft"]["aux_layer_indices"]) == plan.draft.aux_layers
     assert cfg["cluster"] == {"gpus_per_node": 8, "num_nodes": 16}
     items = to_dotlist(cfg)
     assert "policy.megatron_cfg.context_parallel_size=2" in items

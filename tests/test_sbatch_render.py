@@ -16,8 +16,9 @@ import pytest
 
 from specdraft.errors import SpecError, UserError
 from specdraft.execute.rundir import run_dir_for
-from specdraft.plan.compile import compile
-from specdraft.render.sbatch import nccl_env, render_sbatch, signal_delay_s, slurm_time_seconds
+from specdraft.assemble import compile
+from specdraft.render.sbatch import nccl_env, render_sbatch
+from specdraft.spec.derived import signal_delay_s, slurm_time_seconds
 from specdraft.spec.load import builtin_layout_text, load_layout_text
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -81,7 +82,7 @@ def test_nccl_settings_follow_the_layout():
     assert "NCCL_DEBUG" not in defaults(_plan("qwen3-8b"))  # one node: no cross-node transport to debug
     multi = _plan("llama3-70b")
     assert {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_DEBUG"} <= defaults(multi)
-    assert ("CUDA_DEVICE_MAX_CONNECTIONS" in defaults(multi)) == (multi.parallel["tp"] > 1)
+    assert ("CUDA_DEVICE_MAX_CONNECTIONS" in defaults(multi)) == (multi.parallel.tp > 1)
     script = render_sbatch(multi, "/r", python=PYTHON).script
     assert "#SBATCH --gpus-per-node=8" in script
     # Every default is explained on the line above it, and the layout's own env comes after (so it wins).
@@ -89,7 +90,7 @@ def test_nccl_settings_follow_the_layout():
     for name, value, why in nccl_env(multi):
         at = lines.index(f"export {name}={value}")
         assert lines[at - 1] == f"# {why}"
-    for key in multi.spec["slurm"]["env"]:
+    for key in multi.spec.slurm.env:
         assert max(i for i, line in enumerate(lines) if line.startswith(f"export {key}=")) > at
 
 
@@ -153,19 +154,19 @@ def test_hostile_values_are_inert_and_arrive_intact(tmp_path, mode):
 
     argv = (record / "argv").read_bytes().decode().split("\0")[:-1]
     folder = f"{run_dir}/submitit"
-    slurm = plan.spec["slurm"]
+    slurm = plan.spec.slurm
     assert argv[:6] == ["--unbuffered", "--kill-on-bad-exit=1", f"--output={folder}/%j_%t_log.out",
-                        f"--error={folder}/%j_%t_log.err", f"--container-image={slurm['container_image']}",
-                        f"--container-mounts={slurm['container_mounts'][0]}"]
+                        f"--error={folder}/%j_%t_log.err", f"--container-image={slurm.container_image}",
+                        f"--container-mounts={slurm.container_mounts[0]}"]
     if mode == "direct":
         assert argv[6:] == render.payload_argv
     else:
         assert argv[6:] == [python, "-u", "-m", "submitit.core._submit", folder]
     got = dict(item.split("=", 1) for item in (record / "env").read_bytes().decode().split("\0") if "=" in item)
-    for key, value in slurm["env"].items():
+    for key, value in slurm.env.items():
         assert got[key] == value, key
     assert got["MASTER_ADDR"] == "n7" and got["MASTER_PORT"] == str(20000 + 4321 % 40000)
-    assert got["OMP_NUM_THREADS"] == str(slurm["cpus_per_task"]) and got["SUBMITIT_EXECUTOR"] == "slurm"
+    assert got["OMP_NUM_THREADS"] == str(slurm.cpus_per_task) and got["SUBMITIT_EXECUTOR"] == "slurm"
 
 
 @pytest.mark.parametrize("name,fields,path", [
@@ -185,8 +186,8 @@ def test_values_that_cannot_be_made_safe_are_refused(name, fields, path):
 
 def test_a_hand_edited_plan_cannot_smuggle_values_into_the_script():
     plan = _plan()
-    spec = {**plan.spec, "slurm": {**plan.spec["slurm"], "env": {"X;touch /tmp/p": "1"},
-                                   "container_image": "a\nb"}}
+    spec = dataclasses.replace(plan.spec, slurm=dataclasses.replace(plan.spec.slurm, env={"X;touch /tmp/p": "1"},
+                                                                    container_image="a\nb"))
     with pytest.raises(ValueError, match="slurm.env key.*container_image|container_image.*slurm.env key"):
         render_sbatch(dataclasses.replace(plan, spec=spec), "/r", python=PYTHON)
     with pytest.raises(ValueError, match="run folder"):

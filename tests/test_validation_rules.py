@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from specdraft.errors import SpecError
-from specdraft.plan.compile import check, compile
+from specdraft.assemble import check, compile
 from specdraft.spec.load import load_layout
 
 LAYOUTS = sorted((Path(__file__).parents[1] / "layouts").glob("*.yaml"))
@@ -27,7 +27,7 @@ def test_shipped_layouts_are_valid_and_fit(layout):
     errors, warnings = check(load_layout(layout))
     assert errors == []
     plan = compile(load_layout(layout))
-    assert all(stage["fraction"] <= 1.0 for stage in plan.memory)
+    assert all(stage.fraction <= 1.0 for stage in plan.memory)
 
 
 @pytest.mark.parametrize("overrides, path, needle", [

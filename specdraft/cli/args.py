@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 
 from specdraft.errors import UserError
@@ -36,27 +34,19 @@ def split_target(args: list[str] | None) -> tuple[str | None, list[str]]:
 
 
 def load_plan(args: list[str] | None, balance: bool = False):
-    """Compile a layout (or read a plan.json) named by ``args``; returns (plan, spec, suggestion)."""
+    """Compile a layout (or read and verify a plan.json) named by ``args``; returns (plan, suggestion)."""
+    from specdraft.assemble import compile, read_plan
     from specdraft.plan.balance import apply_balance, suggest_balance
-    from specdraft.plan.compile import compile
-    from specdraft.plan.model import LaunchPlan
-    from specdraft.spec.load import load_layout, spec_from_dict
+    from specdraft.spec.load import load_layout
 
     path, overrides = split_target(args)
     if path is not None and path.endswith(".json"):
         if overrides:
             raise UserError("overrides apply to a layout, not to a compiled plan.json",
                             "pass the layout YAML with the overrides, or drop them")
-        file = Path(path)
-        if not file.is_file():
-            raise UserError(f"plan file not found: {file}", "compile one with `specdraft plan LAYOUT -o plan.json`")
-        try:
-            plan = LaunchPlan.from_json(file.read_text(encoding="utf-8"))
-        except ValueError as err:
-            raise UserError(f"{file} is not a specdraft plan: {err}", "recompile it with `specdraft plan`") from None
-        return plan, spec_from_dict(plan.spec), None
+        return read_plan(path), None
     spec = load_layout(path, overrides)
     suggestion = suggest_balance(spec)
     if balance and suggestion:
         spec = apply_balance(spec, suggestion)
-    return compile(spec), spec, suggestion
+    return compile(spec), suggestion

@@ -18,22 +18,17 @@ RunArg = typer.Argument(None, metavar="[RUN]", help="A run folder's path, or its
 
 def _prepare(args, run_dir, python, workload, steps):
     """Compile (or read) the plan, re-validate it, pick the run folder and render the script: no side effects."""
-    from specdraft.cli.args import load_plan, split_target
-    from specdraft.errors import SpecError, UserError
-    from specdraft.execute.launch import choose_python
+    from specdraft.cli.args import load_plan
+    from specdraft.errors import UserError
+    from specdraft.execute.launch import WORKLOADS, choose_python
     from specdraft.execute.rundir import run_dir_for
-    from specdraft.plan.compile import check
     from specdraft.render.sbatch import render_sbatch
-    from specdraft.runtime.entry import WORKLOADS
 
     if workload not in WORKLOADS:
         raise UserError(f"--workload {workload!r} is unknown", f"use one of: {', '.join(WORKLOADS)}")
     if steps is not None and steps < 1:
         raise UserError(f"--steps {steps} must be >= 1", "give a positive number of steps")
-    plan, spec, _ = load_plan(args)
-    errors, _ = check(spec)  # a hand-edited plan.json goes through the same rules as a layout
-    if errors:
-        raise SpecError(errors, split_target(args)[0] or "the built-in default layout")
+    plan, _ = load_plan(args)  # a plan.json is re-validated and re-compiled from its spec
     folder = run_dir_for(plan, run_dir)
     chosen_python = choose_python(plan, python)
     try:
@@ -90,15 +85,14 @@ def _launch_slurm(plan, folder, render, python, force, workload, steps, wait) ->
     record = launch_slurm(plan, folder, render, python, force, workload, steps)
     out = _console()
     spec = plan.spec
-    out.print(f"submitted Slurm job {record['job_id']}: {plan.world_size} task(s) on {spec['cluster']['num_nodes']} "
-              f"node(s), partition {spec['slurm']['partition'] or '(default)'}", markup=False)
+    out.print(f"submitted Slurm job {record['job_id']}: {plan.world_size} task(s) on {spec.cluster.num_nodes} "
+              f"node(s), partition {spec.slurm.partition or '(default)'}", markup=False)
     out.print(f"run folder: {folder}", markup=False)
     if not wait:
         out.print(f"follow it: specdraft status {folder} | specdraft logs {folder} --follow | "
                   f"specdraft cancel {folder}", markup=False)
         return
     from specdraft.execute import monitor
-    from specdraft.render.sbatch import slurm_time_seconds
 
     seen = {}
 
@@ -108,7 +102,7 @@ def _launch_slurm(plan, folder, render, python, force, workload, steps, wait) ->
             _console(stderr=True).print(f"[slurm] job {record['job_id']}: {state}, {done}/{plan.world_size} "
                                         "rank result(s)", markup=False)
 
-    state, record = monitor.wait(folder, slurm_time_seconds(spec["slurm"]["time"]) + 600, on_poll)
+    state, record = monitor.wait(folder, plan.slurm.time_limit_s + 600, on_poll)
     _finish(folder, record, state)
 
 
@@ -120,7 +114,7 @@ def _launch_local(plan, folder, render, force, workload, steps, python) -> None:
     if workload == "cotrain":
         from specdraft.cli.cotrain_view import ProgressBar
 
-        total = steps or plan.spec["training"]["train_iters"]
+        total = steps or plan.spec.training.train_iters
         with ProgressBar(err, folder, total) as bar:
             record, _ = launch_local(plan, folder, render, force, workload, steps, python,
                                      lambda codes, elapsed: bar.update())

@@ -30,7 +30,7 @@ def plan(
 
     if format not in ("text", "json"):
         raise UserError(f"--format {format!r} is not supported", "use --format text or --format json")
-    launch_plan, _, suggestion = load_plan(args, balance=balance)
+    launch_plan, suggestion = load_plan(args, balance=balance)
     if output:
         from specdraft.fsutil import atomic_write_text
 
@@ -49,17 +49,17 @@ def plan(
 @app.command()
 def validate(args: Optional[List[str]] = TargetArgs) -> None:
     """Dry-run a layout: report every problem at once (exit 2), or confirm it is valid (exit 0)."""
+    from specdraft.assemble import check
     from specdraft.cli.args import split_target
     from specdraft.cli.show import print_warnings
     from specdraft.errors import SpecError
-    from specdraft.plan.compile import check
     from specdraft.spec.load import load_layout
 
     path, overrides = split_target(args)
     spec = load_layout(path, overrides)
     errors, warnings = check(spec)
     console = _console()
-    print_warnings(console, [w.to_dict() for w in warnings])
+    print_warnings(console, warnings)
     if errors:
         raise SpecError(errors, path or "the built-in default layout")
     console.print(f"[green]valid:[/] {spec.name} ({spec.cluster.num_nodes * spec.cluster.gpus_per_node} GPUs, "
@@ -96,28 +96,29 @@ def render(
     from specdraft.cli.args import load_plan
     from specdraft.errors import UserError
 
-    launch_plan, _, _ = load_plan(args)
+    launch_plan, _ = load_plan(args)
+    renders = launch_plan.renders
     if to == "megatron":
         import shlex
 
-        sys.stdout.write(shlex.join(launch_plan.renders["megatron"]) + "\n")
+        sys.stdout.write(shlex.join(renders.megatron) + "\n")
     elif to == "nemo-rl":
         from specdraft.render.nemo_rl import to_yaml
 
-        sys.stdout.write(to_yaml(launch_plan.renders["nemo_rl"]))
+        sys.stdout.write(to_yaml(renders.nemo_rl))
     elif to == "vllm":
         import json
 
-        vllm = launch_plan.renders["vllm"]
-        if vllm["problems"]:
-            raise UserError("the vLLM settings break vLLM's rules: " + "; ".join(vllm["problems"]),
+        vllm = renders.vllm
+        if vllm.problems:
+            raise UserError("the vLLM settings break vLLM's rules: " + "; ".join(vllm.problems),
                             "fix the rollout section of the layout")
-        sys.stdout.write(json.dumps(vllm["engine_args"], indent=2) + "\n")
+        sys.stdout.write(json.dumps(vllm.engine_args, indent=2) + "\n")
         if check:
             from specdraft.render.vllm import check_with_vllm
 
             try:
-                message = check_with_vllm(vllm["engine_args"])
+                message = check_with_vllm(vllm.engine_args)
             except ImportError:
                 message = "vllm check skipped: vllm is not importable here (it needs a CUDA torch); run it on the cluster"
             _console(stderr=True).print(message)

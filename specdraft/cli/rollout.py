@@ -48,7 +48,9 @@ def plan_cmd(args: Optional[List[str]] = TargetArgs,
     if format == "json":
         import json
 
-        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        from specdraft.plan.codec import encode_value
+
+        sys.stdout.write(json.dumps(encode_value(data), indent=2) + "\n")
         return
     _print_plan(_console(), data)
 
@@ -151,32 +153,32 @@ def _print_plan(console, data: dict) -> None:
     from rich.markup import escape
 
     plan, typ = data["plan"], data["typical"]
-    kv = plan["kv"]
+    kv = plan.kv
     gib = 2**30
     settings = _table("rollout settings", ["setting", "value"])
     for name, value in (
-        ("instances x tp", f"{plan['num_instances']} x {plan['tp']} ({plan['num_gpus']} GPUs, "
-                           f"{'colocated with training' if plan['colocated'] else 'dedicated nodes'})"),
-        ("samples per step", str(plan["samples_per_step"])),
-        ("max policy lag", str(plan["max_policy_lag"])),
-        ("speculative", f"{'eagle3, k=' + str(plan['num_speculative_tokens']) if plan['speculative'] else 'off'}"
-                        f", acceptance {plan['acceptance_rate']:.2f} -> {data['expected_accepted_tokens']:.2f} "
+        ("instances x tp", f"{plan.num_instances} x {plan.tp} ({plan.num_gpus} GPUs, "
+                           f"{'colocated with training' if plan.colocated else 'dedicated nodes'})"),
+        ("samples per step", str(plan.samples_per_step)),
+        ("max policy lag", str(plan.max_policy_lag)),
+        ("speculative", f"{'eagle3, k=' + str(plan.num_speculative_tokens) if plan.speculative else 'off'}"
+                        f", acceptance {plan.acceptance_rate:.2f} -> {data['expected_accepted_tokens']:.2f} "
                         "tokens/verify"),
         ("speculation pays up to batch", str(data["speculation_below_batch"])),
         ("max_model_len", str(data["max_model_len"])),
-        ("weights per GPU", f"{kv['weights_bytes_per_gpu'] / gib:.1f} GiB (target "
-                            f"{kv['target_weights_bytes_per_gpu'] / gib:.1f} + draft "
-                            f"{kv['draft_weights_bytes_per_gpu'] / gib:.1f})"),
-        ("KV budget per GPU", f"{kv['kv_bytes_per_gpu'] / gib:.1f} GiB, {kv['max_full_length_sequences']} "
+        ("weights per GPU", f"{kv.weights_bytes_per_gpu / gib:.1f} GiB (target "
+                            f"{kv.target_weights_bytes_per_gpu / gib:.1f} + draft "
+                            f"{kv.draft_weights_bytes_per_gpu / gib:.1f})"),
+        ("KV budget per GPU", f"{kv.kv_bytes_per_gpu / gib:.1f} GiB, {kv.max_full_length_sequences} "
                               "full-length sequences"),
         ("KV capacity per instance", f"{data['kv_capacity_tokens']:,} tokens (after target + draft weights)"),
     ):
         settings.add_row(name, value)
     console.print(settings)
     inst = _table("instances", ["instance", "node", "local GPUs", "training ranks"])
-    for i in plan["instances"]:
-        inst.add_row(str(i["instance"]), str(i["node"]), " ".join(map(str, i["local_gpus"])),
-                     " ".join(map(str, i.get("training_ranks", []))) or "-")
+    for i in plan.instances:
+        inst.add_row(str(i.instance), str(i.node), " ".join(map(str, i.local_gpus)),
+                     " ".join(map(str, i.training_ranks or ())) or "-")
     console.print(inst)
     for note in data["training_notes"]:
         console.print(f"[yellow]training side (not rollout):[/] {escape(note)} - see `specdraft validate`")

@@ -28,22 +28,22 @@ def _rank_state(result: dict | None, job_state: str) -> str:
     return "[magenta]terminated[/]" if result.get("terminated") else "[red]FAILED[/]"
 
 
-def rank_table(plan: dict, results: dict[int, dict], job_state: str) -> Table:
+def rank_table(plan, results: dict[int, dict], job_state: str) -> Table:
     """One row per rank: placement, coordinates, result and self-test checks passed."""
-    table = Table(title=f"{plan['name']}: {plan['world_size']} ranks")
+    table = Table(title=f"{plan.name}: {plan.world_size} ranks")
     for col in ("rank", "node", "host", "tp", "cp", "pp", "dp", "result", "checks", "failed checks / error"):
         table.add_column(col, justify="right" if col in ("rank", "node", "tp", "cp", "pp", "dp") else "left",
                          no_wrap=col != "failed checks / error")
-    for r in plan["ranks"]:
-        res = results.get(r["global_rank"])
+    for r in plan.ranks:
+        res = results.get(r.global_rank)
         checks = (res or {}).get("checks", [])
         passed = sum(1 for c in checks if c["passed"])
         bad = [f"{c['name']}: got {c.get('value')}, expected {c.get('expected')}" for c in checks if not c["passed"]]
         if res and not res.get("ok") and not bad:
             lines = (res.get("error") or "").strip().splitlines()
             bad = [lines[-1] if lines else "no error recorded"]
-        table.add_row(str(r["global_rank"]), str(r["node"]), escape(str((res or {}).get("hostname", "-"))),
-                      str(r["tp"]), str(r["cp"]), str(r["pp"]), str(r["dp"]), _rank_state(res, job_state),
+        table.add_row(str(r.global_rank), str(r.node), escape(str((res or {}).get("hostname", "-"))),
+                      str(r.tp), str(r.cp), str(r.pp), str(r.dp), _rank_state(res, job_state),
                       f"{passed}/{len(checks)}" if checks else "-", escape(_clip("; ".join(bad), 60)))
     return table
 
@@ -97,13 +97,13 @@ def print_status(console: Console, folder: Path, record: dict) -> None:
                   f"{escape(str(record.get('submitted') or '-'))}  attempt {attempts}  workload "
                   f"{escape(str(record.get('workload')))}")
     done = sum(1 for r in results.values() if r.get("ok"))
-    console.print(f"ranks: {done}/{plan['world_size']} passed, {len(results) - done} failed, "
-                  f"{plan['world_size'] - len(results)} without a result")
+    console.print(f"ranks: {done}/{plan.world_size} passed, {len(results) - done} failed, "
+                  f"{plan.world_size - len(results)} without a result")
     console.print(rank_table(plan, results, state))
     metrics = monitor.metrics_summary(folder)
     if metrics:
         count, last = metrics
-        steps = record.get("steps") or plan["spec"]["training"]["train_iters"]
+        steps = record.get("steps") or plan.spec.training.train_iters
         console.print(f"progress: {count}/{steps} step(s) logged in metrics.jsonl; last: "
                       + escape(_clip(", ".join(f"{k}={v}" for k, v in last.items()), 200)))
         from specdraft.cli.cotrain_view import acceptance_table

@@ -12,7 +12,10 @@ from pathlib import Path
 from specdraft.errors import UserError
 from specdraft.execute.rundir import ACTIVE, TERMINAL, launch_lock, now_iso, read_record, update_record
 from specdraft.fsutil import atomic_write_text
-from specdraft.render.sbatch import SbatchRender, slurm_time_seconds
+from specdraft.render.sbatch import SbatchRender
+
+# Workloads the runtime entry knows (runtime.entry.WORKLOADS has the module of each; a test keeps the two equal).
+WORKLOADS = ("selftest", "cotrain")
 
 # The protocol (docs/launch.md, "Never twice"): under an exclusive flock on RUN/.launch.lock, read run.json and
 # refuse if it holds a job (unless --force and that job is over); write plan.json and sbatch.sh; record the intent
@@ -42,7 +45,7 @@ def choose_python(plan, explicit: str | None) -> str:
     """--python, else `python` inside a container image, else this interpreter (the venv's, on a shared FS)."""
     if explicit:
         return explicit
-    return "python" if plan.spec["slurm"]["container_image"] else sys.executable
+    return "python" if plan.spec.slurm.container_image else sys.executable
 
 
 def _refresh(run_dir: str, record: dict) -> str:
@@ -148,7 +151,7 @@ def launch_slurm(plan, run_dir: str, render: SbatchRender, python: str, force: b
                  steps: int | None) -> dict:
     from specdraft.execute import slurm
 
-    timeout_min = max(1, slurm_time_seconds(plan.spec["slurm"]["time"]) // 60)
+    timeout_min = max(1, plan.slurm.time_limit_s // 60)
     try:
         executor = slurm.make_executor(render, python, plan.world_size, timeout_min)
     except slurm.SubmitRefused as err:
@@ -192,7 +195,7 @@ def launch_local(plan, run_dir: str, render: SbatchRender, force: bool, workload
                           local={"pgid": pgid, "pids": pids, "launcher_pid": os.getpid()},
                           attempt={"job_id": f"local-{pgid}", "state": "RUNNING", "submitted": now_iso()})
 
-        outcome = local.run(plan, run_dir, argv, slurm_time_seconds(plan.spec["slurm"]["time"]), started,
+        outcome = local.run(plan, run_dir, argv, plan.slurm.time_limit_s, started,
                             on_progress)
         record = read_record(run_dir) or {}
         if outcome.interrupted or record.get("cancel_requested"):

@@ -37,10 +37,10 @@ def free_port() -> int:
 def rank_env(plan, rank: int, port: int) -> dict[str, str]:
     """The torchrun-style variables of one rank; node and local rank mirror the plan's placement."""
     me = plan.ranks[rank]
-    per_node = plan.spec["cluster"]["gpus_per_node"]
+    per_node = plan.spec.cluster.gpus_per_node
     return {
-        "RANK": str(rank), "WORLD_SIZE": str(plan.world_size), "LOCAL_RANK": str(me["local_rank"]),
-        "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(me["node"]), "MASTER_ADDR": "127.0.0.1",
+        "RANK": str(rank), "WORLD_SIZE": str(plan.world_size), "LOCAL_RANK": str(me.local_rank),
+        "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(me.node), "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
         # Ranks share this machine's cores; one torch thread per core each would thrash.
         "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // plan.world_size)),
@@ -52,7 +52,7 @@ def base_env(plan) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    env.update(plan.spec["slurm"]["env"])
+    env.update(plan.spec.slurm.env)
     return env
 
 

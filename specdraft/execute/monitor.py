@@ -14,12 +14,11 @@ from specdraft.execute.rundir import ACTIVE, TERMINAL, lock_is_held, read_record
 FAILED_STATES = frozenset({"FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "LOST"})
 
 
-def read_plan(run_dir: str | Path) -> dict:
-    path = Path(run_dir) / "plan.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise UserError(f"cannot read {path}: {err}", "the run folder is damaged; relaunch the plan") from None
+def read_plan(run_dir: str | Path):
+    """The run's plan.json, parsed and verified against what this specdraft compiles (assemble.read_plan)."""
+    from specdraft.assemble import read_plan as read_verified
+
+    return read_verified(Path(run_dir) / "plan.json")
 
 
 def current_state(run_dir: str | Path, record: dict) -> tuple[str, dict]:
@@ -73,23 +72,23 @@ def problem(run_dir: str | Path, record: dict, state: str) -> str | None:
     job = f"job {record.get('job_id')}" if record.get("job_id") else "the run"
     results = read_results(run_dir)
     if state == "CANCELLED":
-        return f"{job} was cancelled ({len(results)} of {plan['world_size']} ranks left a result)"
+        return f"{job} was cancelled ({len(results)} of {plan.world_size} ranks left a result)"
     if state in ("TIMEOUT", "DEADLINE"):
-        return (f"{job} hit its time limit (slurm.time = {plan['spec']['slurm']['time']}); raise slurm.time in the "
+        return (f"{job} hit its time limit (slurm.time = {plan.spec.slurm.time}); raise slurm.time in the "
                 "layout, or run fewer --steps")
     if state == "SUBMIT_FAILED":
         return f"sbatch refused the job: {record.get('message')}"
     if state in ACTIVE:
         return None
     failed = [r for r, rec in results.items() if not rec.get("ok")]
-    if state not in FAILED_STATES and not failed and (state != "COMPLETED" or len(results) == plan["world_size"]):
+    if state not in FAILED_STATES and not failed and (state != "COMPLETED" or len(results) == plan.world_size):
         return None
     rank = root_cause(results, record.get("exit_order"))
     trace = None
     if record.get("executor") == "slurm" and record.get("job_id"):
         from specdraft.execute.slurm import task_traces
 
-        traces = task_traces(Path(run_dir) / "submitit", record["job_id"], plan["world_size"])
+        traces = task_traces(Path(run_dir) / "submitit", record["job_id"], plan.world_size)
         if rank is None and traces:
             rank = min(traces)
         trace = traces.get(rank) if rank is not None else None

@@ -50,14 +50,14 @@ def tail(path: str | Path, lines: int = TAIL_LINES) -> list[str]:
     return text.splitlines()[-lines:] if text else []
 
 
-def describe_rank(plan: dict, rank: int) -> str:
-    r = plan["ranks"][rank] if 0 <= rank < len(plan["ranks"]) else None
+def describe_rank(plan, rank: int) -> str:
+    r = plan.ranks[rank] if 0 <= rank < len(plan.ranks) else None
     if r is None:
         return f"rank {rank}"
-    return f"rank {rank} (node {r['node']}, tp {r['tp']} cp {r['cp']} pp {r['pp']} dp {r['dp']})"
+    return f"rank {rank} (node {r.node}, tp {r.tp} cp {r.cp} pp {r.pp} dp {r.dp})"
 
 
-def failure_message(plan: dict, results: dict[int, dict], rank: int | None, stderr_path: Path | None,
+def failure_message(plan, results: dict[int, dict], rank: int | None, stderr_path: Path | None,
                     what: str, extra_trace: str | None = None) -> str:
     """One message: which rank failed first and why, the last lines of its stderr, what happened to the rest."""
     if rank is None:
@@ -75,7 +75,7 @@ def failure_message(plan: dict, results: dict[int, dict], rank: int | None, stde
     elif extra_trace:
         lines += ["--- its error:", *extra_trace.rstrip().splitlines()[-TAIL_LINES:]]
     others = sorted(r for r, rec in results.items() if r != rank and not rec.get("ok"))
-    missing = plan["world_size"] - len(results)
+    missing = plan.world_size - len(results)
     if others or missing:
         lines.append(f"--- then: {len(others)} other rank(s) failed after it"
                      + (f", {missing} rank(s) left no result (killed)" if missing else ""))

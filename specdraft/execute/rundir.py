@@ -31,13 +31,9 @@ def now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def run_name(plan) -> str:
-    return f"{plan.name}-{plan.plan_hash[:8]}"
-
-
 def run_dir_for(plan, explicit: str | None = None) -> str:
     """The run folder's absolute, normalised path (not created): --run-dir DIR, else ./runs/<name>-<hash8>."""
-    path = os.path.abspath(explicit if explicit else os.path.join(RUNS_DIR, run_name(plan)))
+    path = os.path.abspath(explicit if explicit else os.path.join(RUNS_DIR, plan.run_name))
     if UNSAFE_PATH.search(path):
         raise UserError(f"the run folder path {path!r} contains a control character or '%'",
                         "Slurm expands '%' in log paths and scripts cannot carry line breaks in paths; "

@@ -9,21 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-
-@dataclass(frozen=True, kw_only=True)
-class Sizes:
-    """Resolved parallel sizes of one plan."""
-
-    world_size: int
-    tp: int
-    cp: int
-    pp: int
-    dp: int
-    ep: int
-    etp: int
-    edp: int  # expert data-parallel size: world / (etp * ep * pp)
-    vpp: int | None
-    order: str
+from specdraft.plan.model import ParallelPlan, RankPlacement
 
 
 def _strides(order: str, sizes: dict[str, int]) -> dict[str, int]:
@@ -38,7 +24,8 @@ def _strides(order: str, sizes: dict[str, int]) -> dict[str, int]:
 class RankGrid:
     """Coordinates of every rank, computed arithmetically (16K ranks in milliseconds)."""
 
-    sizes: Sizes
+    sizes: ParallelPlan
+    world_size: int
     gpus_per_node: int
 
     @cached_property
@@ -75,27 +62,21 @@ class RankGrid:
     def node_of(self, global_rank: int) -> int:
         return global_rank // self.gpus_per_node
 
-    def ranks(self) -> list[dict[str, int]]:
-        """One record per global rank, in rank order (the plan's `ranks`)."""
+    def placement(self, r: int) -> RankPlacement:
+        """The plan's record of global rank ``r``."""
         s = self.sizes
         d = self._decoder
         e = self._expert
         g = self.gpus_per_node
-        out = []
-        for r in range(s.world_size):
-            out.append({
-                "global_rank": r,
-                "node": r // g,
-                "local_rank": r % g,
-                "tp": (r // d["tp"]) % s.tp,
-                "cp": (r // d["cp"]) % s.cp,
-                "dp": (r // d["dp"]) % s.dp,
-                "pp": (r // d["pp"]) % s.pp,
-                "ep": (r // e["ep"]) % s.ep,
-                "etp": (r // e["tp"]) % s.etp,
-                "edp": (r // e["dp"]) % s.edp,
-            })
-        return out
+        return RankPlacement(
+            global_rank=r, node=r // g, local_rank=r % g,
+            tp=(r // d["tp"]) % s.tp, cp=(r // d["cp"]) % s.cp, dp=(r // d["dp"]) % s.dp, pp=(r // d["pp"]) % s.pp,
+            ep=(r // e["ep"]) % s.ep, etp=(r // e["tp"]) % s.etp, edp=(r // e["dp"]) % s.edp,
+        )
+
+    def ranks(self) -> tuple[RankPlacement, ...]:
+        """One record per global rank, in rank order (the plan's `ranks`)."""
+        return tuple(self.placement(r) for r in range(self.world_size))
 
     def stage_ranks(self, pp: int) -> list[int]:
         """Every global rank of pipeline stage ``pp``, ascending."""
@@ -107,7 +88,7 @@ class RankGrid:
         """All groups of one decoder dimension (tp, cp, dp or pp), like RankGenerator.get_ranks(dim)."""
         others = [k for k in ("tp", "cp", "dp", "pp") if k != dim]
         seen: dict[tuple, list[int]] = {}
-        for r in range(self.sizes.world_size):
+        for r in range(self.world_size):
             c = self.coords(r)
             seen.setdefault(tuple(c[k] for k in others), []).append(r)
         return sorted(seen.values())

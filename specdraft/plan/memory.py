@@ -6,23 +6,19 @@ Activation Recomputation in Large Transformer Models" (https://arxiv.org/abs/220
 
 from __future__ import annotations
 
+from specdraft.plan.model import StageMemory
+from specdraft.spec.derived import aux_layers, etp, head_dim, kv_heads
 from specdraft.spec.schema import LayoutSpec
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 HEAD_CHUNK_TOKENS = 2048  # the runtime's checkpointed LM-head/KL chunk (specdraft.runtime.vocab_parallel)
 
 
-def _head_dim(spec: LayoutSpec) -> int:
-    m = spec.model
-    return m.kv_channels or m.hidden_size // m.num_attention_heads
-
-
 def attention_params(spec: LayoutSpec) -> int:
     """Q, K, V, O projections of one layer (GQA-aware) plus its two norms."""
     m = spec.model
-    h, d = m.hidden_size, _head_dim(spec)
-    groups = m.num_query_groups or m.num_attention_heads
-    return h * m.num_attention_heads * d * 2 + 2 * h * groups * d + 2 * h
+    h, d = m.hidden_size, head_dim(m)
+    return h * m.num_attention_heads * d * 2 + 2 * h * kv_heads(m) * d + 2 * h
 
 
 def mlp_params(hidden: int, ffn: int, swiglu: bool) -> int:
@@ -45,10 +41,10 @@ def draft_params(spec: LayoutSpec) -> int:
     """
     m, d = spec.model, spec.draft
     h = m.hidden_size
-    num_taps = len(d.aux_layers) if d.aux_layers is not None else 3
+    num_taps = len(aux_layers(spec))
     # The draft layer's attention input is [embedding ; hidden] (2h), as in EAGLE-3.
-    layer = attention_params(spec) + h * m.num_attention_heads * _head_dim(spec) + 2 * h * (
-        (m.num_query_groups or m.num_attention_heads) * _head_dim(spec)) + mlp_params(h, m.ffn_hidden_size, m.swiglu)
+    layer = attention_params(spec) + h * m.num_attention_heads * head_dim(m) + 2 * h * (
+        kv_heads(m) * head_dim(m)) + mlp_params(h, m.ffn_hidden_size, m.swiglu)
     return num_taps * h * h + d.num_layers * layer + m.vocab_size * h + 2 * h
 
 
@@ -79,12 +75,12 @@ def activation_bytes_per_layer(spec: LayoutSpec, tokens: int, ffn_term: float, r
 
 
 def stage_memory(spec: LayoutSpec, stage_counts: list[int], dp: int, edp: int, num_microbatches: int,
-                 draft_stage: int | None, draft_slots: int) -> list[dict]:
+                 draft_stage: int | None, draft_slots: int) -> tuple[StageMemory, ...]:
     """The plan's `memory`: bytes per GPU for each pipeline stage."""
     from specdraft.spec.gpus import CATALOGUE
 
     m, p, t = spec.model, spec.parallel, spec.training
-    etp = p.etp or p.tp
+    expert_tp = etp(p)
     w_b, g_b, o_b = _state_bytes(spec)
     dense, expert = layer_params(spec)
     embed = m.vocab_size * m.hidden_size
@@ -98,7 +94,7 @@ def stage_memory(spec: LayoutSpec, stage_counts: list[int], dp: int, edp: int, n
         first, last = rank == 0, rank == p.pp - 1
         dense_params = layers * dense + (embed if first else 0) + (embed if last and (not m.tie_embeddings or p.pp > 1) else 0)
         dense_local = dense_params / p.tp
-        expert_local = layers * expert / (etp * p.ep)
+        expert_local = layers * expert / (expert_tp * p.ep)
         opt_shard_dense = dp * p.cp if t.distributed_optimizer else 1
         opt_shard_expert = edp if t.distributed_optimizer else 1
         weights = (dense_local + expert_local) * w_b
@@ -117,18 +113,10 @@ def stage_memory(spec: LayoutSpec, stage_counts: list[int], dp: int, edp: int, n
             activations += 4 * tokens * m.vocab_size / p.tp
         draft = draft_memory(spec, tokens, draft_slots) if rank == draft_stage else 0
         total = weights + grads + optimizer + activations + draft
-        out.append({
-            "pp": rank,
-            "weights": int(weights),
-            "grads": int(grads),
-            "optimizer": int(optimizer),
-            "activations": int(activations),
-            "draft": int(draft),
-            "total": int(total),
-            "hbm": hbm,
-            "fraction": round(total / hbm, 4),
-        })
-    return out
+        out.append(StageMemory(pp=rank, weights=int(weights), grads=int(grads), optimizer=int(optimizer),
+                               activations=int(activations), draft=int(draft), total=int(total), hbm=hbm,
+                               fraction=round(total / hbm, 4)))
+    return tuple(out)
 
 
 def draft_memory(spec: LayoutSpec, tokens: int, draft_slots: int) -> float:
@@ -140,7 +128,7 @@ def draft_memory(spec: LayoutSpec, tokens: int, draft_slots: int) -> float:
     """
     m, p, t, d = spec.model, spec.parallel, spec.training, spec.draft
     w_b, g_b, o_b = _state_bytes(spec)
-    num_taps = len(d.aux_layers) if d.aux_layers is not None else 3
+    num_taps = len(aux_layers(spec))
     fc = num_taps * m.hidden_size * m.hidden_size
     params = fc + (draft_params(spec) - fc) / p.tp
     state = params * (w_b + g_b + o_b)

@@ -1,14 +1,260 @@
-"""LaunchPlan: the compiled plan as data. JSON out is deterministic (same spec, byte-identical text)."""
+"""LaunchPlan: the compiled plan as a versioned contract of frozen, typed sections.
+
+Everything after compile (render, execute, runtime, status) reads a plan through `LaunchPlan.from_json`, which checks
+`schema_version` and every field's type; JSON out is deterministic (same spec, byte-identical text).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Optional, Union
 
-SCHEMA_VERSION = 1
-_ROW_SECTIONS = ("ranks", "tap_routes")
+from specdraft.plan.codec import PlanFormatError, decode, encode_rows, encode_value
+from specdraft.spec.schema import LayoutSpec
+
+SCHEMA_VERSION = 2
+Tap = Union[int, str]  # a target layer index, or "embedding" / "logits"
+
+
+class PlanVersionError(PlanFormatError):
+    """A plan.json written for another schema version."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelShape:
+    """The target's shape with every default resolved, computed once at compile time."""
+
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int  # K/V heads (num_attention_heads under MHA)
+    head_dim: int  # kv_channels, else hidden_size / num_attention_heads
+    vocab_size: int
+    seq_length: int
+    num_experts: Optional[int]
+    moe_ffn_hidden_size: Optional[int]
+    moe_router_topk: int
+    swiglu: bool
+    tie_embeddings: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelPlan:
+    """Resolved parallel sizes (dp, etp, edp and vpp derived) and the packing multiple they imply."""
+
+    tp: int
+    cp: int
+    pp: int
+    dp: int
+    ep: int
+    etp: int
+    edp: int  # expert data-parallel size: world / (etp * ep * pp)
+    vpp: Optional[int]  # virtual stages per pipeline rank, None without interleaving
+    order: str
+    sequence_parallel: bool
+    cp_comm_type: str
+    hierarchical_cp_sizes: Optional[tuple[int, ...]]
+    pad_multiple: int  # per-sequence packing multiple: 2*cp, times tp under sequence parallelism
+
+    @property
+    def num_chunks(self) -> int:
+        """Model chunks per pipeline rank (vpp with interleaving, else 1)."""
+        return self.vpp or 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmPlan:
+    """Slurm values derived from the spec's slurm section."""
+
+    time_limit_s: int  # slurm.time in seconds
+    signal_delay_s: int  # the preemption warning's lead before the limit
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankPlacement:
+    """One global rank: where it runs and its coordinates in every parallel dimension."""
+
+    global_rank: int
+    node: int
+    local_rank: int
+    tp: int
+    cp: int
+    dp: int
+    pp: int
+    ep: int
+    etp: int
+    edp: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkPlan:
+    """One virtual pipeline chunk of a stage (0-indexed, inclusive layer range)."""
+
+    vpp: int
+    first_layer: int
+    last_layer: int
+    num_layers: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class StagePlan:
+    """One pipeline rank's layers; `chunks` lists its model chunks in schedule order (one without vpp)."""
+
+    pp: int
+    first_layer: Optional[int]
+    last_layer: Optional[int]
+    num_layers: int
+    chunks: tuple[ChunkPlan, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageMemory:
+    """Estimated bytes per GPU on one pipeline stage."""
+
+    pp: int
+    weights: int
+    grads: int
+    optimizer: int
+    activations: int
+    draft: int
+    total: int
+    hbm: int
+    fraction: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class PaddingReport:
+    """Packing overhead of padding every sequence to the CP multiple."""
+
+    pad_multiple: int
+    sequence_lengths: tuple[int, ...]
+    padded_lengths: tuple[int, ...]
+    padding_overhead: float
+    expected_pad_tokens_per_sequence: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class DraftPlan:
+    """Where the EAGLE-3 draft lives and what it needs (ttt_steps etc. stay in spec.draft)."""
+
+    enabled: bool
+    stage: Optional[int]
+    ranks: tuple[int, ...]
+    aux_layers: tuple[int, ...]
+    cp_attention: str  # zigzag_ring_branch_merge when cp > 1, else off
+    num_params: int
+    memory_bytes: int
+    landing_slots: int
+    padding: Optional[PaddingReport]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TapSummary:
+    """One tap the draft reads: its source stage/chunk, routes and traffic."""
+
+    tap: Tap
+    src_stage: int
+    src_chunk: int
+    dst_stage: int
+    local: bool
+    num_routes: int
+    num_cross_node: int
+    bytes_per_microbatch: int
+    bytes_per_step: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TapRoute:
+    """One TapChannel route: a source rank sends one tap to the draft rank with the same (tp, cp, dp)."""
+
+    tap: Tap
+    src_rank: int
+    dst_rank: int
+    src_stage: int
+    src_chunk: int
+    dst_stage: int
+    bytes_per_microbatch: int
+    cross_node: bool
+    local: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class TapTraffic:
+    """Tap bytes per step against the pipeline's own P2P bytes."""
+
+    bytes_per_step: int
+    cross_node_bytes_per_step: int
+    pipeline_activation_bytes_per_step: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanWarning:
+    """A validation warning carried in the plan (the same fields as a Problem)."""
+
+    path: str
+    value: Any
+    rule: str
+    fix: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class VllmRender:
+    """vLLM engine arguments shared by every rollout instance, and what specdraft's schema says of them."""
+
+    engine_args: dict
+    num_instances: int
+    problems: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Renders:
+    """The plan rendered for other tools."""
+
+    megatron: tuple[str, ...]  # the exact Megatron-LM argv (plus the runtime's --specdraft-* flags)
+    nemo_rl: dict  # NeMo-RL overrides, nested as its YAML configs
+    vllm: VllmRender
+
+
+@dataclass(frozen=True, kw_only=True)
+class KvBudget:
+    """Per-GPU HBM split of one rollout instance."""
+
+    weights_bytes_per_gpu: int
+    target_weights_bytes_per_gpu: int
+    draft_weights_bytes_per_gpu: int
+    kv_bytes_per_gpu: int
+    kv_bytes_per_token_per_gpu: float
+    max_full_length_sequences: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutInstance:
+    """One vLLM instance: its node, local GPUs and, when colocated, the training ranks it shares them with."""
+
+    instance: int
+    node: int
+    local_gpus: tuple[int, ...]
+    training_ranks: Optional[tuple[int, ...]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutPlan:
+    """The rollout side: vLLM instances and their speculative-decoding settings."""
+
+    colocated: bool
+    num_gpus: int
+    tp: int
+    num_instances: int
+    instances: tuple[RolloutInstance, ...]
+    samples_per_step: int
+    max_policy_lag: int
+    speculative: bool
+    num_speculative_tokens: int
+    acceptance_rate: float
+    kv: KvBudget
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -19,58 +265,78 @@ class LaunchPlan:
     specdraft_version: str
     name: str
     spec_sha256: str
-    spec: dict
+    spec: LayoutSpec
+    model: ModelShape
     world_size: int
-    parallel: dict
+    parallel: ParallelPlan
+    slurm: SlurmPlan
     num_microbatches: int
-    ranks: list
-    stages: list
-    memory: list
-    megatron_args: list
-    draft: dict
-    taps: list
-    tap_routes: list
-    tap_traffic: dict
-    warnings: list
-    renders: dict
-    rollout: dict
-
-    def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+    ranks: tuple[RankPlacement, ...]
+    stages: tuple[StagePlan, ...]
+    memory: tuple[StageMemory, ...]
+    draft: DraftPlan
+    taps: tuple[TapSummary, ...]
+    tap_routes: tuple[TapRoute, ...]
+    tap_traffic: TapTraffic
+    warnings: tuple[PlanWarning, ...]
+    renders: Optional[Renders]  # None only between compile_core and assembly
+    rollout: Optional[RolloutPlan]  # None when rollout planning is off
 
     def to_json(self) -> str:
-        """Deterministic JSON: field order fixed by the dataclass, keys inside sections as compiled.
+        """Deterministic JSON: section order fixed by the dataclass, field order by each section's dataclass.
 
         The per-rank and per-route lists are written one compact object per line: readable, diffable, and
         encoded by the C encoder (an indented dump of a 16K-rank plan is 5x slower).
         """
-        compact = json.JSONEncoder(separators=(", ", ": "), ensure_ascii=True).encode
         parts = []
-        for key, value in self.to_dict().items():
-            if key in _ROW_SECTIONS and value:
-                # One C-encoder call for the whole list, then a line break between rows: rows hold only numbers,
-                # booleans and plain names, so "}, {" occurs exactly between rows.
-                body = "[\n  " + compact(value)[1:-1].replace("}, {", "},\n  {") + "\n ]"
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("ranks", "tap_routes") and value:
+                body = encode_rows(value)
             else:
-                body = json.dumps(value, indent=1, ensure_ascii=True).replace("\n", "\n ")
-            parts.append(f" {json.dumps(key)}: {body}")
+                body = json.dumps(encode_value(value), indent=1, ensure_ascii=True).replace("\n", "\n ")
+            parts.append(f" {json.dumps(f.name)}: {body}")
         return "{\n" + ",\n".join(parts) + "\n}\n"
 
     @property
     def plan_hash(self) -> str:
-        """sha256 of the plan JSON; its first 8 hex digits name the run folder."""
+        """sha256 of the plan JSON; its first 8 hex digits name the run folder and the job."""
         return hashlib.sha256(self.to_json().encode("utf-8")).hexdigest()
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "LaunchPlan":
-        names = {f.name for f in fields(cls)}
-        missing = sorted(names - set(data))
-        if missing:
-            raise ValueError(f"not a specdraft plan: missing {', '.join(missing)}")
-        if data["schema_version"] != SCHEMA_VERSION:
-            raise ValueError(f"plan schema_version {data['schema_version']} is not {SCHEMA_VERSION}; recompile it")
-        return cls(**{k: data[k] for k in names})
+    @property
+    def run_name(self) -> str:
+        """`<layout name>-<plan hash 8>`: the run folder's name and the Slurm job name."""
+        return f"{self.name}-{self.plan_hash[:8]}"
+
+    def stage_of(self, global_rank: int) -> StagePlan:
+        return self.stages[self.ranks[global_rank].pp]
 
     @classmethod
     def from_json(cls, text: str) -> "LaunchPlan":
-        return cls.from_dict(json.loads(text))
+        """Parse plan.json; refuse another schema_version (naming both) or any field of the wrong shape."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise PlanFormatError(f"not JSON ({err})") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "LaunchPlan":
+        if not isinstance(data, dict):
+            raise PlanFormatError(f"a plan is a JSON object, not {type(data).__name__}")
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise PlanVersionError(f"plan schema_version is {version!r}, but this specdraft reads schema_version "
+                                   f"{SCHEMA_VERSION} (written by specdraft {data.get('specdraft_version', '?')!s:.40})")
+        return decode(cls, data, "", spec_decoder=_decode_spec)
+
+
+def _decode_spec(data: Any, path: str) -> LayoutSpec:
+    from specdraft.spec.load import build  # pure: the dataclass builder, no OmegaConf
+
+    spec, problems = build(LayoutSpec, data, "")
+    if problems:
+        first = problems[0]
+        raise PlanFormatError(f"{path}.{first.path}: {first.rule}" + (f" (and {len(problems) - 1} more)"
+                                                                      if len(problems) > 1 else ""))
+    return spec

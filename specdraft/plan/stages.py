@@ -6,6 +6,8 @@ Mirrors megatron-core 0.16 `get_transformer_layer_offset` / `get_num_layers_to_b
 
 from __future__ import annotations
 
+from specdraft.plan.model import ChunkPlan, StagePlan
+from specdraft.spec.derived import vpp as resolved_vpp
 from specdraft.spec.schema import LayoutSpec
 from specdraft.spec.validate import stage_layer_counts
 
@@ -16,7 +18,7 @@ def chunk_layout(spec: LayoutSpec) -> list[list[tuple[int, int]]]:
     counts = stage_layer_counts(spec)
     if counts is None:
         raise ValueError("invalid pipeline split; run validation first")
-    vpp = p.vpp if p.vpp and p.vpp > 1 and p.pp > 1 else 1
+    vpp = resolved_vpp(p) or 1
     first, last = p.first_stage_layers, p.last_stage_layers
     uneven = first is not None or last is not None
     out: list[list[tuple[int, int]]] = []
@@ -45,24 +47,18 @@ def chunk_layout(spec: LayoutSpec) -> list[list[tuple[int, int]]]:
     return out
 
 
-def stage_records(spec: LayoutSpec) -> list[dict]:
-    """The plan's `stages`: first/last layer (0-indexed, inclusive) per pp rank, and per virtual chunk with vpp."""
+def stage_records(spec: LayoutSpec) -> tuple[StagePlan, ...]:
+    """The plan's `stages`: first/last layer (0-indexed, inclusive) per pp rank, and its chunks in schedule order."""
     records = []
     for rank, chunks in enumerate(chunk_layout(spec)):
         layers = sorted(layer for first, count in chunks for layer in range(first, first + count))
-        record = {
-            "pp": rank,
-            "first_layer": layers[0] if layers else None,
-            "last_layer": layers[-1] if layers else None,
-            "num_layers": len(layers),
-        }
-        if len(chunks) > 1:
-            record["chunks"] = [
-                {"vpp": v, "first_layer": first, "last_layer": first + count - 1, "num_layers": count}
-                for v, (first, count) in enumerate(chunks)
-            ]
-        records.append(record)
-    return records
+        records.append(StagePlan(
+            pp=rank, first_layer=layers[0] if layers else None, last_layer=layers[-1] if layers else None,
+            num_layers=len(layers),
+            chunks=tuple(ChunkPlan(vpp=v, first_layer=first, last_layer=first + count - 1, num_layers=count)
+                         for v, (first, count) in enumerate(chunks)),
+        ))
+    return tuple(records)
 
 
 def layer_owner(spec: LayoutSpec) -> dict[int, tuple[int, int]]:

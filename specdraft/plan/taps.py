@@ -8,22 +8,10 @@ from __future__ import annotations
 
 from specdraft.plan.grid import RankGrid
 from specdraft.plan.memory import DTYPE_BYTES
+from specdraft.plan.model import Tap, TapRoute, TapSummary
+from specdraft.spec.derived import aux_layers, draft_stage_index
+from specdraft.spec.derived import vpp as resolved_vpp
 from specdraft.spec.schema import LayoutSpec
-from specdraft.spec.validate import default_aux_layers
-
-
-def draft_stage_index(spec: LayoutSpec) -> int:
-    stage = spec.draft.stage
-    if stage == "last":
-        return spec.parallel.pp - 1
-    if stage == "first":
-        return 0
-    return int(stage)
-
-
-def aux_layers(spec: LayoutSpec) -> list[int]:
-    d = spec.draft
-    return list(d.aux_layers) if d.aux_layers is not None else default_aux_layers(spec.model.num_layers)
 
 
 def local_tokens(spec: LayoutSpec) -> int:
@@ -33,7 +21,7 @@ def local_tokens(spec: LayoutSpec) -> int:
     return tokens // p.tp if p.sequence_parallel else tokens
 
 
-def tap_bytes(spec: LayoutSpec, tap: int | str) -> int:
+def tap_bytes(spec: LayoutSpec, tap: Tap) -> int:
     """Bytes one route carries per microbatch for ``tap``.
 
     A hidden-state tap is local tokens x hidden x dtype bytes. The embedding tap carries the embeddings of the
@@ -47,28 +35,27 @@ def tap_bytes(spec: LayoutSpec, tap: int | str) -> int:
     return local_tokens(spec) * m.hidden_size * DTYPE_BYTES[t.dtype]
 
 
-def tap_sources(spec: LayoutSpec, owner: dict[int, tuple[int, int]]) -> list[dict]:
+def tap_sources(spec: LayoutSpec, owner: dict[int, tuple[int, int]]) -> list[tuple[Tap, int, int]]:
     """Every tap the draft reads, with the (stage, chunk) that produces it."""
     p = spec.parallel
-    vpp = p.vpp if p.vpp and p.vpp > 1 and p.pp > 1 else 1
-    taps = [{"tap": "embedding", "src_stage": 0, "src_chunk": 0}]
+    taps: list[tuple[Tap, int, int]] = [("embedding", 0, 0)]
     for layer in aux_layers(spec):
         stage, chunk = owner[layer]
-        taps.append({"tap": layer, "src_stage": stage, "src_chunk": chunk})
+        taps.append((layer, stage, chunk))
     if draft_stage_index(spec) != p.pp - 1:
         # The draft's KL target (the policy's logits) is produced by the last stage's output layer.
-        taps.append({"tap": "logits", "src_stage": p.pp - 1, "src_chunk": vpp - 1})
+        taps.append(("logits", p.pp - 1, (resolved_vpp(p) or 1) - 1))
     return taps
 
 
-def tap_routes(spec: LayoutSpec, grid: RankGrid, owner: dict[int, tuple[int, int]]) -> tuple[list[dict], list[dict]]:
+def tap_routes(spec: LayoutSpec, grid: RankGrid, owner: dict[int, tuple[int, int]],
+               num_microbatches: int) -> tuple[tuple[TapRoute, ...], tuple[TapSummary, ...]]:
     """(routes, per-tap summary). Local taps appear with ``local: true`` and src_rank == dst_rank."""
     s = grid.sizes
     dst_stage = draft_stage_index(spec)
-    routes: list[dict] = []
-    summary: list[dict] = []
-    for source in tap_sources(spec, owner):
-        tap, src_stage = source["tap"], source["src_stage"]
+    routes: list[TapRoute] = []
+    summary: list[TapSummary] = []
+    for tap, src_stage, src_chunk in tap_sources(spec, owner):
         local = src_stage == dst_stage
         nbytes = tap_bytes(spec, tap)
         count = cross = 0
@@ -78,25 +65,21 @@ def tap_routes(spec: LayoutSpec, grid: RankGrid, owner: dict[int, tuple[int, int
                     src = grid.rank_of(tp=tp, cp=cp, dp=dp, pp=src_stage)
                     dst = grid.rank_of(tp=tp, cp=cp, dp=dp, pp=dst_stage)
                     crossing = grid.node_of(src) != grid.node_of(dst)
-                    routes.append({
-                        "tap": tap, "src_rank": src, "dst_rank": dst, "src_stage": src_stage,
-                        "src_chunk": source["src_chunk"], "dst_stage": dst_stage,
-                        "bytes_per_microbatch": nbytes, "cross_node": crossing, "local": local,
-                    })
+                    routes.append(TapRoute(tap=tap, src_rank=src, dst_rank=dst, src_stage=src_stage,
+                                           src_chunk=src_chunk, dst_stage=dst_stage, bytes_per_microbatch=nbytes,
+                                           cross_node=crossing, local=local))
                     count += 1
                     cross += crossing
-        summary.append({
-            "tap": tap, "src_stage": src_stage, "src_chunk": source["src_chunk"], "dst_stage": dst_stage,
-            "local": local, "num_routes": 0 if local else count, "num_cross_node": cross,
-            "bytes_per_microbatch": nbytes,
-        })
-    return routes, summary
+        num_routes = 0 if local else count
+        summary.append(TapSummary(tap=tap, src_stage=src_stage, src_chunk=src_chunk, dst_stage=dst_stage,
+                                  local=local, num_routes=num_routes, num_cross_node=cross,
+                                  bytes_per_microbatch=nbytes, bytes_per_step=nbytes * num_routes * num_microbatches))
+    return tuple(routes), tuple(summary)
 
 
 def pipeline_activation_bytes_per_step(spec: LayoutSpec, grid: RankGrid, num_microbatches: int) -> int:
     """The pipeline's own P2P traffic per step, summed over ranks: activations forward + grads backward."""
     s = grid.sizes
-    vpp = s.vpp if s.vpp and s.vpp > 1 and s.pp > 1 else 1
-    boundaries = s.pp * vpp - 1
+    boundaries = s.pp * s.num_chunks - 1
     per_rank = local_tokens(spec) * spec.model.hidden_size * DTYPE_BYTES[spec.training.dtype]
     return 2 * boundaries * per_rank * num_microbatches * s.tp * s.cp * s.dp

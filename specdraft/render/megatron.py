@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from specdraft.spec.schema import LayoutSpec
+from specdraft.plan.model import LaunchPlan
 
 PLAN_ARG = "plan.json"  # the job runs in its run folder, where launch writes plan.json
 
 
-def megatron_argv(spec: LayoutSpec, core: dict) -> list[str]:
+def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
     """Flags in a fixed order: parallelism, model shape, batching/precision, then the draft's runtime flags."""
+    spec, par = plan.spec, plan.parallel
     m, p, t, d = spec.model, spec.parallel, spec.training, spec.draft
-    par = core["parallel"]
     args = [
         "--tensor-model-parallel-size", str(p.tp),
         "--pipeline-model-parallel-size", str(p.pp),
@@ -23,9 +23,9 @@ def megatron_argv(spec: LayoutSpec, core: dict) -> list[str]:
     if p.sequence_parallel:
         args.append("--sequence-parallel")
     if m.num_experts:
-        args += ["--expert-model-parallel-size", str(p.ep), "--expert-tensor-parallel-size", str(par["etp"])]
-    if par["vpp"]:
-        args += ["--num-virtual-stages-per-pipeline-rank", str(par["vpp"])]
+        args += ["--expert-model-parallel-size", str(p.ep), "--expert-tensor-parallel-size", str(par.etp)]
+    if par.vpp:
+        args += ["--num-virtual-stages-per-pipeline-rank", str(par.vpp)]
     if p.first_stage_layers is not None:
         args += ["--decoder-first-pipeline-num-layers", str(p.first_stage_layers)]
     if p.last_stage_layers is not None:
@@ -64,18 +64,17 @@ def megatron_argv(spec: LayoutSpec, core: dict) -> list[str]:
     args += ["--lr", repr(t.lr), "--clip-grad", repr(t.clip_grad), "--seed", str(t.seed),
              "--train-iters", str(t.train_iters)]
     if d.enabled:
-        draft = core["draft"]
+        # What specdraft's runtime adds to the Megatron job; its full settings (TTT steps included) are in the plan.
         args += [
             "--specdraft-plan", PLAN_ARG,
-            "--specdraft-draft-stage", str(draft["stage"]),
-            "--specdraft-draft-taps", ",".join(str(t["tap"]) for t in core["taps"]),
-            "--specdraft-ttt-steps", str(d.ttt_steps),
-            "--specdraft-cp-attention", draft["cp_attention"],
+            "--specdraft-draft-stage", str(plan.draft.stage),
+            "--specdraft-draft-taps", ",".join(str(tap.tap) for tap in plan.taps),
+            "--specdraft-cp-attention", plan.draft.cp_attention,
         ]
-    return args
+    return tuple(args)
 
 
-def format_argv(argv: list[str]) -> str:
+def format_argv(argv: tuple[str, ...]) -> str:
     """Shell-quoted argv, one flag (with its values) per line, for scripts and golden files."""
     import shlex
 

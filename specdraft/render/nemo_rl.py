@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from specdraft.spec.schema import LayoutSpec
+from specdraft.plan.model import LaunchPlan
+from specdraft.spec.derived import max_model_len, num_speculative_tokens
 
 _DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
-def nemo_rl_overrides(spec: LayoutSpec, core: dict) -> dict:
+def nemo_rl_overrides(plan: LaunchPlan) -> dict:
     """Nested overrides keyed as NeMo-RL's examples/configs/grpo_math_1B.yaml."""
+    spec = plan.spec
     m, p, t, d, c, r = spec.model, spec.parallel, spec.training, spec.draft, spec.cluster, spec.rollout
-    par = core["parallel"]
-    num_spec = r.num_speculative_tokens or d.ttt_steps
     megatron_cfg = {
         "enabled": True,
         "tensor_model_parallel_size": p.tp,
-        "expert_tensor_parallel_size": par["etp"],
+        "expert_tensor_parallel_size": plan.parallel.etp,
         "expert_model_parallel_size": p.ep,
         "pipeline_model_parallel_size": p.pp,
         "num_layers_in_first_pipeline_stage": p.first_stage_layers,
@@ -37,15 +37,15 @@ def nemo_rl_overrides(spec: LayoutSpec, core: dict) -> dict:
                 "enabled": t.packing,
                 "train_mb_tokens": t.micro_batch_size * m.seq_length,
                 "algorithm": "modified_first_fit_decreasing",
-                "sequence_length_round": core["draft"]["padding"]["pad_multiple"]
-                if core["draft"].get("padding") else (2 * p.cp if p.cp > 1 else 64),
+                # The CP packing multiple; without CP, NeMo-RL's usual rounding.
+                "sequence_length_round": plan.parallel.pad_multiple if p.cp > 1 else 64,
             },
             "draft": {
                 "enabled": d.enabled,
                 "model_name": d.model,
                 "loss_weight": d.loss_weight,
                 "num_layers": d.num_layers,
-                "aux_layer_indices": core["draft"]["aux_layers"],
+                "aux_layer_indices": list(plan.draft.aux_layers),
             },
             "generation": {
                 "vllm_cfg": {
@@ -53,7 +53,7 @@ def nemo_rl_overrides(spec: LayoutSpec, core: dict) -> dict:
                     "pipeline_parallel_size": 1,
                     "expert_parallel_size": 1,
                     "gpu_memory_utilization": r.gpu_memory_utilization,
-                    "max_model_len": r.max_model_len or r.prompt_length + r.max_response_length,
+                    "max_model_len": max_model_len(spec),
                     "async_engine": r.max_policy_lag > 0,
                 },
             },
@@ -67,7 +67,7 @@ def nemo_rl_overrides(spec: LayoutSpec, core: dict) -> dict:
     }
     if d.enabled and r.speculative:
         out["policy"]["generation"]["vllm_kwargs"] = {"speculative_config": {
-            "method": "eagle3", "model": d.model, "num_speculative_tokens": num_spec,
+            "method": "eagle3", "model": d.model, "num_speculative_tokens": num_speculative_tokens(spec),
             "draft_tensor_parallel_size": r.tp,
         }}
     return out

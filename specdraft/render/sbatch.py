@@ -14,7 +14,6 @@ from specdraft.plan.model import LaunchPlan
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-TIME_PARTS = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 # Job-id-derived rendezvous port range: above the well-known and registered ranges most sites use, below
 # the Linux ephemeral range (32768+ on some kernels is fine too: only collisions within one job matter).
 PORT_BASE, PORT_SPAN = 20000, 40000
@@ -32,35 +31,6 @@ class SbatchRender:
     payload_argv: list[str]  # what every task finally runs: python -u -m specdraft.runtime.entry PLAN ...
 
 
-def slurm_time_seconds(text: str) -> int:
-    """Seconds in a Slurm time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (sbatch(1), --time)."""
-    match = TIME_PARTS.match(text.strip())
-    if not match:
-        raise ValueError(f"not a Slurm time: {text!r}")
-    days, a, b, c = match.groups()
-    if days is not None:  # D-HH[:MM[:SS]]
-        return int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
-    if c is not None:  # HH:MM:SS
-        return int(a) * 3600 + int(b) * 60 + int(c)
-    if b is not None:  # MM:SS
-        return int(a) * 60 + int(b)
-    return int(a) * 60  # MM
-
-
-def signal_delay_s(time_limit_s: int) -> int:
-    """Seconds before the limit at which Slurm sends submitit's USR2: a tenth of the limit, within [10, 90].
-
-    submitit's default (90 s) fires at once for a limit of 2 minutes or less, killing short jobs at start;
-    a tenth keeps the warning proportionate, 90 s is submitit's own ceiling.
-    """
-    return max(10, min(90, time_limit_s // 10))
-
-
-def job_name(plan: LaunchPlan) -> str:
-    """`<layout name>-<plan hash 8>`: the run folder's name, so `squeue --name` finds a run's jobs."""
-    return f"{plan.name}-{plan.plan_hash[:8]}"
-
-
 def payload_argv(python: str, plan_path: str, workload: str, steps: int | None) -> list[str]:
     argv = [python, "-u", "-m", "specdraft.runtime.entry", plan_path, "--workload", workload]
     return argv + (["--steps", str(steps)] if steps is not None else [])
@@ -73,16 +43,16 @@ def submitit_command(python: str, folder: str) -> str:
 
 def nccl_env(plan: LaunchPlan) -> list[tuple[str, str, str]]:
     """(name, value, why) of the NCCL/CUDA settings this layout calls for; empty on CPU."""
-    spec = plan.spec
-    if spec["cluster"]["gpu"] == "cpu":
+    cluster = plan.spec.cluster
+    if cluster.gpu == "cpu":
         return []
     out = [("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1",
             "a collective whose peer died raises on the surviving ranks instead of hanging until the time limit")]
-    if plan.parallel["tp"] > 1:
+    if plan.parallel.tp > 1:
         out.append(("CUDA_DEVICE_MAX_CONNECTIONS", "1",
                     "Megatron needs one hardware queue so TP/sequence-parallel communication kernels start before "
                     "the GEMMs they overlap with"))
-    if spec["cluster"]["num_nodes"] > 1:
+    if cluster.num_nodes > 1:
         out.append(("NCCL_DEBUG", "WARN",
                     "a failed cross-node connection (IB/RoCE/socket) logs NCCL's own reason in the task's stderr"))
     return out
@@ -106,20 +76,20 @@ def _template():
 def unsafe_values(plan: LaunchPlan, run_dir: str, python: str) -> list[str]:
     """What the script cannot carry safely, quoted or not (line breaks end comments and #SBATCH lines; '%' is a
     Slurm filename pattern). Validation refuses these in layouts; this re-checks a hand-edited plan.json."""
-    slurm = plan.spec["slurm"]
+    slurm = plan.spec.slurm
     problems = []
-    one_line = {"run folder": run_dir, "python": python, "name": plan.name, "slurm.time": slurm["time"],
-                "slurm.partition": slurm["partition"] or "", "slurm.account": slurm["account"] or "",
-                "slurm.qos": slurm["qos"] or "", "slurm.container_image": slurm["container_image"] or ""}
-    one_line.update({f"slurm.container_mounts[{i}]": m for i, m in enumerate(slurm["container_mounts"])})
-    one_line.update({f"slurm.extra_sbatch_args[{i}]": a for i, a in enumerate(slurm["extra_sbatch_args"])})
+    one_line = {"run folder": run_dir, "python": python, "name": plan.name, "slurm.time": slurm.time,
+                "slurm.partition": slurm.partition or "", "slurm.account": slurm.account or "",
+                "slurm.qos": slurm.qos or "", "slurm.container_image": slurm.container_image or ""}
+    one_line.update({f"slurm.container_mounts[{i}]": m for i, m in enumerate(slurm.container_mounts)})
+    one_line.update({f"slurm.extra_sbatch_args[{i}]": a for i, a in enumerate(slurm.extra_sbatch_args)})
     for what, value in one_line.items():
         if CONTROL.search(value):
             problems.append(f"{what} {value!r} contains a line break or control character")
     for what, value in (("run folder", run_dir), ("name", plan.name)):
         if "%" in value:
             problems.append(f"{what} {value!r} contains '%', which Slurm expands in log file names")
-    for key, value in slurm["env"].items():
+    for key, value in slurm.env.items():
         if not ENV_KEY.match(key) or "\x00" in value:
             problems.append(f"slurm.env key {key!r} is not a shell variable name, or its value holds NUL")
     return problems
@@ -133,30 +103,28 @@ def render_sbatch(plan: LaunchPlan, run_dir: str, *, python: str, workload: str 
     problems = unsafe_values(plan, run_dir, python)
     if problems:
         raise ValueError("; ".join(problems))
-    spec = plan.spec
-    slurm, cluster = spec["slurm"], spec["cluster"]
+    slurm, cluster = plan.spec.slurm, plan.spec.cluster
     folder = f"{run_dir}/submitit"
     plan_path = f"{run_dir}/plan.json"
     argv = payload_argv(python, plan_path, workload, steps)
     command = submitit_command(python, folder)
     srun = ["srun", "--unbuffered", "--kill-on-bad-exit=1", f"--output={folder}/%j_%t_log.out",
             f"--error={folder}/%j_%t_log.err"]
-    if slurm["container_image"]:
-        srun.append(f"--container-image={slurm['container_image']}")
-    if slurm["container_mounts"]:
-        srun.append(f"--container-mounts={','.join(slurm['container_mounts'])}")
+    if slurm.container_image:
+        srun.append(f"--container-image={slurm.container_image}")
+    if slurm.container_mounts:
+        srun.append(f"--container-mounts={','.join(slurm.container_mounts)}")
     srun_words = shlex.join(srun)
-    limit = slurm_time_seconds(slurm["time"])
     script = _template().render(
         version=plan.specdraft_version, name=plan.name, spec_sha256=plan.spec_sha256, plan_hash=plan.plan_hash,
-        run_dir=run_dir, plan_path=plan_path, script_path=f"{run_dir}/sbatch.sh", job_name=job_name(plan),
-        nodes=cluster["num_nodes"], tasks_per_node=cluster["gpus_per_node"],
-        gpus_per_node=0 if cluster["gpu"] == "cpu" else cluster["gpus_per_node"],
-        cpus_per_task=slurm["cpus_per_task"], time=slurm["time"], partition=slurm["partition"],
-        account=slurm["account"], qos=slurm["qos"], folder=folder, signal_delay=signal_delay_s(limit),
-        extra_sbatch_args=slurm["extra_sbatch_args"], nccl=nccl_env(plan), env=slurm["env"],
+        run_dir=run_dir, plan_path=plan_path, script_path=f"{run_dir}/sbatch.sh", job_name=plan.run_name,
+        nodes=cluster.num_nodes, tasks_per_node=cluster.gpus_per_node,
+        gpus_per_node=0 if cluster.gpu == "cpu" else cluster.gpus_per_node,
+        cpus_per_task=slurm.cpus_per_task, time=slurm.time, partition=slurm.partition,
+        account=slurm.account, qos=slurm.qos, folder=folder, signal_delay=plan.slurm.signal_delay_s,
+        extra_sbatch_args=slurm.extra_sbatch_args, nccl=nccl_env(plan), env=slurm.env,
         world_size=plan.world_size, srun=srun_words, submitit_command=command, payload=shlex.join(argv),
         port_base=PORT_BASE, port_span=PORT_SPAN,
     )
-    return SbatchRender(script=script, job_name=job_name(plan), submitit_folder=folder, submitit_command=command,
+    return SbatchRender(script=script, job_name=plan.run_name, submitit_folder=folder, submitit_command=command,
                         srun_line=f"{srun_words} {command}", payload_argv=argv)

@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional
 
+from specdraft.plan.model import LaunchPlan, VllmRender
+from specdraft.rollout.instances import rollout_gpus
+from specdraft.spec.derived import max_model_len, num_speculative_tokens
 from specdraft.spec.schema import LayoutSpec
 
 
@@ -72,24 +75,23 @@ def engine_settings(spec: LayoutSpec) -> EngineSettings:
     spec_cfg = None
     if d.enabled and r.speculative:
         spec_cfg = SpeculativeConfig(method="eagle3", model=d.model,
-                                     num_speculative_tokens=r.num_speculative_tokens or d.ttt_steps,
+                                     num_speculative_tokens=num_speculative_tokens(spec),
                                      draft_tensor_parallel_size=r.tp)
     return EngineSettings(
         model=spec.model.path, tensor_parallel_size=r.tp, pipeline_parallel_size=1,
         gpu_memory_utilization=r.gpu_memory_utilization,
-        max_model_len=r.max_model_len or r.prompt_length + r.max_response_length,
+        max_model_len=max_model_len(spec),
         dtype=_DTYPE[spec.training.dtype] if spec.training.dtype != "fp32" else "bfloat16",
         speculative_config=spec_cfg,
     )
 
 
-def vllm_settings(spec: LayoutSpec, core: dict) -> dict:
+def vllm_settings(plan: LaunchPlan) -> VllmRender:
     """The plan's `renders.vllm`: engine arguments shared by every rollout instance."""
-    from specdraft.rollout.instances import rollout_gpus
-
+    spec = plan.spec
     settings = engine_settings(spec)
-    return {"engine_args": settings.to_dict(), "num_instances": rollout_gpus(spec) // max(spec.rollout.tp, 1),
-            "problems": settings.problems()}
+    return VllmRender(engine_args=settings.to_dict(), num_instances=rollout_gpus(spec) // max(spec.rollout.tp, 1),
+                      problems=tuple(settings.problems()))
 
 
 def check_with_vllm(engine_args: dict) -> str:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from specdraft.errors import Problem
+from specdraft.plan.memory import draft_params, layer_params
+from specdraft.plan.model import KvBudget, RolloutInstance, RolloutPlan
+from specdraft.spec.derived import head_dim, kv_heads, max_model_len, num_speculative_tokens
 from specdraft.spec.gpus import CATALOGUE
 from specdraft.spec.schema import LayoutSpec
 
@@ -17,8 +20,6 @@ def rollout_gpus(spec: LayoutSpec) -> int:
 
 def model_params(spec: LayoutSpec) -> int:
     """Total parameters of the policy (every expert counted)."""
-    from specdraft.plan.memory import layer_params  # plan.memory is pure; imported lazily to keep layers thin
-
     m = spec.model
     dense, expert = layer_params(spec)
     embed = m.vocab_size * m.hidden_size * (1 if m.tie_embeddings else 2)
@@ -28,13 +29,7 @@ def model_params(spec: LayoutSpec) -> int:
 def kv_bytes_per_token(spec: LayoutSpec) -> int:
     """K and V for every layer and KV head: 2 * layers * kv_heads * head_dim * bytes."""
     m = spec.model
-    head_dim = m.kv_channels or m.hidden_size // m.num_attention_heads
-    return 2 * m.num_layers * (m.num_query_groups or m.num_attention_heads) * head_dim * KV_DTYPE_BYTES
-
-
-def max_model_len(spec: LayoutSpec) -> int:
-    r = spec.rollout
-    return r.max_model_len or r.prompt_length + r.max_response_length
+    return 2 * m.num_layers * kv_heads(m) * head_dim(m) * KV_DTYPE_BYTES
 
 
 def speculating(spec: LayoutSpec) -> bool:
@@ -45,11 +40,10 @@ def speculating(spec: LayoutSpec) -> bool:
 def draft_kv_bytes_per_token(spec: LayoutSpec) -> int:
     """K and V of the draft's decoder layer(s): the target's attention shape, draft.num_layers deep."""
     m = spec.model
-    head_dim = m.kv_channels or m.hidden_size // m.num_attention_heads
-    return 2 * spec.draft.num_layers * (m.num_query_groups or m.num_attention_heads) * head_dim * KV_DTYPE_BYTES
+    return 2 * spec.draft.num_layers * kv_heads(m) * head_dim(m) * KV_DTYPE_BYTES
 
 
-def kv_budget(spec: LayoutSpec) -> dict:
+def kv_budget(spec: LayoutSpec) -> KvBudget:
     """Per-GPU HBM split of one instance: weights, KV budget, and how many full-length sequences fit.
 
     The weights are the target's plus, when the instance speculates, the EAGLE-3 draft's (plan.memory.draft_params;
@@ -57,8 +51,6 @@ def kv_budget(spec: LayoutSpec) -> dict:
     keeps the draft layers' KV. KV heads shard over tp up to their count and replicate beyond it (vLLM). This is the
     split costmodel.CostModel.kv_capacity_tokens uses.
     """
-    from specdraft.plan.memory import draft_params  # plan.memory is pure; imported lazily to keep layers thin
-
     r, m = spec.rollout, spec.model
     gpu = CATALOGUE[spec.cluster.gpu]
     draft = draft_params(spec) if speculating(spec) else 0
@@ -67,17 +59,15 @@ def kv_budget(spec: LayoutSpec) -> dict:
     weights = target_weights + draft_weights
     usable = gpu.hbm_bytes * r.gpu_memory_utilization
     kv = usable - weights
-    shards = max(1, min(r.tp, m.num_query_groups or m.num_attention_heads))
+    shards = max(1, min(r.tp, kv_heads(m)))
     per_token = (kv_bytes_per_token(spec) + (draft_kv_bytes_per_token(spec) if draft else 0)) / shards
     per_seq = per_token * max_model_len(spec)
-    return {
-        "weights_bytes_per_gpu": int(weights),
-        "target_weights_bytes_per_gpu": int(target_weights),
-        "draft_weights_bytes_per_gpu": int(draft_weights),
-        "kv_bytes_per_gpu": int(max(kv, 0)),
-        "kv_bytes_per_token_per_gpu": per_token,
-        "max_full_length_sequences": int(kv // per_seq) if per_seq > 0 and kv > 0 else 0,
-    }
+    return KvBudget(
+        weights_bytes_per_gpu=int(weights), target_weights_bytes_per_gpu=int(target_weights),
+        draft_weights_bytes_per_gpu=int(draft_weights), kv_bytes_per_gpu=int(max(kv, 0)),
+        kv_bytes_per_token_per_gpu=per_token,
+        max_full_length_sequences=int(kv // per_seq) if per_seq > 0 and kv > 0 else 0,
+    )
 
 
 def check_rollout(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
@@ -123,13 +113,13 @@ def check_rollout(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
         return errors, warnings
     budget = kv_budget(spec)
     gib = 2**30
-    if budget["kv_bytes_per_gpu"] <= 0:
-        what = "target + draft" if budget["draft_weights_bytes_per_gpu"] else "target"
-        err("rollout.tp", r.tp, f"the bf16 weights ({what}: {budget['weights_bytes_per_gpu'] / gib:.1f} GiB per GPU) "
+    if budget.kv_bytes_per_gpu <= 0:
+        what = "target + draft" if budget.draft_weights_bytes_per_gpu else "target"
+        err("rollout.tp", r.tp, f"the bf16 weights ({what}: {budget.weights_bytes_per_gpu / gib:.1f} GiB per GPU) "
             f"do not fit in {r.gpu_memory_utilization:.0%} of the {c.gpu} HBM", "raise rollout.tp")
-    elif budget["max_full_length_sequences"] < 1:
+    elif budget.max_full_length_sequences < 1:
         err("rollout.max_model_len", max_model_len(spec), "not even one full-length sequence's KV cache fits after "
-            f"the weights ({budget['kv_bytes_per_gpu'] / gib:.1f} GiB KV budget per GPU)",
+            f"the weights ({budget.kv_bytes_per_gpu / gib:.1f} GiB KV budget per GPU)",
             "raise rollout.tp or rollout.gpu_memory_utilization, or lower rollout.max_response_length")
     if max_model_len(spec) > m.seq_length:
         warnings.append(Problem(path="rollout.max_response_length", value=r.max_response_length, rule=(
@@ -143,33 +133,24 @@ def check_rollout(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
     return errors, warnings
 
 
-def plan_rollout(spec: LayoutSpec, core: dict) -> dict:
+def plan_rollout(spec: LayoutSpec) -> RolloutPlan | None:
     """The plan's `rollout`: instances with their nodes, local GPUs (and training ranks when colocated)."""
     r, c = spec.rollout, spec.cluster
     if not r.enabled:
-        return {"enabled": False}
+        return None
     gpus = rollout_gpus(spec)
     first_node = 0 if r.colocated else c.num_nodes
     instances = []
     for i in range(gpus // r.tp):
         start = i * r.tp
-        node = first_node + start // c.gpus_per_node
-        local = [start % c.gpus_per_node + k for k in range(r.tp)]
-        inst = {"instance": i, "node": node, "local_gpus": local}
-        if r.colocated:
-            inst["training_ranks"] = [start + k for k in range(r.tp)]
-        instances.append(inst)
-    return {
-        "enabled": True,
-        "colocated": r.colocated,
-        "num_gpus": gpus,
-        "tp": r.tp,
-        "num_instances": len(instances),
-        "instances": instances,
-        "samples_per_step": r.num_prompts_per_step * r.num_generations_per_prompt,
-        "max_policy_lag": r.max_policy_lag,
-        "speculative": r.speculative and spec.draft.enabled,
-        "num_speculative_tokens": r.num_speculative_tokens or spec.draft.ttt_steps,
-        "acceptance_rate": r.acceptance_rate,
-        "kv": kv_budget(spec),
-    }
+        instances.append(RolloutInstance(
+            instance=i, node=first_node + start // c.gpus_per_node,
+            local_gpus=tuple(start % c.gpus_per_node + k for k in range(r.tp)),
+            training_ranks=tuple(start + k for k in range(r.tp)) if r.colocated else None,
+        ))
+    return RolloutPlan(
+        colocated=r.colocated, num_gpus=gpus, tp=r.tp, num_instances=len(instances), instances=tuple(instances),
+        samples_per_step=r.num_prompts_per_step * r.num_generations_per_prompt, max_policy_lag=r.max_policy_lag,
+        speculative=speculating(spec), num_speculative_tokens=num_speculative_tokens(spec),
+        acceptance_rate=r.acceptance_rate, kv=kv_budget(spec),
+    )

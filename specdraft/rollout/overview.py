@@ -26,9 +26,13 @@ def load(path: str | None, overrides: list[str]) -> LayoutSpec:
 
 
 def _problems(spec: LayoutSpec):
+    """The training rules (memory included) and the rollout rules, as `specdraft validate` reports them."""
     from specdraft.plan.compile import check
+    from specdraft.rollout.instances import check_rollout
 
-    return check(spec)
+    errors, warnings = check(spec)
+    r_errors, r_warnings = check_rollout(spec)
+    return errors + r_errors, warnings + r_warnings
 
 
 def training_notes(spec: LayoutSpec) -> list[str]:
@@ -42,12 +46,12 @@ def plan_overview(spec: LayoutSpec) -> dict:
     from specdraft.rollout import costmodel, trainer
     from specdraft.rollout.instances import max_model_len, plan_rollout
 
-    plan = plan_rollout(spec, {})
+    plan = plan_rollout(spec)
     r = spec.rollout
     cost = costmodel.from_spec(spec)
     train = trainer.from_spec(spec)
     n = r.num_generations_per_prompt
-    per_instance = max(1, r.num_prompts_per_step * n // plan["num_instances"])
+    per_instance = max(1, r.num_prompts_per_step * n // plan.num_instances)
     ctx = r.prompt_length + min(r.max_response_length, 4096)
     batch = min(per_instance, costmodel.MAX_NUM_SEQS)
     spec_on = cost.use_speculation(r.tp, batch, batch * ctx)

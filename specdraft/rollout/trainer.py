@@ -71,15 +71,15 @@ class TrainerModel:
 
 def from_spec(spec: LayoutSpec) -> TrainerModel:
     """The trainer of the layout: Megatron's tp x cp x pp x dp on the training GPUs."""
-    from specdraft.plan.compile import num_microbatches, sizes_of
+    from specdraft.plan.compile import num_microbatches, parallel_plan
     from specdraft.plan.memory import draft_params
     from specdraft.rollout.instances import model_params
+    from specdraft.spec.derived import head_dim, world_size
 
-    sizes = sizes_of(spec)
+    sizes = parallel_plan(spec)
     m = spec.model
     gpu = CATALOGUE[spec.cluster.gpu]
-    head_dim = m.kv_channels or m.hidden_size // m.num_attention_heads
-    width = m.num_attention_heads * head_dim
+    width = m.num_attention_heads * head_dim(m)
     n_policy = model_params(spec)
     per_token = POLICY_FLOPS_PER_PARAM * n_policy
     attn = 4.0 * 2.0 * m.num_layers * width  # (fwd+bwd = 3x) + log-prob fwd (1x), each 2*L*w*T^2 causal
@@ -93,7 +93,7 @@ def from_spec(spec: LayoutSpec) -> TrainerModel:
         sync = weight_bytes / sizes.tp / gpu.link_bw  # in-place reshard inside the node
     else:
         sync = weight_bytes / r.tp / INTER_NODE_BW  # each rollout GPU pulls its shard over the network
-    return TrainerModel(gpus=sizes.world_size, dp=sizes.dp, pp=sizes.pp,
+    return TrainerModel(gpus=world_size(spec), dp=sizes.dp, pp=sizes.pp,
                         microbatches=num_microbatches(spec, sizes.dp), micro_batch_size=spec.training.micro_batch_size,
                         packing=spec.training.packing, flops_per_token=per_token, attn_flops_coef=attn,
                         gpu_flops=gpu.peak_flops * TRAINING_MFU, sync_s=sync)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdraft.plan.model import LaunchPlan, RankPlacement
+
 
 @dataclass(frozen=True, kw_only=True)
 class RankContext:
@@ -16,8 +18,8 @@ class RankContext:
     The rank process then exits without interpreter finalisation (runtime.entry.exit_now): close what you write.
     """
 
-    plan: dict
-    """The whole plan.json as loaded (LaunchPlan.to_dict() shape: spec, parallel, ranks, stages, tap_routes, ...)."""
+    plan: LaunchPlan
+    """The whole plan, read through LaunchPlan.from_json (schema_version checked)."""
     run_dir: Path
     """The run folder (plan.json's directory); a workload writes its files under it."""
     global_rank: int
@@ -25,7 +27,7 @@ class RankContext:
     local_rank: int
     """Rank on its node (SLURM_LOCALID or LOCAL_RANK); the CUDA device index on GPU."""
     world_size: int
-    """Number of ranks; equals plan["world_size"] (entry checks it)."""
+    """Number of ranks; equals plan.world_size (entry checks it)."""
     node: int
     """Node index in the allocation (SLURM_NODEID, GROUP_RANK for the local executor)."""
     device: str
@@ -38,9 +40,9 @@ class RankContext:
     """The registered workload name being run (e.g. "selftest", "cotrain")."""
 
     @property
-    def coords(self) -> dict:
+    def coords(self) -> RankPlacement:
         """This rank's record in the plan: global_rank, node, local_rank, tp, cp, dp, pp, ep, etp, edp."""
-        return self.plan["ranks"][self.global_rank]
+        return self.plan.ranks[self.global_rank]
 
     @property
     def results_dir(self) -> Path:

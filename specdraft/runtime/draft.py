@@ -141,10 +141,8 @@ class Eagle3Draft(nn.Module):
         return outputs
 
 
-def draft_shape(plan: dict) -> DraftShape:
-    m, d = plan["spec"]["model"], plan["spec"]["draft"]
-    heads = m["num_attention_heads"]
-    return DraftShape(hidden=m["hidden_size"], num_taps=len(plan["draft"]["aux_layers"]), heads=heads,
-                      kv_heads=m["num_query_groups"] or heads,
-                      head_dim=m["kv_channels"] or m["hidden_size"] // heads, ffn=m["ffn_hidden_size"],
-                      vocab=m["vocab_size"], num_layers=d["num_layers"], tp=plan["parallel"]["tp"])
+def draft_shape(plan: LaunchPlan) -> DraftShape:
+    m = plan.model
+    return DraftShape(hidden=m.hidden_size, num_taps=len(plan.draft.aux_layers), heads=m.num_attention_heads,
+                      kv_heads=m.num_query_groups, head_dim=m.head_dim, ffn=m.ffn_hidden_size,
+                      vocab=m.vocab_size, num_layers=plan.spec.draft.num_layers, tp=plan.parallel.tp)

@@ -17,6 +17,9 @@ import traceback
 from importlib import import_module
 from pathlib import Path
 
+from specdraft.errors import SpecdraftError
+from specdraft.plan.codec import PlanFormatError
+from specdraft.plan.model import LaunchPlan
 from specdraft.runtime.context import RankContext
 
 # name -> "module:function"; imported only when chosen, so a missing module fails only the workload that needs it.
@@ -69,34 +72,28 @@ def rank_env(environ) -> tuple[int, int, int, int]:
     return rank, local, world, node
 
 
-def check_placement(plan: dict, rank: int, local_rank: int, world_size: int, node: int) -> None:
+def check_placement(plan: LaunchPlan, rank: int, local_rank: int, world_size: int, node: int) -> None:
     """The environment's world and this rank's place in it must be the plan's."""
-    from specdraft.plan.grid import RankGrid, Sizes
+    from specdraft.plan.grid import RankGrid
 
-    if world_size != plan["world_size"]:
-        raise ValueError(f"WORLD_SIZE is {world_size} but the plan's world_size is {plan['world_size']}: the "
-                         "allocation does not match the plan (nodes x tasks per node)")
+    if world_size != plan.world_size or len(plan.ranks) != plan.world_size:
+        raise ValueError(f"WORLD_SIZE is {world_size} but the plan's world_size is {plan.world_size} with "
+                         f"{len(plan.ranks)} rank records: the allocation does not match the plan (nodes x tasks "
+                         "per node)")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
-    me = plan["ranks"][rank]
-    par = plan["parallel"]
-    sizes = Sizes(world_size=world_size, **{k: par[k] for k in ("tp", "cp", "pp", "dp", "ep", "etp", "edp", "vpp",
-                                                                 "order")})
-    grid = RankGrid(sizes=sizes, gpus_per_node=plan["spec"]["cluster"]["gpus_per_node"])
-    expected = {**grid.coords(rank), "local_rank": rank % grid.gpus_per_node,
-                "node": grid.node_of(rank)}
-    got = {**{k: me[k] for k in ("tp", "cp", "dp", "pp", "etp", "ep", "edp")}, "local_rank": me["local_rank"],
-           "node": me["node"]}
-    if got != expected:
-        raise ValueError(f"plan.json's ranks[{rank}] is {got} but its own layout gives {expected}: the plan was "
-                         "edited or is stale; recompile it with `specdraft plan`")
-    if (local_rank, node) != (me["local_rank"], me["node"]):
+    me = plan.ranks[rank]
+    grid = RankGrid(sizes=plan.parallel, world_size=world_size, gpus_per_node=plan.spec.cluster.gpus_per_node)
+    if me != grid.placement(rank):
+        raise ValueError(f"plan.json's ranks[{rank}] is {me} but its own layout gives {grid.placement(rank)}: the "
+                         "plan was edited or is stale; recompile it with `specdraft plan`")
+    if (local_rank, node) != (me.local_rank, me.node):
         raise ValueError(f"rank {rank} runs as local rank {local_rank} on node {node}, but the plan places it as "
-                         f"local rank {me['local_rank']} on node {me['node']}: tasks must be laid out in blocks of "
+                         f"local rank {me.local_rank} on node {me.node}: tasks must be laid out in blocks of "
                          "gpus_per_node per node (sbatch --ntasks-per-node, the default block distribution)")
 
 
-def init_megatron(plan: dict, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
+def init_megatron(plan: LaunchPlan, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
     import warnings
 
     # Expected without TE/Apex; four copies per rank would bury a real error in the stderr tail we report.
@@ -104,21 +101,21 @@ def init_megatron(plan: dict, rank: int, world_size: int, backend: str, timeout_
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    par, spec_par = plan["parallel"], plan["spec"]["parallel"]
+    par = plan.parallel
     dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
     ps.initialize_model_parallel(
-        tensor_model_parallel_size=par["tp"], pipeline_model_parallel_size=par["pp"],
-        virtual_pipeline_model_parallel_size=par["vpp"], context_parallel_size=par["cp"],
-        hierarchical_context_parallel_sizes=spec_par.get("hierarchical_cp_sizes"),
-        expert_model_parallel_size=par["ep"], expert_tensor_parallel_size=par["etp"], order=par["order"],
+        tensor_model_parallel_size=par.tp, pipeline_model_parallel_size=par.pp,
+        virtual_pipeline_model_parallel_size=par.vpp, context_parallel_size=par.cp,
+        hierarchical_context_parallel_sizes=list(par.hierarchical_cp_sizes) if par.hierarchical_cp_sizes else None,
+        expert_model_parallel_size=par.ep, expert_tensor_parallel_size=par.etp, order=par.order,
         distributed_timeout_minutes=max(1, int(timeout_s // 60)),
         # On gloo the default groups already are gloo groups; duplicates would only double the set-up time.
         create_gloo_process_groups=backend != "gloo",
     )
 
 
-def check_megatron_ranks(plan: dict, rank: int) -> dict:
+def check_megatron_ranks(plan: LaunchPlan, rank: int) -> dict:
     """Megatron's view of this rank must equal the plan's; returns megatron's coordinates."""
     from megatron.core import parallel_state as ps
 
@@ -128,17 +125,17 @@ def check_megatron_ranks(plan: dict, rank: int) -> dict:
         "ep": ps.get_expert_model_parallel_rank(), "etp": ps.get_expert_tensor_parallel_rank(),
         "edp": ps.get_expert_data_parallel_rank(),
     }
-    me = plan["ranks"][rank]
-    bad = {k: (me[k], v) for k, v in got.items() if me[k] != v}
+    me = plan.ranks[rank]
+    bad = {k: (getattr(me, k), v) for k, v in got.items() if getattr(me, k) != v}
     if bad:
         detail = ", ".join(f"{k}: plan {p} vs megatron {m}" for k, (p, m) in bad.items())
         raise ValueError(f"rank {rank}: megatron-core placed this rank differently from the plan ({detail}); "
-                         f"the plan's rank order {plan['parallel']['order']!r} and megatron disagree")
+                         f"the plan's rank order {plan.parallel.order!r} and megatron disagree")
     return got
 
 
-def _device(plan: dict, local_rank: int) -> tuple[str, str]:
-    gpu = plan["spec"]["cluster"]["gpu"]
+def _device(plan: LaunchPlan, local_rank: int) -> tuple[str, str]:
+    gpu = plan.spec.cluster.gpu
     if gpu == "cpu":
         return "cpu", "gloo"
     import torch
@@ -148,6 +145,13 @@ def _device(plan: dict, local_rank: int) -> tuple[str, str]:
                          f"{socket.gethostname()}; use a CUDA build of torch, or cluster.gpu=cpu for a CPU run")
     torch.cuda.set_device(local_rank)
     return f"cuda:{local_rank}", "nccl"
+
+
+def read_plan(path: Path) -> LaunchPlan:
+    """plan.json through the typed contract (schema_version checked); launch verified it against compile."""
+    from specdraft.fsread import read_regular_text
+
+    return LaunchPlan.from_json(read_regular_text(path, 1 << 30, what="plan file"))
 
 
 def write_result(run_dir: Path, rank: int, record: dict) -> Path:
@@ -175,11 +179,12 @@ def main(argv: list[str] | None = None) -> int:
                     "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "pid": os.getpid()}
     rank = None
     try:
-        plan = json.loads(plan_path.read_text(encoding="utf-8"))
         rank, local_rank, world_size, node = rank_env(os.environ)
         record.update(global_rank=rank, local_rank=local_rank, node=node)
-        if 0 <= rank < len(plan["ranks"]):
-            record["coords"] = {k: plan["ranks"][rank][k] for k in ("tp", "cp", "dp", "pp", "ep", "etp", "edp")}
+        plan = read_plan(plan_path)
+        if 0 <= rank < len(plan.ranks):
+            me = plan.ranks[rank]
+            record["coords"] = {k: getattr(me, k) for k in ("tp", "cp", "dp", "pp", "ep", "etp", "edp")}
         check_placement(plan, rank, local_rank, world_size, node)
         workload = load_workload(args.workload)
         device, backend = _device(plan, local_rank)
@@ -188,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
         init_megatron(plan, rank, world_size, backend, float(os.environ.get(TIMEOUT_ENV, "300")))
         record["megatron"] = check_megatron_ranks(plan, rank)
-        steps = args.steps if args.steps is not None else plan["spec"]["training"]["train_iters"]
+        steps = args.steps if args.steps is not None else plan.spec.training.train_iters
         ctx = RankContext(plan=plan, run_dir=run_dir, global_rank=rank, local_rank=local_rank, world_size=world_size,
                           node=node, device=device, backend=backend, steps=steps, workload=args.workload)
         fault = os.environ.get(FAULT_ENV)
@@ -208,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         _teardown()
         return 0 if not failed else 1
     except BaseException as err:  # noqa: BLE001 - recorded in the result file and re-signalled by the exit code
-        tail = traceback.format_exc().splitlines()[-30:]
+        # A plan this version cannot read is the user's to fix: one line, no traceback.
+        tail = ([f"{plan_path}: {err}"] if isinstance(err, (PlanFormatError, SpecdraftError))
+                else traceback.format_exc().splitlines()[-30:])
         terminated = isinstance(err, (Terminated, KeyboardInterrupt))
         record.update(ok=False, terminated=terminated, error="\n".join(tail), error_type=type(err).__name__,
                       failed_at=time.time(), finished_at=time.time())

@@ -7,16 +7,16 @@ from __future__ import annotations
 DIMS = ("tp", "cp", "pp", "dp")
 
 
-def plan_group(plan: dict, rank: int, dim: str) -> list[int]:
+def plan_group(plan, rank: int, dim: str) -> list[int]:
     """Ranks that share every decoder coordinate with ``rank`` except ``dim``: its ``dim`` group in the plan."""
-    me = plan["ranks"][rank]
+    me = plan.ranks[rank]
     others = [k for k in DIMS if k != dim]
-    return [r["global_rank"] for r in plan["ranks"] if all(r[k] == me[k] for k in others)]
+    return [r.global_rank for r in plan.ranks if all(getattr(r, k) == getattr(me, k) for k in others)]
 
 
-def route_pairs(plan: dict) -> list[tuple[int, int]]:
+def route_pairs(plan) -> list[tuple[int, int]]:
     """Distinct (src, dst) rank pairs of the non-local tap routes, sorted: the same list on every rank."""
-    return sorted({(r["src_rank"], r["dst_rank"]) for r in plan["tap_routes"] if not r["local"]})
+    return sorted({(r.src_rank, r.dst_rank) for r in plan.tap_routes if not r.local})
 
 
 def _all_reduce_check(name: str, group, members: list[int], expected_members: list[int], rank: int,

@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from specdraft.plan.model import LaunchPlan
+
 
 def tap_order(tap) -> tuple[int, int]:
     return (0, 0) if tap == "embedding" else (2, 0) if tap == "logits" else (1, int(tap))
@@ -37,7 +39,7 @@ class Message:
 class TapChannel:
     """One rank's side of every tap route in the plan."""
 
-    def __init__(self, plan: dict, rank: int, *, shape, dtype: torch.dtype, device: torch.device,
+    def __init__(self, plan: LaunchPlan, rank: int, *, shape, dtype: torch.dtype, device: torch.device,
                  blocking: bool = False, synthetic: bool = False, audit_dir: Path | None = None):
         self.rank = rank
         # shape(tap, microbatch) -> the tap's tensor shape (the embedding tap's row count varies with the data).
@@ -45,31 +47,30 @@ class TapChannel:
         self.blocking = blocking
         # Benchmark control: nothing travels and the draft gets random taps of the right shapes ("equal work").
         self.synthetic = synthetic
-        self.slots = max(1, plan["draft"]["landing_slots"])
+        self.slots = max(1, plan.draft.landing_slots)
         self.audit_dir = audit_dir
         groups: dict[tuple[int, int, int], object] = {}
-        routes = [r for r in plan["tap_routes"] if not r["local"]]
+        routes = [r for r in plan.tap_routes if not r.local]
         # Every rank takes part in every new_group call, in the plan's order (a collective requirement).
         for r in routes:
-            key = (r["src_rank"], r["dst_rank"], r["src_chunk"])
+            key = (r.src_rank, r.dst_rank, r.src_chunk)
             if key not in groups:
-                groups[key] = dist.new_group(ranks=sorted({r["src_rank"], r["dst_rank"]}))
+                groups[key] = dist.new_group(ranks=sorted({r.src_rank, r.dst_rank}))
         self.outgoing: dict[tuple[int, object], list[tuple[int, object]]] = defaultdict(list)
         inbound: dict[tuple[int, int, bool], list] = defaultdict(list)
         for r in routes:
-            group = groups[(r["src_rank"], r["dst_rank"], r["src_chunk"])]
-            if r["src_rank"] == rank:
-                self.outgoing[(r["src_chunk"], r["tap"])].append((r["dst_rank"], group))
-            if r["dst_rank"] == rank:
-                inbound[(r["src_rank"], r["src_chunk"], r["tap"] == "logits")].append((r["tap"], group))
+            group = groups[(r.src_rank, r.dst_rank, r.src_chunk)]
+            if r.src_rank == rank:
+                self.outgoing[(r.src_chunk, r.tap)].append((r.dst_rank, group))
+            if r.dst_rank == rank:
+                inbound[(r.src_rank, r.src_chunk, r.tap == "logits")].append((r.tap, group))
         self.messages = []
         for (src, _chunk, _logits), taps in sorted(inbound.items()):
             taps.sort(key=lambda item: tap_order(item[0]))
             self.messages.append(Message(src=src, group=taps[0][1], taps=tuple(t for t, _ in taps)))
-        self.local_taps = {r["tap"] for r in plan["tap_routes"] if r["local"] and r["dst_rank"] == rank}
-        self.layer_taps = {r["tap"] for r in plan["tap_routes"]
-                           if r["src_rank"] == rank and isinstance(r["tap"], int)}
-        self.is_draft_rank = rank in plan["draft"]["ranks"]
+        self.local_taps = {r.tap for r in plan.tap_routes if r.local and r.dst_rank == rank}
+        self.layer_taps = {r.tap for r in plan.tap_routes if r.src_rank == rank and isinstance(r.tap, int)}
+        self.is_draft_rank = rank in plan.draft.ranks
         self.active = True
         self.current: dict[int, int] = {}
         self.bytes_sent = self.bytes_received = 0

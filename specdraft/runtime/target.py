@@ -12,37 +12,38 @@ import zlib
 import torch
 import torch.nn.functional as F
 
+from specdraft.plan.model import LaunchPlan
+
 INIT_STD = 0.02
 
 
-def transformer_config(plan: dict, dtype: torch.dtype):
+def transformer_config(plan: LaunchPlan, dtype: torch.dtype):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    spec, par = plan["spec"], plan["parallel"]
-    m, p = spec["model"], spec["parallel"]
-    if m["num_experts"]:
+    m, par, p = plan.model, plan.parallel, plan.spec.parallel
+    if m.num_experts:
         raise ValueError("the co-training runtime builds dense models only; this layout has model.num_experts set "
                          "(MoE layouts plan, validate and render, but specdraft's runtime does not run them yet)")
-    if par["sequence_parallel"] and not torch.cuda.is_available():
+    if par.sequence_parallel and not torch.cuda.is_available():
         raise ValueError("sequence_parallel needs TransformerEngine norms (GPU); set parallel.sequence_parallel=false "
                          "for CPU runs")
     # perform_initialization stays on: megatron tags TP-sharded parameters (partition_dim) only while it
     # initialises them, and init_parameters needs those tags; its values are then overwritten.
     return TransformerConfig(
-        num_layers=m["num_layers"], hidden_size=m["hidden_size"], ffn_hidden_size=m["ffn_hidden_size"],
-        num_attention_heads=m["num_attention_heads"], num_query_groups=m["num_query_groups"],
-        kv_channels=m["kv_channels"], tensor_model_parallel_size=par["tp"],
-        pipeline_model_parallel_size=par["pp"], context_parallel_size=par["cp"],
-        virtual_pipeline_model_parallel_size=par["vpp"], sequence_parallel=par["sequence_parallel"],
-        num_layers_in_first_pipeline_stage=p["first_stage_layers"],
-        num_layers_in_last_pipeline_stage=p["last_stage_layers"],
+        num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
+        num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups,
+        kv_channels=m.head_dim, tensor_model_parallel_size=par.tp,
+        pipeline_model_parallel_size=par.pp, context_parallel_size=par.cp,
+        virtual_pipeline_model_parallel_size=par.vpp, sequence_parallel=par.sequence_parallel,
+        num_layers_in_first_pipeline_stage=p.first_stage_layers,
+        num_layers_in_last_pipeline_stage=p.last_stage_layers,
         pipeline_dtype=dtype, params_dtype=dtype, bf16=dtype == torch.bfloat16,
         use_cpu_initialization=not torch.cuda.is_available(), perform_initialization=True,
-        gated_linear_unit=m["swiglu"], activation_func=F.silu if m["swiglu"] else F.gelu,
+        gated_linear_unit=m.swiglu, activation_func=F.silu if m.swiglu else F.gelu,
         normalization="RMSNorm", add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0,
         bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         bias_dropout_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
-        cp_comm_type=p["cp_comm_type"] if par["cp"] > 1 else None,
+        cp_comm_type=par.cp_comm_type if par.cp > 1 else None,
         # On gloo, batched P2P can match two irecvs from one peer (pp=2 interleaved: prev == next) out of order,
         # which silently swapped later microbatches' activations; individual isend/irecv keep posting order.
         batch_p2p_comm=torch.cuda.is_available(),
@@ -60,30 +61,24 @@ def layer_spec():
     return spec
 
 
-def build_chunks(plan: dict, pp_rank: int, device: torch.device, dtype: torch.dtype, seed: int) -> list:
+def build_chunks(plan: LaunchPlan, pp_rank: int, device: torch.device, dtype: torch.dtype, seed: int) -> list:
     """This pipeline rank's GPTModel chunks (one per virtual stage), initialised deterministically."""
     from megatron.core.models.gpt import GPTModel
 
-    par, m = plan["parallel"], plan["spec"]["model"]
+    par, m = plan.parallel, plan.model
     config = transformer_config(plan, dtype)
-    vpp = par["vpp"] or 1
     chunks = []
-    for v in range(vpp):
+    for v, chunk in enumerate(plan.stages[pp_rank].chunks):
         first = pp_rank == 0 and v == 0
-        last = pp_rank == par["pp"] - 1 and v == vpp - 1
-        model = GPTModel(config=config, transformer_layer_spec=layer_spec(), vocab_size=m["vocab_size"],
-                         max_sequence_length=m["seq_length"], pre_process=first, post_process=last,
+        last = pp_rank == par.pp - 1 and v == par.num_chunks - 1
+        model = GPTModel(config=config, transformer_layer_spec=layer_spec(), vocab_size=m.vocab_size,
+                         max_sequence_length=m.seq_length, pre_process=first, post_process=last,
                          share_embeddings_and_output_weights=False, position_embedding_type="rope",
-                         vp_stage=v if par["vpp"] else None)
+                         vp_stage=v if par.vpp else None)
         model.to(device)
-        init_parameters(model, layer_offset(plan, pp_rank, v), par["tp"], seed)
+        init_parameters(model, chunk.first_layer, par.tp, seed)
         chunks.append(model)
     return chunks
-
-
-def layer_offset(plan: dict, pp_rank: int, chunk: int) -> int:
-    stage = plan["stages"][pp_rank]
-    return stage["chunks"][chunk]["first_layer"] if "chunks" in stage else stage["first_layer"]
 
 
 def global_name(name: str, offset: int) -> str:

@@ -28,55 +28,53 @@ class CoTrainer:
     def __init__(self, ctx: RankContext):
         from megatron.core import parallel_state as ps
 
-        plan, spec = ctx.plan, ctx.plan["spec"]
+        plan, spec = ctx.plan, ctx.plan.spec
         self.ctx, self.plan, self.ps = ctx, plan, ps
-        par, m, d, t = plan["parallel"], spec["model"], spec["draft"], spec["training"]
+        par, m, d, t = plan.parallel, plan.model, spec.draft, spec.training
         self.device = torch.device(ctx.device)
-        self.dtype = torch.float32 if self.device.type == "cpu" or t["dtype"] == "fp32" else (
-            torch.bfloat16 if t["dtype"] == "bf16" else torch.float16)
+        self.dtype = torch.float32 if self.device.type == "cpu" or t.dtype == "fp32" else (
+            torch.bfloat16 if t.dtype == "bf16" else torch.float16)
         me = ctx.coords
-        self.pp_rank, self.tp, self.cp, self.cp_rank = me["pp"], par["tp"], par["cp"], me["cp"]
-        self.dp, self.dp_rank, self.num_microbatches = par["dp"], me["dp"], plan["num_microbatches"]
-        if par["vpp"] and self.num_microbatches % par["pp"]:
+        self.pp_rank, self.tp, self.cp, self.cp_rank = me.pp, par.tp, par.cp, me.cp
+        self.dp, self.dp_rank, self.num_microbatches = par.dp, me.dp, plan.num_microbatches
+        if par.vpp and self.num_microbatches % par.pp:
             raise ValueError(f"the interleaved schedule needs num_microbatches ({self.num_microbatches}) to be a "
-                             f"multiple of pp ({par['pp']}); change training.global_batch_size")
-        self.row_tokens = t["micro_batch_size"] * m["seq_length"]
-        self.steps_ttt = d["ttt_steps"]
-        self.seed = t["seed"]
+                             f"multiple of pp ({par.pp}); change training.global_batch_size")
+        self.row_tokens = t.micro_batch_size * m.seq_length
+        self.steps_ttt = d.ttt_steps
+        self.seed = t.seed
         torch.manual_seed(self.seed)
         self.chunks = build_chunks(plan, self.pp_rank, self.device, self.dtype, self.seed)
-        self.is_last = self.pp_rank == par["pp"] - 1
-        self.optimizer = torch.optim.AdamW([p for c in self.chunks for p in c.parameters()], lr=t["lr"])
-        pad = (plan["draft"].get("padding") or {}).get("pad_multiple", 2 * self.cp)
-        self.data = MarkovData(vocab_size=m["vocab_size"], row_tokens=self.row_tokens, pad_multiple=pad,
+        self.is_last = self.pp_rank == par.pp - 1
+        self.optimizer = torch.optim.AdamW([p for c in self.chunks for p in c.parameters()], lr=t.lr)
+        self.data = MarkovData(vocab_size=m.vocab_size, row_tokens=self.row_tokens, pad_multiple=par.pad_multiple,
                                seed=self.seed)
-        self.loss_weight, self.clip, self.draft_clip = d["loss_weight"], t["clip_grad"], d["clip_grad"]
-        self.warmup_steps = t.get("warmup_steps", 0)
+        self.loss_weight, self.clip, self.draft_clip = d.loss_weight, t.clip_grad, d.clip_grad
+        self.warmup_steps = t.warmup_steps
         self.cotraining = False
-        self.draft_enabled = bool(plan["draft"]["enabled"])
-        self.draft_stage = plan["draft"]["stage"]
+        self.draft_enabled = plan.draft.enabled
+        self.draft_stage = plan.draft.stage
         self.draft = None
         if self.draft_enabled and self.pp_rank == self.draft_stage:
             # The draft's layers never see sequence-parallel activations (taps are gathered over tp first).
             config = dataclasses.replace(transformer_config(plan, self.dtype), sequence_parallel=False)
             self.draft = Eagle3Draft(draft_shape(plan), config).to(self.device, self.dtype)
             init_parameters(self.draft, 0, self.tp, self.seed ^ 0x5EED)
-            self.draft_optimizer = torch.optim.AdamW(self.draft.parameters(), lr=d["lr"])
+            self.draft_optimizer = torch.optim.AdamW(self.draft.parameters(), lr=d.lr)
         self.draft_in_loss = self.draft is not None and self.is_last
         self.cp_group = ps.get_context_parallel_group() if self.cp > 1 else None
         self.tp_group = ps.get_tensor_model_parallel_group() if self.tp > 1 else None
-        self.sequence_parallel = bool(par["sequence_parallel"])
+        self.sequence_parallel = par.sequence_parallel
         self.channel = self._channel(plan, ctx, m)
-        self.sends_embedding = any(r["tap"] == "embedding" and r["src_rank"] == ctx.global_rank
-                                   for r in plan["tap_routes"])
+        self.sends_embedding = any(r.tap == "embedding" and r.src_rank == ctx.global_rank for r in plan.tap_routes)
         self.stats: dict = {}
 
     def _channel(self, plan, ctx, m) -> TapChannel:
         tokens = self.row_tokens // self.cp
-        sp_tokens = tokens // self.tp if plan["parallel"]["sequence_parallel"] else tokens
-        h = m["hidden_size"]
-        shapes = {"logits": (tokens, m["vocab_size"] // self.tp)}
-        shapes.update({layer: (sp_tokens, h) for layer in plan["draft"]["aux_layers"]})
+        sp_tokens = tokens // self.tp if plan.parallel.sequence_parallel else tokens
+        h = m.hidden_size
+        shapes = {"logits": (tokens, m.vocab_size // self.tp)}
+        shapes.update({layer: (sp_tokens, h) for layer in plan.draft.aux_layers})
 
         def shape(tap, m_index):
             if tap == "embedding":  # one row per distinct token the TTT streams need: data dependent
@@ -88,9 +86,7 @@ class CoTrainer:
                              blocking=os.environ.get(BLOCKING_ENV) == "1",
                              synthetic=os.environ.get(SYNTHETIC_ENV) == "1", audit_dir=audit)
         for v, chunk in enumerate(self.chunks):
-            stage = plan["stages"][self.pp_rank]
-            first = stage["chunks"][v]["first_layer"] if "chunks" in stage else stage["first_layer"]
-            channel.hook_layers(chunk, v, first)
+            channel.hook_layers(chunk, v, plan.stages[self.pp_rank].chunks[v].first_layer)
         return channel
 
     # ------------------------------------------------------------------------------------------------ per step
@@ -153,7 +149,7 @@ class CoTrainer:
         started = time.perf_counter()  # the draft's own compute: waiting for taps is TapChannel's cost
         # This rank's vocab slice of the policy's global log-probs (no gradient).
         target_logp = log_softmax(taps["logits"] if local_logits is None else local_logits, self.tp_group)
-        aux_layers = self.plan["draft"]["aux_layers"]
+        aux_layers = self.plan.draft.aux_layers
         aux = torch.stack([taps[layer] for layer in aux_layers]).to(self.dtype)  # (n_taps, t, h)
         table = taps["embedding"].to(self.dtype)  # (n, h), or (ceil(n/tp), h) per TP rank under SP
         if self.sequence_parallel:

@@ -9,6 +9,8 @@ import math
 import re
 
 from specdraft.errors import Problem
+from specdraft.spec.derived import (default_aux_layers, etp, kv_heads, pad_multiple, resolved_dp, slurm_time_seconds,
+                                    world_size)
 from specdraft.spec.gpus import CATALOGUE
 from specdraft.spec.schema import LayoutSpec
 
@@ -23,35 +25,10 @@ MANAGED_SBATCH_OPTIONS = frozenset({
     "--output", "-o", "--error", "-e", "--open-mode", "--signal", "--array", "-a", "--wrap",
 })
 RESERVED_ENV = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"})
-TIME_RE = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d{1,2}(:\d{2}(:\d{2})?)?)$")
 
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0] if n > 0 else []
-
-
-def world_size(spec: LayoutSpec) -> int:
-    return spec.cluster.num_nodes * spec.cluster.gpus_per_node
-
-
-def resolved_dp(spec: LayoutSpec) -> int | None:
-    """dp as given, or derived from the world size; None when it cannot be derived."""
-    p = spec.parallel
-    if p.dp != -1:
-        return p.dp
-    inner = p.tp * p.cp * p.pp
-    return world_size(spec) // inner if inner > 0 and world_size(spec) % inner == 0 else None
-
-
-def default_aux_layers(num_layers: int) -> list[int]:
-    """EAGLE-3's default taps: outputs of layers [1, N//2-1, N-4] (modelopt, SpecForge, NeMo-RL)."""
-    return [1, num_layers // 2 - 1, num_layers - 4]
-
-
-def pad_multiple(spec: LayoutSpec) -> int:
-    """Per-sequence padding multiple of packed CP: 2*cp chunks, times tp under sequence parallelism."""
-    p = spec.parallel
-    return 2 * p.cp * (p.tp if p.sequence_parallel else 1)
 
 
 def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
@@ -74,7 +51,7 @@ def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
         if getattr(m, fname) < 1:
             err(f"model.{fname}", getattr(m, fname), "must be a positive integer", "take it from the model's config")
     heads = max(m.num_attention_heads, 1)
-    groups = m.num_query_groups if m.num_query_groups is not None else heads
+    groups = kv_heads(m)
     if m.num_query_groups is not None and (groups < 1 or heads % groups):
         err("model.num_query_groups", groups, f"must divide model.num_attention_heads ({heads})",
             f"use one of {divisors(heads)}")
@@ -159,7 +136,7 @@ def _parallel_rules(spec: LayoutSpec, err, warn) -> None:
             f"set cluster.num_nodes to {math.ceil(inner * p.dp / c.gpus_per_node)}")
 
     heads = m.num_attention_heads
-    groups = m.num_query_groups if m.num_query_groups is not None else heads
+    groups = kv_heads(m)
     if heads >= 1 and groups >= 1 and (heads % p.tp or groups % p.tp):
         ok = [d for d in divisors(math.gcd(heads, groups))]
         err("parallel.tp", p.tp, f"must divide model.num_attention_heads ({heads}) and num_query_groups ({groups})",
@@ -171,7 +148,7 @@ def _parallel_rules(spec: LayoutSpec, err, warn) -> None:
         err("parallel.sequence_parallel", True, "needs tp > 1", "set parallel.sequence_parallel=false or raise tp")
     _layer_split_rules(spec, err)
 
-    seq_mult = 2 * p.cp * (p.tp if p.sequence_parallel else 1)
+    seq_mult = pad_multiple(p)
     if p.cp > 1 or p.sequence_parallel:
         if m.seq_length % seq_mult:
             what = f"2*cp{'*tp' if p.sequence_parallel else ''} = {seq_mult}"
@@ -193,7 +170,7 @@ def _parallel_rules(spec: LayoutSpec, err, warn) -> None:
 
     if p.order not in ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"):
         err("parallel.order", p.order, "unsupported rank order", "use tp-cp-ep-dp-pp or tp-cp-ep-pp-dp")
-    etp = p.etp if p.etp is not None else p.tp
+    expert_tp = etp(p)
     if m.num_experts is None:
         if p.ep > 1:
             err("parallel.ep", p.ep, "expert parallelism needs an MoE model (model.num_experts)",
@@ -204,19 +181,19 @@ def _parallel_rules(spec: LayoutSpec, err, warn) -> None:
         if m.num_experts >= 1 and m.num_experts % p.ep:
             err("parallel.ep", p.ep, f"must divide model.num_experts ({m.num_experts})",
                 f"use one of {', '.join(map(str, divisors(m.num_experts)))}")
-        if etp < 1:
-            err("parallel.etp", etp, "must be >= 1", "use null (= tp)")
-        elif world % (etp * p.ep * p.pp):
-            err("parallel.ep", p.ep, f"expert ranks etp*ep*pp = {etp}*{p.ep}*{p.pp} must divide the world size ({world})",
+        if expert_tp < 1:
+            err("parallel.etp", expert_tp, "must be >= 1", "use null (= tp)")
+        elif world % (expert_tp * p.ep * p.pp):
+            err("parallel.ep", p.ep, f"expert ranks etp*ep*pp = {expert_tp}*{p.ep}*{p.pp} must divide the world size ({world})",
                 "choose ep and etp so that etp*ep*pp divides the world size")
-        elif p.ep * etp > c.gpus_per_node:
-            warn("parallel.ep", p.ep, f"expert parallelism x etp ({p.ep * etp}) spans nodes; "
+        elif p.ep * expert_tp > c.gpus_per_node:
+            warn("parallel.ep", p.ep, f"expert parallelism x etp ({p.ep * expert_tp}) spans nodes; "
                  "its all-to-all crosses the inter-node network", f"keep ep*etp <= {c.gpus_per_node}")
 
-    if p.order == "tp-cp-ep-pp-dp" and p.pp > 1 and etp * p.ep != p.tp * p.cp:
+    if p.order == "tp-cp-ep-pp-dp" and p.pp > 1 and expert_tp * p.ep != p.tp * p.cp:
         # initialize_model_parallel asserts this for dense models too (etp defaults to tp, ep to 1).
         err("parallel.order", p.order, f"with dp outermost and pp > 1, Megatron needs the expert and attention "
-            f"data-parallel sizes equal, i.e. etp*ep ({etp * p.ep}) == tp*cp ({p.tp * p.cp})",
+            f"data-parallel sizes equal, i.e. etp*ep ({expert_tp * p.ep}) == tp*cp ({p.tp * p.cp})",
             "use order tp-cp-ep-dp-pp" + (", or choose ep/etp with etp*ep == tp*cp" if m.num_experts else ""))
 
 
@@ -347,7 +324,7 @@ def _slurm_rules(spec: LayoutSpec, err) -> None:
         if value is not None and not SLURM_WORD_RE.match(value):
             err(f"slurm.{fname}", value, "must be a plain Slurm name (letters, digits, '.', '_', '-', ',', ':')",
                 "it goes into an #SBATCH line, where shell quoting does not apply")
-    if not TIME_RE.match(s.time):
+    if not _is_slurm_time(s.time):
         err("slurm.time", s.time, "must be a Slurm time: MM, MM:SS, HH:MM:SS or D-HH[:MM[:SS]]", "e.g. 04:00:00")
     if s.cpus_per_task < 1:
         err("slurm.cpus_per_task", s.cpus_per_task, "must be >= 1", "e.g. 8 per GPU")
@@ -377,6 +354,14 @@ def _slurm_rules(spec: LayoutSpec, err) -> None:
         if key in RESERVED_ENV or key.startswith(("SLURM_", "SUBMITIT_")):
             err(f"slurm.env.{key}", s.env[key], "specdraft's script sets this variable for the rendezvous or submitit",
                 "remove it; MASTER_ADDR/MASTER_PORT come from the allocation and the job id")
+
+
+def _is_slurm_time(text: str) -> bool:
+    try:
+        slurm_time_seconds(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _option_name(arg: str) -> str:
