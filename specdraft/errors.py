@@ -27,7 +27,10 @@ def echo(value: Any, limit: int = ECHO_CHARS) -> str:
         return shorten(repr(value[: limit + 1]), limit)
     if isinstance(value, (list, tuple, dict)) and len(value) > limit:
         return f"<{type(value).__name__} of {len(value):,} items>"
-    return shorten(repr(value), limit)
+    try:
+        return shorten(repr(value), limit)
+    except RecursionError:  # a value nested hundreds deep (YAML allows ~1,000 levels)
+        return f"<deeply nested {type(value).__name__}>"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,6 +22,7 @@ MAX_OVERRIDE_YAML_NODES = 10_000  # an override value is parsed by OmegaConf's d
 MAX_LIST_ITEMS = 100_000  # items of a list field (training.sequence_lengths, ...)
 MAX_STRING_CHARS = 4096  # characters of a string value (PATH_MAX)
 MAX_INTERPOLATIONS = 64  # ${...} interpolations in one layout
+MAX_INTERPOLATED_NODES = 20_000  # values of a layout that uses interpolations (resolving builds OmegaConf's nodes)
 
 # ---- cluster and workload size -------------------------------------------------------------------------------
 MAX_WORLD_SIZE = 131_072  # GPUs (ranks) of the training job, and rollout GPUs; cluster.num_nodes * gpus_per_node
@@ -202,7 +203,8 @@ def bounds_table() -> list[tuple[str, str]]:
         ("characters of a string value", f"{MAX_STRING_CHARS:,}, no control characters (slurm.env values may "
                                          "hold tabs and line breaks)"),
         ("`${...}` interpolations", f"{MAX_INTERPOLATIONS}, each a whole or part of one value, pointing at a "
-                                    "single value; no resolvers"),
+                                    f"single value; no resolvers; in a layout of at most {MAX_INTERPOLATED_NODES:,} "
+                                    "values"),
         ("GPUs: cluster.num_nodes x gpus_per_node, and rollout GPUs", f"{MAX_WORLD_SIZE:,}"),
         ("rollout samples per step: num_prompts_per_step x num_generations_per_prompt", f"{MAX_SAMPLES_PER_STEP:,}"),
         ("every float field", "finite (no nan, no inf)"),

@@ -148,6 +148,9 @@ def _convert(tp: Any, raw: Any, path: str) -> tuple[Any, list[Problem]]:
                 return value, []
         if len(options) == 1:
             return _convert(options[0], raw, path)
+        numeric = [o for o in options if o in (int, float)]
+        if numeric and isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            return _convert(numeric[0], raw, path)  # a number out of bounds: say which bound, not "must be X or Y"
         return None, [Problem(path=path, value=raw, rule=f"must be {_describe(tp)}", fix=f"use {_describe(tp)}")]
     if origin is Literal:
         if raw in args:

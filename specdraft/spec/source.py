@@ -1,9 +1,10 @@
-"""Layout text + dotlist overrides -> one plain dict, through OmegaConf, with every hostile input a SpecError.
+"""Layout text + dotlist overrides -> one plain dict, as OmegaConf reads them, with every hostile input a SpecError.
 
-Guards (docs/spec.md, "Bounds" and "Interpolation"): a size bound on the text and the overrides; a YAML node
-bound after alias expansion; OmegaConf's missing marker `???` refused rather than silently ignored; `${...}`
-interpolation limited to plain references to one value (no resolvers such as `${oc.env:VAR}`, which would copy
-the environment into plan.json and the scripts), so resolving is bounded too.
+YAML is read with OmegaConf's own loader and overrides with its dotlist parser; OmegaConf's containers (about
+0.1 ms per node) are built only when an interpolation needs resolving. Guards (docs/spec.md, "Bounds"): a size
+bound on the text and the overrides; a YAML node bound after alias expansion; OmegaConf's missing marker `???`
+refused rather than silently ignored; `${...}` limited to plain references to one value (no resolvers such as
+`${oc.env:VAR}`, which would copy the environment into plan.json and the scripts), so resolving is bounded too.
 """
 
 from __future__ import annotations
@@ -11,28 +12,35 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from specdraft.errors import Problem, SpecError, shorten
-from specdraft.spec.bounds import (MAX_INTERPOLATIONS, MAX_LAYOUT_BYTES, MAX_OVERRIDE_YAML_NODES, MAX_OVERRIDES,
-                                   MAX_STRING_CHARS, MAX_YAML_NODES)
+from specdraft.spec.bounds import (MAX_INTERPOLATIONS, MAX_LAYOUT_BYTES, MAX_LIST_ITEMS, MAX_OVERRIDE_YAML_NODES,
+                                   MAX_INTERPOLATED_NODES, MAX_OVERRIDES, MAX_STRING_CHARS, MAX_YAML_NODES)
 
 MISSING_MARKER = "???"
 
 
 def to_plain_dict(text: str, overrides: Sequence[str], source: str) -> dict:
     """Parse ``text`` (YAML) and merge ``overrides``; return plain data with interpolations resolved."""
-    # Imported here: omegaconf (and its yaml) cost start-up time that --help should not pay.
-    from omegaconf import OmegaConf
-
     _check_overrides(overrides, source)
     base = _parse(text, source)
-    problems = _markers(OmegaConf.to_container(base, resolve=False), "")
-    merged, errs = _merge(base, overrides)
+    problems, interpolated, nodes = _markers(base, "")
+    layers, errs, interpolated_too = _parse_overrides(overrides)
     problems += errs
     if problems:
         raise SpecError(problems, source)
-    problems = _interpolation_targets(merged)
-    if problems:
-        raise SpecError(problems, source)
-    return _resolve(merged, source)
+    if not (interpolated or interpolated_too):
+        # Plain data all the way: OmegaConf's containers cost ~0.1 ms per node (seconds for a 12,000-entry list)
+        # and add nothing without interpolations. The merge follows OmegaConf.merge for untyped configs.
+        problems = []
+        for item, layer in layers:
+            problems += _merge_plain(base, layer, item)
+        if problems:
+            raise SpecError(problems, source)
+        return base
+    if nodes > MAX_INTERPOLATED_NODES:
+        _fail(source, "<yaml>", f"{nodes:,} values", f"a layout with ${{...}} interpolations may hold at most "
+              f"{MAX_INTERPOLATED_NODES:,} values (resolving builds OmegaConf's containers, ~0.1 ms per value)",
+              "write the referenced values out, or shorten the long lists")
+    return _resolve_with_omegaconf(base, overrides, source)
 
 
 def _check_overrides(overrides: Sequence[str], source: str) -> None:
@@ -53,81 +61,144 @@ def _check_overrides(overrides: Sequence[str], source: str) -> None:
         raise SpecError(problems, source)
 
 
-def _parse(text: str, source: str):
+def _yaml_loader():
+    """The YAML loader OmegaConf.create itself uses (YAML 1.2 floats, no timestamps, duplicate keys refused, alias
+    expansion bounded), so a layout reads exactly as OmegaConf would read it; None where this OmegaConf lacks it."""
+    try:
+        from omegaconf._yaml import get_yaml_loader
+    except ImportError:
+        return None
+    return get_yaml_loader(max_yaml_expanded_nodes=MAX_YAML_NODES)
+
+
+def _parse(text: str, source: str) -> dict:
     import yaml
-    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     if len(text) > MAX_LAYOUT_BYTES:
         _fail(source, "<yaml>", f"{len(text):,} characters", f"the layout exceeds the bound of {MAX_LAYOUT_BYTES:,}",
               "a layout is a few hundred lines")
-    if not text.strip():
-        return OmegaConf.create({})
+    loader = _yaml_loader()
     try:
-        base = OmegaConf.create(text, max_yaml_expanded_nodes=MAX_YAML_NODES)
+        if loader is not None:
+            data = yaml.load(text, Loader=loader)
+        else:
+            from omegaconf import OmegaConf
+
+            data = OmegaConf.to_container(OmegaConf.create(text, max_yaml_expanded_nodes=MAX_YAML_NODES))
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         _fail(source, "<yaml>", where, f"YAML syntax error: {_yaml_reason(err, MAX_YAML_NODES)}",
               "fix the YAML at that position (indentation, a missing ':' or an unclosed quote)")
+    except RecursionError:
+        _fail(source, "<yaml>", None, "the YAML nests too deeply", "a layout nests a few levels")
     except AssertionError:
         # OmegaConf.create asserts that YAML text is a mapping or a list; a scalar document (`42`) trips it.
         _not_a_mapping(source, "a single value")
-    except OmegaConfBaseException as err:  # e.g. `name: ${` (an unclosed interpolation) is refused on creation
+    except OmegaConfBaseException as err:
         _fail(source, getattr(err, "full_key", None) or "<yaml>", "(unreadable)",
-              f"cannot read the layout: {_first_line(err)}", "fix the value (an unclosed ${...}?)")
+              f"cannot read the layout: {_first_line(err)}", "fix the value")
     except ValueError as err:  # e.g. an integer of more than 4,300 digits (Python's int/str conversion bound)
         _fail(source, "<yaml>", None, f"cannot read a value: {_first_line(err)}", "use a realistic value")
-    if not OmegaConf.is_dict(base):
-        _not_a_mapping(source, "a list")
-    return base
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        _not_a_mapping(source, "a list" if isinstance(data, list) else "a single value")
+    return data
 
 
-def _merge(base, overrides: Sequence[str]):
-    """(merged config, problems): one merge for all overrides; when that fails, one at a time to name each."""
+def _parse_overrides(overrides: Sequence[str]) -> tuple[list[tuple[str, dict]], list[Problem], bool]:
+    """Each override as plain nested data (OmegaConf's dotlist syntax), the problems, whether any interpolates."""
     import yaml
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    expected = (OmegaConfBaseException, yaml.YAMLError, ValueError, TypeError, KeyError)
-    if not overrides:
-        return base, []
-    problems: list[Problem] = []
-    try:
-        dotlist = OmegaConf.from_dotlist(list(overrides))
-        problems = _markers(OmegaConf.to_container(dotlist, resolve=False), "")
-        return OmegaConf.merge(base, dotlist), problems
-    except expected:
-        pass  # reported item by item below
-    merged = base
+    layers, problems, interpolated = [], [], False
     for item in overrides:
         key, value = item.split("=", 1)
         try:
-            one = OmegaConf.from_dotlist([item])
-            problems += _markers(OmegaConf.to_container(one, resolve=False), "")
-            merged = OmegaConf.merge(merged, one)
-        except expected as err:
+            layer = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=False)
+        except (OmegaConfBaseException, yaml.YAMLError, ValueError, TypeError, KeyError, RecursionError) as err:
             reason = _yaml_reason(err, MAX_OVERRIDE_YAML_NODES) if isinstance(err, yaml.YAMLError) else _first_line(err)
             problems.append(Problem(path=key, value=value, rule=f"cannot apply override: {reason}",
                                     fix="check the key path and the value's YAML syntax"))
-    return merged, problems
+            continue
+        found, uses, _ = _markers(layer, "")
+        problems += found
+        interpolated = interpolated or uses
+        layers.append((item, layer))
+    return layers, problems, interpolated
 
 
-def _markers(data: Any, path: str) -> list[Problem]:
-    """`???` values, over-long raw strings and interpolations that are not plain references, in raw data."""
+def _merge_plain(base: dict, layer: dict, item: str, path: str = "") -> list[Problem]:
+    """Merge ``layer`` into ``base`` in place as OmegaConf.merge does for untyped configs: mappings merge key by
+    key, anything else replaces, and a mapping never merges into a list (nor a list into a mapping)."""
+    problems = []
+    for key, value in layer.items():
+        sub = f"{path}.{key}" if path else str(key)
+        old = base.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            problems += _merge_plain(old, value, item, sub)
+        elif isinstance(value, dict) and isinstance(old, list) or isinstance(value, list) and isinstance(old, dict):
+            problems.append(Problem(path=sub, value=item.split("=", 1)[1], rule="cannot apply override: it merges a "
+                                    f"{'mapping into a list' if isinstance(value, dict) else 'list into a mapping'}",
+                                    fix="replace the whole value, e.g. key=[a, b]"))
+        else:
+            base[key] = value
+    return problems
+
+
+def _resolve_with_omegaconf(base: dict, overrides: Sequence[str], source: str) -> dict:
+    """The layout has interpolations: build OmegaConf's containers, merge, check the references, then resolve."""
+    import yaml
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    expected = (OmegaConfBaseException, yaml.YAMLError, ValueError, TypeError, KeyError, RecursionError)
+    try:
+        merged = OmegaConf.create(base)
+    except expected as err:
+        _fail(source, getattr(err, "full_key", None) or "<yaml>", "(unreadable)",
+              f"cannot read the layout: {_first_line(err)}", "fix the value")
+    problems = []
+    for item in overrides:  # one at a time, so a failing one is named
+        try:
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
+        except expected as err:
+            key, value = item.split("=", 1)
+            problems.append(Problem(path=key, value=value, rule=f"cannot apply override: {_first_line(err)}",
+                                    fix="check the key path and the value's YAML syntax"))
+    problems = problems or _interpolation_targets(merged)
+    if problems:
+        raise SpecError(problems, source)
+    return _resolve(merged, source)
+
+
+def _markers(data: Any, path: str) -> tuple[list[Problem], bool, int]:
+    """(`???` values, over-long strings and lists, interpolations that are not plain references; whether any
+    value interpolates; how many values there are) in raw data."""
     problems: list[Problem] = []
+    interpolated = False
+    nodes = 0
     stack = [(path, data)]
     while stack:  # iterative: nesting depth is the YAML parser's to bound, not Python's recursion limit
         where, value = stack.pop()
+        nodes += 1
         if isinstance(value, dict):
             stack += [(f"{where}.{k}" if where else str(k), v) for k, v in reversed(list(value.items()))]
         elif isinstance(value, list):
+            if len(value) > MAX_LIST_ITEMS:  # refused before anything walks or copies it item by item
+                problems.append(Problem(path=where, value=value, rule=f"has {len(value):,} items; the bound is "
+                                        f"{MAX_LIST_ITEMS:,}", fix="list fewer (typical values suffice)"))
+                continue
             stack += [(f"{where}[{i}]", v) for i, v in reversed(list(enumerate(value)))]
         elif isinstance(value, str):
+            interpolated = interpolated or "${" in value
             problem = _string_marker(where or "<root>", value)
             if problem:
                 problems.append(problem)
-    return problems
+    return problems, interpolated, nodes
 
 
 def _string_marker(path: str, value: str) -> Problem | None:
