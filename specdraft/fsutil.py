@@ -44,8 +44,9 @@ def check_output_path(path: str | os.PathLike, what: str = "output") -> Path:
         mode = None
     except NotADirectoryError:
         raise UserError(f"cannot write {what} {target}: a folder on its path is a file", "pick another path") from None
-    except OSError as err:
-        raise UserError(f"cannot write {what} {target}: {err.strerror}", "pick another path") from None
+    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
+        raise UserError(f"cannot write {what} {target}: {getattr(err, 'strerror', None) or err}",
+                        "pick another path") from None
     if mode is not None and not stat.S_ISREG(mode):
         raise UserError(f"refusing to write {what} {target}: it is {file_kind(mode)}, not a regular file",
                         "name a regular file (or `-` for standard output where the option offers it); specdraft "
@@ -115,8 +116,9 @@ def read_regular_file(path: str | os.PathLike, max_bytes: int, what: str = "file
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise UserError(f"{what} not found: {path}", f"pass the path of an existing {what}") from None
-    except OSError as err:
-        raise UserError(f"cannot read {what} {path}: {err.strerror or err}", "check the path and its permissions") from None
+    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
+        raise UserError(f"cannot read {what} {path}: {getattr(err, 'strerror', None) or err}",
+                        "check the path and its permissions") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

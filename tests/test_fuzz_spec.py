@@ -184,6 +184,10 @@ def test_hostile_inputs_through_the_cli_end_in_exit_2(cli, capsys, tmp_path):
         ("rollout", "plan", "rollout.colocated=false", "rollout.num_nodes=1000000"),
         ("rollout", "simulate", "--prediction-error", "nan"), ("rollout", "simulate", "--median", "nan"),
         ("rollout", "simulate", "--median", "1e308"), ("rollout", "simulate", "--steps", "1000000"),
+        ("rollout", "simulate", "--sigma", "inf"), ("rollout", "simulate", "--correlation", "nan"),
+        ("rollout", "simulate", "--tp-overhead-scale", "-inf"), ("rollout", "simulate", "--seeds", "0"),
+        ("rollout", "simulate", "--steps", "1000"),  # 1,000 steps x 512 samples is past the simulated-sample bound
+        ("rollout", "simulate", "slurm.time=1:30:00", "rollout.num_generations_per_prompt=5000"),
     ]
     for argv in cases:
         code = cli(*argv)

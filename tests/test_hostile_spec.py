@@ -124,6 +124,13 @@ def test_missing_marker_and_resolvers_are_refused_not_ignored(monkeypatch):
     assert calls == [], "a resolver ran"
 
 
+def test_colon_numbers_stay_text_as_in_yaml_1_2():
+    # YAML 1.1 reads 1:30:00 as the base-60 integer 5400: slurm.time would silently become 5400 minutes.
+    assert load_layout_text(TINY, ["slurm.time=1:30:00"]).slurm.time == "1:30:00"
+    assert load_layout_text(TINY.replace('time: "00:10:00"', "time: 1:30:00")).slurm.time == "1:30:00"
+    refused("parallel.tp", ["parallel.tp=1:2"])  # not 62
+
+
 def test_plain_references_work_and_explosive_ones_are_refused():
     spec = load_layout_text(TINY, ["draft.model=${name}-eagle3", "draft.lr=${training.lr}"])
     assert spec.draft.model == "tiny-cpu-eagle3" and spec.draft.lr == spec.training.lr
@@ -136,6 +143,12 @@ def test_plain_references_work_and_explosive_ones_are_refused():
     assert problems_of(text=TINY + "c0: ab\n" + chain)
     lists = "".join(f"l{i}: [${{l{i - 1}}}, ${{l{i - 1}}}]\n" for i in range(1, 41))
     assert problems_of(text=TINY + "l0: [1]\n" + lists)
+    # Resolving builds OmegaConf's slow containers, so a layout that interpolates is bounded in size too.
+    lengths = ", ".join(["16"] * 30_000)
+    long = TINY.replace("  lr: 3.0e-3", f"  lr: 3.0e-3\n  sequence_lengths: [{lengths}]")
+    with pytest.raises(SpecError, match="at most 20,000 values"):
+        load_layout_text(long, ["draft.model=${name}"])
+    assert len(load_layout_text(long).training.sequence_lengths) == 30_000
 
 
 @pytest.mark.parametrize("text, needle", [

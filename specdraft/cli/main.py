@@ -28,7 +28,6 @@ def plan(
     """Compile a layout into a launch plan and show it."""
     from specdraft.cli.args import load_plan
     from specdraft.errors import UserError
-
     from specdraft.fsutil import STDOUT, check_output_path, write_output
 
     if format not in ("text", "json"):

@@ -66,8 +66,8 @@ def _input(path: Optional[str], option: str) -> None:
 
     try:
         mode = os.stat(path).st_mode
-    except OSError as err:
-        raise UserError(f"{option} {path}: {err.strerror}", "pass an existing file") from None
+    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
+        raise UserError(f"{option} {path!r}: {getattr(err, 'strerror', None) or err}", "pass an existing file") from None
     if not stat.S_ISREG(mode):
         raise UserError(f"{option} {path} is {file_kind(mode)}, not a regular file", "pass a regular file")
 

@@ -9,6 +9,7 @@ refused rather than silently ignored; `${...}` limited to plain references to on
 
 from __future__ import annotations
 
+import re
 from typing import Any, Sequence
 
 from specdraft.errors import Problem, SpecError, shorten
@@ -16,6 +17,10 @@ from specdraft.spec.bounds import (MAX_INTERPOLATIONS, MAX_LAYOUT_BYTES, MAX_LIS
                                    MAX_INTERPOLATED_NODES, MAX_OVERRIDES, MAX_STRING_CHARS, MAX_YAML_NODES)
 
 MISSING_MARKER = "???"
+# YAML 1.1 reads `1:30:00` as the base-60 integer 5400, so `slurm.time: 1:30:00` became 5400 minutes. YAML 1.2
+# (and every reader's intuition) keeps it text; so does specdraft, in files and in overrides.
+SEXAGESIMAL = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")
+STR_TAG = "tag:yaml.org,2002:str"
 
 
 def to_plain_dict(text: str, overrides: Sequence[str], source: str) -> dict:
@@ -40,7 +45,7 @@ def to_plain_dict(text: str, overrides: Sequence[str], source: str) -> dict:
         _fail(source, "<yaml>", f"{nodes:,} values", f"a layout with ${{...}} interpolations may hold at most "
               f"{MAX_INTERPOLATED_NODES:,} values (resolving builds OmegaConf's containers, ~0.1 ms per value)",
               "write the referenced values out, or shorten the long lists")
-    return _resolve_with_omegaconf(base, overrides, source)
+    return _resolve_with_omegaconf(base, layers, source)
 
 
 def _check_overrides(overrides: Sequence[str], source: str) -> None:
@@ -68,7 +73,11 @@ def _yaml_loader():
         from omegaconf._yaml import get_yaml_loader
     except ImportError:
         return None
-    return get_yaml_loader(max_yaml_expanded_nodes=MAX_YAML_NODES)
+    base = get_yaml_loader(max_yaml_expanded_nodes=MAX_YAML_NODES)
+    # The str resolver goes first for the characters a base-60 number can start with, so it wins over int/float.
+    resolvers = {key: ([(STR_TAG, SEXAGESIMAL)] if key in "+-0123456789" else []) + list(value)
+                 for key, value in base.yaml_implicit_resolvers.items()}
+    return type("LayoutLoader", (base,), {"yaml_implicit_resolvers": resolvers})
 
 
 def _parse(text: str, source: str) -> dict:
@@ -117,6 +126,8 @@ def _parse_overrides(overrides: Sequence[str]) -> tuple[list[tuple[str, dict]], 
     layers, problems, interpolated = [], [], False
     for item in overrides:
         key, value = item.split("=", 1)
+        if SEXAGESIMAL.match(value.strip()):
+            item = f"{key}='{value.strip()}'"  # text, as in a file (see SEXAGESIMAL)
         try:
             layer = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=False)
         except (OmegaConfBaseException, yaml.YAMLError, ValueError, TypeError, KeyError, RecursionError) as err:
@@ -149,7 +160,7 @@ def _merge_plain(base: dict, layer: dict, item: str, path: str = "") -> list[Pro
     return problems
 
 
-def _resolve_with_omegaconf(base: dict, overrides: Sequence[str], source: str) -> dict:
+def _resolve_with_omegaconf(base: dict, layers: list[tuple[str, dict]], source: str) -> dict:
     """The layout has interpolations: build OmegaConf's containers, merge, check the references, then resolve."""
     import yaml
     from omegaconf import OmegaConf
@@ -162,7 +173,7 @@ def _resolve_with_omegaconf(base: dict, overrides: Sequence[str], source: str) -
         _fail(source, getattr(err, "full_key", None) or "<yaml>", "(unreadable)",
               f"cannot read the layout: {_first_line(err)}", "fix the value")
     problems = []
-    for item in overrides:  # one at a time, so a failing one is named
+    for item, _ in layers:  # one at a time, so a failing one is named
         try:
             merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
         except expected as err:
