@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Sequence, Union
 
-from specdraft.errors import MISSING, Problem, SpecError
+from specdraft.errors import MAX_LISTED_PROBLEMS, MISSING, Problem, SpecError
 from specdraft.spec import bounds
 from specdraft.spec.bounds import MAX_LAYOUT_BYTES
 from specdraft.spec.schema import LayoutSpec
@@ -105,8 +105,10 @@ def build(cls: type, data: Any, path: str) -> tuple[Any, list[Problem]]:
     for key, raw in data.items():
         sub = f"{path}.{key}" if path else str(key)
         if key not in known:
-            # difflib is quadratic in the key's length; a long key is no typo of a field name anyway.
-            close = difflib.get_close_matches(str(key), list(known), n=3) if len(str(key)) <= 64 else []
+            # difflib is quadratic in the key's length (a long key is no typo of a field name anyway), and only
+            # the first problems are listed, so thousands of unknown keys get no suggestion past those.
+            suggest = len(str(key)) <= 64 and len(problems) < MAX_LISTED_PROBLEMS
+            close = difflib.get_close_matches(str(key), list(known), n=3) if suggest else []
             hint = (f"did you mean {' or '.join(f'`{_join(path, c)}`' for c in close)}?" if close
                     else f"known fields: {', '.join(known)}")
             problems.append(Problem(path=sub, value=raw, rule="unknown field", fix=hint))
