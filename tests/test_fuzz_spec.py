@@ -187,6 +187,7 @@ def test_hostile_inputs_through_the_cli_end_in_exit_2(cli, capsys, tmp_path):
         ("rollout", "simulate", "--sigma", "inf"), ("rollout", "simulate", "--correlation", "nan"),
         ("rollout", "simulate", "--tp-overhead-scale", "-inf"), ("rollout", "simulate", "--seeds", "0"),
         ("rollout", "simulate", "--steps", "1000"),  # 1,000 steps x 512 samples is past the simulated-sample bound
+        ("rollout", "simulate", "--adaptive-tp", "--tp-start", "9" * 5000),
         ("rollout", "simulate", "slurm.time=1:30:00", "rollout.num_generations_per_prompt=5000"),
     ]
     for argv in cases:

@@ -41,6 +41,13 @@ def _number(lo: float, hi: float):
     return check
 
 
+def _tp_size_or_auto(value: str) -> str:
+    """`auto` or a TP size of at most four ASCII digits (int() of a 5,000-digit string raises)."""
+    if value != "auto" and not (value.isascii() and value.isdigit() and len(value) <= 4):
+        raise typer.BadParameter(f"{value[:20]!r} is not auto or a TP size")
+    return value
+
+
 def _output(path: Optional[str], option: str, stdout_ok: bool = False) -> None:
     """Refuse a non-regular-file target before any work is done (the write itself checks again)."""
     if path is None:
@@ -117,7 +124,7 @@ def simulate_cmd(
     tp_predictor: str = typer.Option("request", "--tp-predictor", help="request or population remaining-length model."),
     check_every: int = typer.Option(64, "--check-every", min=1, max=1 << 20,
                                     help="Adaptive TP check-point period in decode steps."),
-    tp_start: str = typer.Option("auto", "--tp-start",
+    tp_start: str = typer.Option("auto", "--tp-start", callback=_tp_size_or_auto,
                                  help="Adaptive TP's starting TP: auto (throughput-optimal for the bulk) or a size."),
     profile: Optional[str] = typer.Option(None, "--profile", help="Measured decode-step CSV replacing the cost model."),
     format: str = typer.Option("text", "--format", "-f", help="text (rich table) or json."),
