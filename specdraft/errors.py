@@ -8,6 +8,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+# Bounds on what an error echoes back: a 50 MB value must not become 100 MB of error text.
+ECHO_CHARS = 200  # a value or field path is cut to this many characters, with an ellipsis
+RULE_CHARS = 1000  # a rule or fix (which may quote third-party messages) is cut to this many
+MAX_LISTED_PROBLEMS = 100  # a SpecError lists at most this many problems, then says how many more there are
+
+
+def shorten(text: str, limit: int = ECHO_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, the cut marked with an ellipsis and the length it had."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text):,} characters)"
+
+
+def echo(value: Any, limit: int = ECHO_CHARS) -> str:
+    """repr(value), bounded: a huge list or string is not rendered whole just to be cut."""
+    if isinstance(value, (str, bytes)) and len(value) > limit:
+        return shorten(repr(value[: limit + 1]), limit)
+    if isinstance(value, (list, tuple, dict)) and len(value) > limit:
+        return f"<{type(value).__name__} of {len(value):,} items>"
+    try:
+        return shorten(repr(value), limit)
+    except RecursionError:  # a value nested hundreds deep (YAML allows ~1,000 levels)
+        return f"<deeply nested {type(value).__name__}>"
+
 
 @dataclass(frozen=True, kw_only=True)
 class Problem:
@@ -20,9 +44,9 @@ class Problem:
     severity: str = "error"
 
     def render(self) -> str:
-        value = "<missing>" if self.value is _MISSING_VALUE else repr(self.value)
-        fix = f"; {self.fix}" if self.fix else ""
-        return f"{self.path} = {value}: {self.rule}{fix}"
+        value = "<missing>" if self.value is _MISSING_VALUE else echo(self.value)
+        fix = f"; {shorten(self.fix, RULE_CHARS)}" if self.fix else ""
+        return f"{shorten(self.path)} = {value}: {shorten(self.rule, RULE_CHARS)}{fix}"
 
     def to_dict(self) -> dict:
         value = None if self.value is _MISSING_VALUE else self.value
@@ -53,7 +77,9 @@ class SpecError(SpecdraftError):
         n = len(self.problems)
         where = f" in {source}" if source else ""
         lines = [f"{n} problem{'s' if n != 1 else ''}{where}:"]
-        lines += [f"  - {p.render()}" for p in self.problems]
+        lines += [f"  - {p.render()}" for p in self.problems[:MAX_LISTED_PROBLEMS]]
+        if n > MAX_LISTED_PROBLEMS:
+            lines.append(f"  ... and {n - MAX_LISTED_PROBLEMS} more (fix these first)")
         super().__init__("\n".join(lines))
 
 

@@ -21,29 +21,33 @@ TargetArgs = target_args("the built-in tiny CPU layout")
 def plan(
     args: Optional[List[str]] = TargetArgs,
     format: str = typer.Option("text", "--format", "-f", help="text (rich summary) or json."),
-    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write the JSON plan to this file (atomically)."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write the JSON plan to this file (atomically; "
+                                         "a regular file only), or to standard output with `-o -`."),
     balance: bool = typer.Option(False, "--balance", help="Apply the uneven split that evens peak memory."),
 ) -> None:
     """Compile a layout into a launch plan and show it."""
     from specdraft.cli.args import load_plan
     from specdraft.errors import UserError
+    from specdraft.fsutil import STDOUT, check_output_path, write_output
 
     if format not in ("text", "json"):
         raise UserError(f"--format {format!r} is not supported", "use --format text or --format json")
+    if output is not None and output != STDOUT:
+        check_output_path(output, "plan")  # refuse a FIFO, link or device before compiling, not after
     launch_plan, suggestion = load_plan(args, balance=balance)
-    if output:
-        from specdraft.fsutil import atomic_write_text
-
-        atomic_write_text(output, launch_plan.to_json())
+    if output is not None:
+        write_output(output, launch_plan.to_json(), "plan")
+    if output == STDOUT:
+        return  # the JSON is the output; a summary next to it would corrupt it
     if format == "json":
-        if not output:
+        if output is None:
             sys.stdout.write(launch_plan.to_json())
         return
     from specdraft.cli.show import print_plan
 
     print_plan(_console(), launch_plan, None if balance else suggestion)
     if output:
-        _console().print(f"wrote {output}")
+        _console().print(f"wrote {output}", markup=False)
 
 
 @app.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import List, Optional
 
@@ -10,6 +11,7 @@ import typer
 from specdraft.cli.args import target_args, typer_app
 from specdraft.cli.boundary import console as _console
 from specdraft.rollout.workload import DEFAULT_CORRELATION, DEFAULT_MEDIAN, DEFAULT_SIGMA
+from specdraft.spec.bounds import MAX_LENGTH, MAX_SEEDS, MAX_SIM_STEPS, MAX_SIMULATED_SAMPLES
 
 rollout_app = typer_app("rollout", "Plan rollout instances, simulate the rollout schedulers and adaptive TP, "
                                    "profile decode steps.")
@@ -28,6 +30,53 @@ def _spec(args):
 
     path, overrides = split_target(args)
     return load(path, overrides)
+
+
+def _number(lo: float, hi: float):
+    """A typer callback: the option must be a finite number in [lo, hi] (nan and inf pass click's FloatRange)."""
+    def check(value: float) -> float:
+        if not (math.isfinite(value) and lo <= value <= hi):
+            raise typer.BadParameter(f"{value!r} is not a finite number in [{lo:g}, {hi:g}]")
+        return value
+    return check
+
+
+def _tp_size_or_auto(value: str) -> str:
+    """`auto` or a TP size of at most four ASCII digits (int() of a 5,000-digit string raises)."""
+    if value != "auto" and not (value.isascii() and value.isdigit() and len(value) <= 4):
+        raise typer.BadParameter(f"{value[:20]!r} is not auto or a TP size")
+    return value
+
+
+def _output(path: Optional[str], option: str, stdout_ok: bool = False) -> None:
+    """Refuse a non-regular-file target before any work is done (the write itself checks again)."""
+    if path is None:
+        return
+    from specdraft.errors import UserError
+    from specdraft.fsutil import STDOUT, check_output_path
+
+    if path == STDOUT and not stdout_ok:
+        raise UserError(f"{option} writes a PNG image, not text for standard output", f"give {option} a file name")
+    if path != STDOUT:
+        check_output_path(path, option)
+
+
+def _input(path: Optional[str], option: str) -> None:
+    """An input file must be a regular file: opening a FIFO would wait forever, a device read without end."""
+    if path is None:
+        return
+    import os
+    import stat
+
+    from specdraft.errors import UserError
+    from specdraft.fsutil import file_kind
+
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
+        raise UserError(f"{option} {path!r}: {getattr(err, 'strerror', None) or err}", "pass an existing file") from None
+    if not stat.S_ISREG(mode):
+        raise UserError(f"{option} {path} is {file_kind(mode)}, not a regular file", "pass a regular file")
 
 
 def _format(value: str) -> None:
@@ -58,20 +107,26 @@ def plan_cmd(args: Optional[List[str]] = TargetArgs,
 @rollout_app.command("simulate")
 def simulate_cmd(
     args: Optional[List[str]] = TargetArgs,
-    seeds: int = typer.Option(5, "--seeds", help="Seeds to average (95% CI over them)."),
-    steps: int = typer.Option(4, "--steps", help="Measured RL steps per seed (rounded up to whole lag+1 periods)."),
+    seeds: int = typer.Option(5, "--seeds", min=1, max=MAX_SEEDS, help="Seeds to average (95% CI over them)."),
+    steps: int = typer.Option(4, "--steps", min=1, max=MAX_SIM_STEPS,
+                              help="Measured RL steps per seed (rounded up to whole lag+1 periods)."),
     workload: Optional[str] = typer.Option(None, "--workload", help="JSONL of real lengths (docs/rollout.md)."),
     history: Optional[str] = typer.Option(None, "--history", help="JSONL of earlier lengths: predict by prompt id."),
-    prediction_error: float = typer.Option(0.2, "--prediction-error", help="Log-space std of the length predictor."),
-    median: float = typer.Option(DEFAULT_MEDIAN, "--median", help="Median response length (synthetic workload)."),
-    sigma: float = typer.Option(DEFAULT_SIGMA, "--sigma", help="Log-normal sigma (default: p99 = 10x the median)."),
-    correlation: float = typer.Option(DEFAULT_CORRELATION, "--correlation",
+    prediction_error: float = typer.Option(0.2, "--prediction-error", callback=_number(0, 10),
+                                           help="Log-space std of the length predictor."),
+    median: float = typer.Option(DEFAULT_MEDIAN, "--median", callback=_number(1, MAX_LENGTH),
+                                 help="Median response length (synthetic workload)."),
+    sigma: float = typer.Option(DEFAULT_SIGMA, "--sigma", callback=_number(0, 10),
+                                help="Log-normal sigma (default: p99 = 10x the median)."),
+    correlation: float = typer.Option(DEFAULT_CORRELATION, "--correlation", callback=_number(0, 1),
                                       help="Correlation of a prompt's samples' log-lengths."),
     adaptive_tp: bool = typer.Option(False, "--adaptive-tp", help="Also compare static TPs with adaptive TP."),
-    tp_overhead_scale: float = typer.Option(1.0, "--tp-overhead-scale", help="Scale the reconfiguration overhead."),
+    tp_overhead_scale: float = typer.Option(1.0, "--tp-overhead-scale", callback=_number(0, 1000),
+                                            help="Scale the reconfiguration overhead."),
     tp_predictor: str = typer.Option("request", "--tp-predictor", help="request or population remaining-length model."),
-    check_every: int = typer.Option(64, "--check-every", help="Adaptive TP check-point period in decode steps."),
-    tp_start: str = typer.Option("auto", "--tp-start",
+    check_every: int = typer.Option(64, "--check-every", min=1, max=1 << 20,
+                                    help="Adaptive TP check-point period in decode steps."),
+    tp_start: str = typer.Option("auto", "--tp-start", callback=_tp_size_or_auto,
                                  help="Adaptive TP's starting TP: auto (throughput-optimal for the bulk) or a size."),
     profile: Optional[str] = typer.Option(None, "--profile", help="Measured decode-step CSV replacing the cost model."),
     format: str = typer.Option("text", "--format", "-f", help="text (rich table) or json."),
@@ -82,17 +137,28 @@ def simulate_cmd(
     """Simulate fifo, random, sorted, longest_first, asp and the oracle side by side (model-based estimates)."""
     from specdraft.rollout.compare import SimulateOptions, run
 
+    from specdraft.errors import UserError
+
     _format(format)
     if plot_tp and not adaptive_tp:
-        from specdraft.errors import UserError
-
         raise UserError("--plot-tp draws the TP comparison, which needs --adaptive-tp", "add --adaptive-tp")
+    _output(plot, "--plot")
+    _output(plot_tp, "--plot-tp")
+    for path, option in ((workload, "--workload"), (history, "--history"), (profile, "--profile")):
+        _input(path, option)
+    spec = _spec(args)
+    samples = spec.rollout.num_prompts_per_step * spec.rollout.num_generations_per_prompt
+    if steps * samples > MAX_SIMULATED_SAMPLES:
+        # The simulator holds every step's samples of a seed at once (about 2 KB each) and runs ~1 ms per sample.
+        raise UserError(f"--steps {steps} x {samples:,} samples per step = {steps * samples:,} simulated samples per "
+                        f"seed; the bound is {MAX_SIMULATED_SAMPLES:,}",
+                        f"use --steps {max(1, MAX_SIMULATED_SAMPLES // samples)} or fewer")
     opts = SimulateOptions(seeds=seeds, steps=steps, prediction_error=prediction_error, median=median, sigma=sigma,
                            correlation=correlation, workload=workload, history=history, profile=profile,
                            adaptive_tp=adaptive_tp, tp_overhead_scale=tp_overhead_scale, tp_predictor=tp_predictor,
                            check_every_steps=check_every, tp_start=tp_start,
                            timeline=plot is not None or plot_tp is not None)
-    report = run(_spec(args), opts)
+    report = run(spec, opts)
     if plot:
         from specdraft.rollout.plot import write_timeline
 
@@ -109,24 +175,29 @@ def simulate_cmd(
     _print_simulation(_console(), report.data)
     for path in (plot, plot_tp):
         if path:
-            _console().print(f"wrote {path}")
+            _console().print(f"wrote {path}", markup=False)
 
 
 @rollout_app.command("profile")
 def profile_cmd(args: Optional[List[str]] = TargetArgs,
-                csv: Optional[str] = typer.Option(None, "--csv", help="Also write the table as CSV (atomically).")
+                csv: Optional[str] = typer.Option(None, "--csv", help="Also write the table as CSV (atomically; a "
+                                                  "regular file only), or only the CSV to standard output with "
+                                                  "`--csv -`.")
                 ) -> None:
     """Per-step decode latency by (tp, batch, context) from the cost model; the CSV format --profile reads."""
     from specdraft.rollout.costmodel import from_spec
     from specdraft.rollout.profile import table_rows, to_csv, valid_tps
 
+    from specdraft.fsutil import STDOUT, write_output
+
+    _output(csv, "--csv", stdout_ok=True)
     spec = _spec(args)
     cost = from_spec(spec)
     rows = table_rows(cost, valid_tps(spec))
     if csv:
-        from specdraft.fsutil import atomic_write_text
-
-        atomic_write_text(csv, to_csv(rows))
+        write_output(csv, to_csv(rows), "--csv")
+    if csv == STDOUT:
+        return  # the CSV is the output; tables next to it would corrupt it
     _print_profile(_console(), spec.name, rows)
     from specdraft.rollout.profile import calibration_rows
 
@@ -136,7 +207,7 @@ def profile_cmd(args: Optional[List[str]] = TargetArgs,
         table.add_row(*row)
     _console().print(table)
     if csv:
-        _console().print(f"wrote {csv}")
+        _console().print(f"wrote {csv}", markup=False)
 
 
 # ---- rendering (rich tables only; every number comes from specdraft.rollout) --------------------------------

@@ -75,7 +75,8 @@ def _template():
 
 def unsafe_values(plan: LaunchPlan, run_dir: str, python: str) -> list[str]:
     """What the script cannot carry safely, quoted or not (line breaks end comments and #SBATCH lines; '%' is a
-    Slurm filename pattern). Validation refuses these in layouts; this re-checks a hand-edited plan.json."""
+    Slurm filename pattern; '\\' is an escape to sbatch). Validation refuses these in layouts; this re-checks a
+    hand-edited plan.json and the run folder."""
     slurm = plan.spec.slurm
     problems = []
     one_line = {"run folder": run_dir, "python": python, "name": plan.name, "slurm.time": slurm.time,
@@ -89,6 +90,15 @@ def unsafe_values(plan: LaunchPlan, run_dir: str, python: str) -> list[str]:
     for what, value in (("run folder", run_dir), ("name", plan.name)):
         if "%" in value:
             problems.append(f"{what} {value!r} contains '%', which Slurm expands in log file names")
+    # sbatch's #SBATCH reader unescapes '\' even inside single quotes, so no quoting carries one into those lines.
+    sbatch_lines = {"run folder": run_dir, "name": plan.name, "slurm.time": slurm.time,
+                    "slurm.partition": slurm.partition or "", "slurm.account": slurm.account or "",
+                    "slurm.qos": slurm.qos or ""}
+    sbatch_lines.update({f"slurm.extra_sbatch_args[{i}]": a for i, a in enumerate(slurm.extra_sbatch_args)})
+    for what, value in sbatch_lines.items():
+        if "\\" in value:
+            problems.append(f"{what} {value!r} contains a backslash, which sbatch reads as an escape in #SBATCH "
+                            "lines even inside quotes (the job would run elsewhere than the script says)")
     for key, value in slurm.env.items():
         if not ENV_KEY.match(key) or "\x00" in value:
             problems.append(f"slurm.env key {key!r} is not a shell variable name, or its value holds NUL")

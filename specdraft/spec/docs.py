@@ -15,6 +15,7 @@ from functools import lru_cache
 
 from specdraft.errors import UserError
 from specdraft.spec import schema
+from specdraft.spec.bounds import bounds_table
 from specdraft.spec.load import _describe
 
 
@@ -84,7 +85,15 @@ def markdown_reference() -> str:
     """The whole schema as Markdown tables (docs/spec.md is this text; a test keeps it current)."""
     lines = ["# Layout spec reference", "",
              "Generated from the field docstrings in `specdraft/spec/schema.py` (`specdraft explain FIELD` prints the "
-             "same). Fields marked `(required)` have no default.", ""]
+             "same). Fields marked `(required)` have no default.", "",
+             "**Interpolation.** A value may hold one plain reference to another single value, e.g. "
+             "`draft.model: ${name}-eagle3` or `draft.lr: ${training.lr}`; it sees what the file and the overrides "
+             "set, not the schema's defaults. Resolvers (`${oc.env:VAR}`, "
+             "`${oc.decode:...}`, any `${name:...}`) are refused: they would copy the environment into plan.json "
+             "and the job scripts. So are references to a whole section or list, two references in one value, "
+             "and OmegaConf's missing marker `???` (which an override would otherwise silently ignore).", "",
+             "**Bounds.** Every value has a documented bound (the [table at the end](#bounds)); `validate`, `plan` "
+             "and the rollout commands refuse the same values with exit 2, so every command does bounded work.", ""]
     for doc in all_fields():
         if doc.section:
             lines += ["", f"## `{doc.path}`", "", doc.doc, "", "| field | type | default | meaning |",
@@ -94,4 +103,8 @@ def markdown_reference() -> str:
         else:
             cells = [f"`{doc.path.split('.', 1)[1]}`", doc.type, f"`{doc.default}`", doc.doc]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    lines += ["", "## Bounds", "", "From `specdraft/spec/bounds.py`; integer fields not listed have the last row's "
+              "range. A bound below which a field's own rule already applies (e.g. `parallel.tp` >= 1) is that rule's.",
+              "", "| what | bound |", "|---|---|"]
+    lines += [f"| {what} | {bound} |" for what, bound in bounds_table()]
     return "\n".join(lines) + "\n"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 import types
 import typing
 from dataclasses import MISSING as DC_MISSING
@@ -16,7 +17,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Sequence, Union
 
-from specdraft.errors import MISSING, Problem, SpecError, UserError
+from specdraft.errors import MAX_LISTED_PROBLEMS, MISSING, Problem, SpecError
+from specdraft.spec import bounds
+from specdraft.spec.bounds import MAX_LAYOUT_BYTES
 from specdraft.spec.schema import LayoutSpec
 
 DEFAULT_LAYOUT = "tiny-cpu"
@@ -33,19 +36,28 @@ def load_layout(path: str | Path | None, overrides: Sequence[str] = ()) -> Layou
     if path is None:
         text = builtin_layout_text()
     else:
-        file = Path(path)
-        if not file.is_file():
-            raise UserError(
-                f"layout file not found: {file}",
-                "pass the path of a layout YAML (see layouts/), or omit it to use the built-in default",
-            )
-        text = file.read_text(encoding="utf-8")
+        text = _read_layout(Path(path))
     return load_layout_text(text, overrides, source=source)
+
+
+def _read_layout(file: Path) -> str:
+    """A layout file's text: a regular file (a FIFO or device is refused, not read) of bounded size, UTF-8."""
+    from specdraft.fsutil import read_regular_file
+
+    data = read_regular_file(file, MAX_LAYOUT_BYTES, "layout file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SpecError([Problem(path="<file>", value=f"byte {err.start}: {data[err.start:err.start + 4]!r}",
+                                 rule="the layout is not UTF-8 text", fix="save the file as UTF-8")],
+                        str(file)) from None
 
 
 def load_layout_text(text: str, overrides: Sequence[str] = (), source: str = "<text>") -> LayoutSpec:
     """Parse YAML text plus dotlist overrides into a LayoutSpec, reporting every problem at once."""
-    data = _to_plain_dict(text, overrides, source)
+    from specdraft.spec.source import to_plain_dict
+
+    data = to_plain_dict(text, overrides, source)
     spec, problems = build(LayoutSpec, data, "")
     if problems:
         if spec is not None:
@@ -76,62 +88,6 @@ def spec_sha256(spec: LayoutSpec) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def _to_plain_dict(text: str, overrides: Sequence[str], source: str) -> dict:
-    # Imported here: omegaconf (and its yaml) cost start-up time that --help should not pay.
-    import yaml
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    problems: list[Problem] = []
-    try:
-        base = OmegaConf.create(text) if text.strip() else OmegaConf.create({})
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
-        reason = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise SpecError(
-            [Problem(path="<yaml>", value=where, rule=f"YAML syntax error: {reason}",
-                     fix="fix the YAML at that position (indentation, a missing ':' or an unclosed quote)")],
-            source,
-        ) from None
-    if not OmegaConf.is_dict(base):
-        raise SpecError(
-            [Problem(path="<yaml>", value=type(OmegaConf.to_container(base)).__name__,
-                     rule="the layout must be a YAML mapping", fix="start the file with `name:` and `model:` keys")],
-            source,
-        )
-    for item in overrides:
-        if "=" not in item or item.startswith("="):
-            problems.append(Problem(path="<override>", value=item, rule="an override is KEY=VALUE",
-                                    fix="write it as a dotlist, e.g. parallel.cp=4"))
-    if problems:
-        raise SpecError(problems, source)
-    merged = base
-    if overrides:
-        try:  # one merge for all overrides; only when that fails, one at a time to name each bad one
-            merged = OmegaConf.merge(base, OmegaConf.from_dotlist(list(overrides)))
-        except (OmegaConfBaseException, yaml.YAMLError, ValueError):
-            for item in overrides:
-                try:
-                    merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
-                except (OmegaConfBaseException, yaml.YAMLError, ValueError) as err:
-                    problems.append(Problem(path=item.split("=", 1)[0], value=item.split("=", 1)[1],
-                                            rule=f"cannot apply override: {err}".splitlines()[0],
-                                            fix="check the key path and the value's YAML syntax"))
-    if problems:
-        raise SpecError(problems, source)
-    try:
-        data = OmegaConf.to_container(merged, resolve=True)
-    except OmegaConfBaseException as err:
-        raise SpecError(
-            [Problem(path=getattr(err, "full_key", None) or "<interpolation>", value=None,
-                     rule=f"cannot resolve: {str(err).splitlines()[0]}",
-                     fix="fix the ${...} interpolation or replace it by a literal value")],
-            source,
-        ) from None
-    return data
-
-
 def build(cls: type, data: Any, path: str) -> tuple[Any, list[Problem]]:
     """Build dataclass ``cls`` from plain ``data``; return (instance or None, every problem found).
 
@@ -149,7 +105,10 @@ def build(cls: type, data: Any, path: str) -> tuple[Any, list[Problem]]:
     for key, raw in data.items():
         sub = f"{path}.{key}" if path else str(key)
         if key not in known:
-            close = difflib.get_close_matches(str(key), list(known), n=3)
+            # difflib is quadratic in the key's length (a long key is no typo of a field name anyway), and only
+            # the first problems are listed, so thousands of unknown keys get no suggestion past those.
+            suggest = len(str(key)) <= 64 and len(problems) < MAX_LISTED_PROBLEMS
+            close = difflib.get_close_matches(str(key), list(known), n=3) if suggest else []
             hint = (f"did you mean {' or '.join(f'`{_join(path, c)}`' for c in close)}?" if close
                     else f"known fields: {', '.join(known)}")
             problems.append(Problem(path=sub, value=raw, rule="unknown field", fix=hint))
@@ -191,6 +150,9 @@ def _convert(tp: Any, raw: Any, path: str) -> tuple[Any, list[Problem]]:
                 return value, []
         if len(options) == 1:
             return _convert(options[0], raw, path)
+        numeric = [o for o in options if o in (int, float)]
+        if numeric and isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            return _convert(numeric[0], raw, path)  # a number out of bounds: say which bound, not "must be X or Y"
         return None, [Problem(path=path, value=raw, rule=f"must be {_describe(tp)}", fix=f"use {_describe(tp)}")]
     if origin is Literal:
         if raw in args:
@@ -202,12 +164,16 @@ def _convert(tp: Any, raw: Any, path: str) -> tuple[Any, list[Problem]]:
         if not isinstance(raw, list):
             return None, [Problem(path=path, value=raw, rule=f"must be a list ({_describe(tp)})",
                                   fix="write it as [a, b, ...]")]
+        too_long = bounds.list_problem(path, raw)
+        if too_long:
+            return None, [too_long]
         out, problems = [], []
         for i, item in enumerate(raw):
             value, errs = _convert(args[0], item, f"{path}[{i}]")
             out.append(value)
             problems += errs
-        return out, problems
+        # A list with a bad item is no list of that type: the field's default stands in for the other rules.
+        return (None if problems else out), problems
     if origin is dict:
         if not isinstance(raw, dict):
             return None, [Problem(path=path, value=raw, rule="must be a mapping", fix="write it as `KEY: value` lines")]
@@ -216,30 +182,48 @@ def _convert(tp: Any, raw: Any, path: str) -> tuple[Any, list[Problem]]:
             value, errs = _convert(args[1], item, f"{path}.{key}")
             out[str(key)] = value
             problems += errs
-        return out, problems
+        return (None if problems else out), problems
     return _scalar(tp, raw, path)
 
 
 def _scalar(tp: type, raw: Any, path: str) -> tuple[Any, list[Problem]]:
-    if tp is bool:
-        if isinstance(raw, bool):
-            return raw, []
-    elif tp is int:
-        if isinstance(raw, int) and not isinstance(raw, bool):
-            return raw, []
-        if isinstance(raw, float) and raw.is_integer():
-            return int(raw), []
-    elif tp is float:
-        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-            return float(raw), []
-    elif tp is str:
+    """Convert one value and apply its bounds (spec.bounds): a bad value is reported and None returned."""
+    value = _scalar_value(tp, raw)
+    if value is _BAD:
+        return None, [Problem(path=path, value=raw, rule=f"must be {_describe(tp)}, got {type(raw).__name__}",
+                              fix=f"write {_describe(tp)} (YAML quotes make a string)" if tp is not str else "quote it")]
+    if isinstance(value, bool):
+        return value, []
+    if isinstance(value, int):
+        problem = bounds.int_problem(path, value, raw)
+    elif isinstance(value, float):
+        problem = bounds.float_problem(path, value)
+    else:
+        problem = bounds.string_problem(path, value)
+    return (None, [problem]) if problem else (value, [])
+
+
+_BAD = object()
+
+
+def _scalar_value(tp: type, raw: Any) -> Any:
+    number = isinstance(raw, (int, float)) and not isinstance(raw, bool)
+    if tp is bool and isinstance(raw, bool):
+        return raw
+    if tp is int and number and (isinstance(raw, int) or raw.is_integer()):
+        return int(raw)  # an integral float (1e3) counts; its bound is checked on the int
+    if tp is float and number:
+        try:
+            return float(raw)
+        except OverflowError:  # an int beyond the float range is as unusable as inf
+            return math.inf
+    if tp is str:
         # Numbers are accepted where text is expected (`time: 60`, `env: {OMP_NUM_THREADS: 4}`).
         if isinstance(raw, str):
-            return raw, []
-        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-            return str(raw), []
-    return None, [Problem(path=path, value=raw, rule=f"must be {_describe(tp)}, got {type(raw).__name__}",
-                          fix=f"write {_describe(tp)} (YAML quotes make a string)" if tp is not str else "quote it")]
+            return raw
+        if number:
+            return str(raw)
+    return _BAD
 
 
 def _describe(tp: Any) -> str:

@@ -9,21 +9,16 @@ import math
 import re
 
 from specdraft.errors import Problem
+from specdraft.spec.bounds import check as check_bounds
 from specdraft.spec.derived import (default_aux_layers, etp, kv_heads, pad_multiple, resolved_dp, slurm_time_seconds,
                                     world_size)
 from specdraft.spec.gpus import CATALOGUE
+from specdraft.spec.sbatch_options import option_problem as sbatch_option_problem
 from specdraft.spec.schema import LayoutSpec
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 SLURM_WORD_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._,:@+-]*$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
-# Options the rendered sbatch script sets itself; an extra copy would silently win or break submitit's log paths.
-MANAGED_SBATCH_OPTIONS = frozenset({
-    "--job-name", "-J", "--nodes", "-N", "--ntasks-per-node", "--ntasks", "-n", "--gpus-per-node",
-    "--cpus-per-task", "-c", "--time", "-t", "--partition", "-p", "--account", "-A", "--qos", "-q", "--chdir", "-D",
-    "--output", "-o", "--error", "-e", "--open-mode", "--signal", "--array", "-a", "--wrap",
-})
 RESERVED_ENV = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"})
 
 
@@ -33,6 +28,10 @@ def divisors(n: int) -> list[int]:
 
 def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
     """Return (errors, warnings) for every field rule."""
+    out_of_bounds = check_bounds(spec)
+    if out_of_bounds:
+        # Reported alone: the rules below do arithmetic (divisors, products, memory sums) that assumes sane sizes.
+        return out_of_bounds, []
     errors: list[Problem] = []
     warnings: list[Problem] = []
 
@@ -55,6 +54,10 @@ def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
     if m.num_query_groups is not None and (groups < 1 or heads % groups):
         err("model.num_query_groups", groups, f"must divide model.num_attention_heads ({heads})",
             f"use one of {divisors(heads)}")
+    # Optional sizes where null means "derive it": 0 must not quietly mean null (`x or default` downstream).
+    for fname in ("kv_channels", "moe_ffn_hidden_size"):
+        if getattr(m, fname) is not None and getattr(m, fname) < 1:
+            err(f"model.{fname}", getattr(m, fname), "must be >= 1, or null for the default", "use null")
     if m.kv_channels is None and m.hidden_size % heads:
         err("model.kv_channels", None, f"hidden_size ({m.hidden_size}) is not a multiple of num_attention_heads ({heads})",
             "set model.kv_channels (the head dim) explicitly")
@@ -84,11 +87,19 @@ def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
     dp = resolved_dp(spec)
     if t.micro_batch_size < 1:
         err("training.micro_batch_size", t.micro_batch_size, "must be >= 1", "usually 1 with packing")
-    if dp and t.micro_batch_size >= 1 and t.global_batch_size % (t.micro_batch_size * dp):
+    if t.global_batch_size < 1:
+        err("training.global_batch_size", t.global_batch_size, "must be >= 1", "a multiple of micro_batch_size * dp")
+    elif dp and t.micro_batch_size >= 1 and t.global_batch_size % (t.micro_batch_size * dp):
         unit = t.micro_batch_size * dp
         err("training.global_batch_size", t.global_batch_size,
             f"must be a multiple of micro_batch_size * dp ({t.micro_batch_size} * {dp} = {unit})",
             f"use {max(unit, t.global_batch_size // unit * unit)} or {(t.global_batch_size // unit + 1) * unit}")
+    if t.sequence_lengths == []:
+        err("training.sequence_lengths", [], "must list at least one length, or be null (= [model.seq_length])",
+            "use null")
+    if spec.rollout.max_model_len is not None and spec.rollout.max_model_len < 1:
+        err("rollout.max_model_len", spec.rollout.max_model_len, "must be >= 1, or null (= prompt_length + "
+            "max_response_length)", "use null")
     for i, length in enumerate(t.sequence_lengths or []):
         if not 1 <= length <= m.seq_length:
             err(f"training.sequence_lengths[{i}]", length, f"must be in 1..model.seq_length ({m.seq_length})",
@@ -343,13 +354,9 @@ def _slurm_rules(spec: LayoutSpec, err) -> None:
             err(f"slurm.container_mounts[{i}]", mount, "a mount is one SRC:DST[:FLAGS] line without commas",
                 "list each mount separately")
     for i, arg in enumerate(s.extra_sbatch_args):
-        if not arg.startswith("-") or CONTROL_RE.search(arg):
-            err(f"slurm.extra_sbatch_args[{i}]", arg, "must be one sbatch option starting with '-', on one line",
-                "e.g. --exclusive or --constraint=h100")
-        elif _option_name(arg) in MANAGED_SBATCH_OPTIONS:
-            err(f"slurm.extra_sbatch_args[{i}]", arg, "specdraft sets this option itself (from the layout, or for "
-                "submitit's tracking of the job's tasks and logs)",
-                "set the layout field instead (cluster.*, slurm.partition/account/qos/time/cpus_per_task)")
+        problem = sbatch_option_problem(arg)  # one option per element, none the script owns (getopt prefixes too)
+        if problem:
+            err(f"slurm.extra_sbatch_args[{i}]", arg, *problem)
     for key in s.env:
         if key in RESERVED_ENV or key.startswith(("SLURM_", "SUBMITIT_")):
             err(f"slurm.env.{key}", s.env[key], "specdraft's script sets this variable for the rendezvous or submitit",
@@ -362,10 +369,3 @@ def _is_slurm_time(text: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _option_name(arg: str) -> str:
-    """`--time=5` -> `--time`; `-t5` -> `-t` (sbatch's short options take their value attached or separate)."""
-    if arg.startswith("--"):
-        return arg.split("=", 1)[0]
-    return arg[:2]
