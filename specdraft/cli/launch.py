@@ -130,11 +130,10 @@ def status(run: Optional[str] = RunArg) -> None:
     from specdraft.execute.rundir import resolve_run
 
     folder, record, broken = resolve_run(run)
-    console = _console()
-    print_status(console, folder, record)
     if broken:
-        console.print(f"note: {len(broken)} other folder(s) under runs/ could not be read; `specdraft runs` shows "
-                      "why", markup=False)
+        _console(stderr=True).print(f"note: {len(broken)} other folder(s) under runs/ could not be read; "
+                                    "`specdraft runs` shows why", markup=False)
+    print_status(_console(), folder, record)
 
 
 def logs(

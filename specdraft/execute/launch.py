@@ -9,6 +9,7 @@ sacct/squeue and never submits blindly.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +114,15 @@ def check_existing(run_dir: str, plan: LaunchPlan, force: bool) -> int:
     return attempt
 
 
+def _check_folders(run_dir: str) -> None:
+    """The folders ranks and submitit write into must be real folders: a link there would send their files
+    elsewhere."""
+    for name in ("results", "logs", "submitit", "attempts"):
+        if os.path.lexists(Path(run_dir) / name) and not is_dir(run_dir, name):
+            raise UserError(f"{Path(run_dir) / name} is a link or not a folder; specdraft writes only into real "
+                            "folders inside a run folder", "remove it (specdraft never creates one there)")
+
+
 def _archive(run_dir: str, attempt: int) -> None:
     """Move the previous attempt's results/ and logs/ to attempts/<n>/ so status shows only the new attempt."""
     for name in ("results", "logs"):
@@ -147,6 +157,7 @@ def launch(request: LaunchRequest, on_started: Callable[[str], None], on_progres
     claim_run_dir(request.run_dir)
     with launch_lock(request.run_dir):
         attempt = check_existing(request.run_dir, request.plan, request.force)
+        _check_folders(request.run_dir)
         if attempt > 1:
             _archive(request.run_dir, attempt)
         _intent(request, runner, attempt)

@@ -44,8 +44,9 @@ class Answer:
     stderr: str
 
 
-def run(cmd: list[str], timeout: float = QUERY_TIMEOUT_S) -> Answer | None:
-    """Run a Slurm tool with a bound; None when it timed out or is not installed."""
+def run(cmd: list[str], timeout: float | None = None) -> Answer | None:
+    """Run a Slurm tool with a bound (QUERY_TIMEOUT_S by default); None when it timed out or is not installed."""
+    timeout = QUERY_TIMEOUT_S if timeout is None else timeout
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout, check=False,
                               stdin=subprocess.DEVNULL)
@@ -78,7 +79,7 @@ def _state_word(text: str) -> str:
     return words[0] if words else "UNKNOWN"
 
 
-def job_states(job_ids: list[str], timeout: float = QUERY_TIMEOUT_S) -> Census:
+def job_states(job_ids: list[str], timeout: float | None = None) -> Census:
     """One sacct call for all ids, then one squeue call for the ids that are pending or unknown to sacct (squeue
     knows a job sacct has not caught up with yet, and it alone gives the pending reason)."""
     ids = [check_job_id(j) for j in job_ids]
@@ -110,7 +111,7 @@ def job_states(job_ids: list[str], timeout: float = QUERY_TIMEOUT_S) -> Census:
     return Census(out, answered)
 
 
-def find_jobs(job_name: str, since_epoch: float, timeout: float = QUERY_TIMEOUT_S) -> list[tuple[str, str]]:
+def find_jobs(job_name: str, since_epoch: float, timeout: float | None = None) -> list[tuple[str, str]]:
     """(job id, state) of jobs named ``job_name`` submitted since ``since_epoch`` (minus a minute of clock skew)."""
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since_epoch - 60))
     found: dict[str, str] = {}
@@ -128,12 +129,13 @@ def find_jobs(job_name: str, since_epoch: float, timeout: float = QUERY_TIMEOUT_
     return sorted(found.items(), key=lambda item: [int(p) for p in re.split(r"[_+]", item[0])])
 
 
-def cancel(job_id: str, timeout: float = CANCEL_TIMEOUT_S) -> None:
-    """scancel one job; UserError when scancel fails or does not answer within ``timeout``."""
+def cancel(job_id: str, timeout: float | None = None) -> None:
+    """scancel one job; UserError when scancel fails or does not answer within ``timeout`` (CANCEL_TIMEOUT_S)."""
     check_job_id(job_id)
+    timeout = CANCEL_TIMEOUT_S if timeout is None else timeout
     answer = run(["scancel", "--", job_id], timeout)
     if answer is None:
-        raise UserError(f"scancel {job_id} did not answer within {timeout:.0f} s (the Slurm controller is busy or "
+        raise UserError(f"scancel {job_id} did not answer within {timeout:g} s (the Slurm controller is busy or "
                         "down); the job may still be queued or running", f"check with `squeue --jobs={job_id}` and "
                         "run `specdraft cancel` again")
     if answer.returncode != 0:
@@ -147,7 +149,7 @@ def available(timeout: float = 5.0) -> tuple[bool, str]:
         return False, "sbatch is not on PATH"
     answer = run(["sinfo", "-h", "-o", "%P"], timeout)
     if answer is None:
-        return False, f"sbatch is on PATH but the Slurm controller did not answer within {timeout:.0f} s"
+        return False, f"sbatch is on PATH but the Slurm controller did not answer within {timeout:g} s"
     if answer.returncode != 0:
         return False, "sbatch is on PATH but the Slurm controller does not answer"
     return True, "sbatch is on PATH and the controller answers"
