@@ -20,7 +20,8 @@ from specdraft.execute import executor as executors
 from specdraft.execute import monitor
 from specdraft.execute.executor import Executor, ProgressFn
 from specdraft.execute.record import Attempt, RunRecord, new_record, now_iso, read_record
-from specdraft.execute.rundir import ACTIVE, TERMINAL, claim_run_dir, launch_lock, replace_record, run_dir_for
+from specdraft.execute.rundir import (ACTIVE, TERMINAL, claim_run_dir, launch_lock, refuse_foreign, replace_record,
+                                      run_dir_for)
 from specdraft.execute.runfiles import is_dir
 from specdraft.fsutil import atomic_write_text
 from specdraft.plan.model import LaunchPlan
@@ -153,7 +154,8 @@ def launch(request: LaunchRequest, on_started: Callable[[str], None], on_progres
            warn: Callable[[str], None]) -> LaunchResult:
     """Run the launch use case for ``request``; raises UserError when it cannot start."""
     runner = executors.get(request.executor)
-    runner.ready(request, warn)
+    refuse_foreign(request.run_dir)  # a folder of the user's is refused whatever the executor
+    runner.ready(request, warn)  # e.g. preflight: refused before anything is written
     claim_run_dir(request.run_dir)
     with launch_lock(request.run_dir):
         attempt = check_existing(request.run_dir, request.plan, request.force)

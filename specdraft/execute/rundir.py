@@ -63,25 +63,31 @@ def check_run_dir(folder: str | Path) -> Path:
     return path
 
 
+def refuse_foreign(folder: str | Path) -> None:
+    """Refuse, by name, a folder that exists and is neither a run folder nor empty; reads only its listing."""
+    path = Path(folder)
+    if path.is_symlink() and not path.exists():
+        raise UserError(f"the run folder {path} is a dangling link", "choose another --run-dir")
+    if not path.exists() or (path.is_dir() and is_run_dir(path)):
+        return
+    if not path.is_dir():
+        raise UserError(f"the run folder {path} exists and is not a folder", "choose another --run-dir")
+    entries = sorted(os.listdir(path))
+    if entries:
+        shown = ", ".join(entries[:6]) + (f" and {len(entries) - 6} more" if len(entries) > 6 else "")
+        raise UserError(f"{path} is not a specdraft run folder (no {MARKER} marker) and holds files ({shown}); "
+                        "specdraft does not write into it", "choose a new or empty --run-dir (the default, "
+                        "runs/<name>-<hash8>, is always specdraft's)")
+
+
 def claim_run_dir(folder: str | Path) -> Path:
     """Create the run folder with its marker, adopt an empty folder, or accept an existing run folder; refuse any
     other folder by name, before anything in it is touched."""
     path = Path(folder)
-    if path.is_symlink() and not path.exists():
-        raise UserError(f"the run folder {path} is a dangling link", "choose another --run-dir")
-    if path.exists():
-        if not path.is_dir():
-            raise UserError(f"the run folder {path} exists and is not a folder", "choose another --run-dir")
-        if is_run_dir(path):
-            return path
-        entries = sorted(os.listdir(path))
-        if entries:
-            shown = ", ".join(entries[:6]) + (f" and {len(entries) - 6} more" if len(entries) > 6 else "")
-            raise UserError(f"{path} is not a specdraft run folder (no {MARKER} marker) and holds files ({shown}); "
-                            "specdraft does not write into it", "choose a new or empty --run-dir (the default, "
-                            "runs/<name>-<hash8>, is always specdraft's)")
-    path.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path / MARKER, MARKER_TEXT)
+    refuse_foreign(path)
+    if not is_run_dir(path):
+        path.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path / MARKER, MARKER_TEXT)
     return path
 
 

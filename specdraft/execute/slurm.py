@@ -39,8 +39,9 @@ class SlurmExecutor(Executor):
         return {"sbatch.sh": (request.render.script, 0o755)}
 
     def ready(self, request, warn: Callable[[str], None]) -> None:
-        """Build submitit's executor (a machine without srun fails here, with nothing written)."""
-        from specdraft.execute import submit
+        """Build submitit's executor (a machine without srun fails here, with nothing written) and ask the cluster
+        whether the request could ever run (preflight: an impossible one is exit 2, nothing written or submitted)."""
+        from specdraft.execute import preflight, submit
 
         plan = request.plan
         try:
@@ -49,6 +50,7 @@ class SlurmExecutor(Executor):
         except submit.SubmitRefused as err:
             raise UserError(f"cannot submit to Slurm here: {err}", "run on a Slurm login node, or use "
                             "--executor local") from None
+        preflight.require(plan.spec, warn, after="; nothing was submitted")
 
     def start(self, request, on_progress: ProgressFn) -> RunRecord:
         from specdraft.execute import submit
