@@ -15,9 +15,8 @@ from typing import Callable, ClassVar
 
 from specdraft.errors import UserError
 from specdraft.execute.record import RunRecord
+from specdraft.execute.request import LaunchRequest
 from specdraft.plan.model import LaunchPlan
-
-# The request type (execute.launch.LaunchRequest) is named in strings only: launch imports this module.
 
 # name -> "module:class"; the order is the automatic choice's preference.
 REGISTRY = {"slurm": "specdraft.execute.slurm:SlurmExecutor", "local": "specdraft.execute.local:LocalExecutor"}
@@ -70,15 +69,15 @@ class Executor(ABC):
         """Extra lines `--dry-run` prints about how this executor runs the command."""
         return []
 
-    def intent_files(self, request: "LaunchRequest") -> dict[str, tuple[str, int]]:
+    def intent_files(self, request: LaunchRequest) -> dict[str, tuple[str, int]]:
         """Files written with the intent, besides plan.json: name -> (text, mode)."""
         return {}
 
-    def ready(self, request: "LaunchRequest", warn: Callable[[str], None]) -> None:
+    def ready(self, request: LaunchRequest, warn: Callable[[str], None]) -> None:
         """Checks before the run folder is touched (raise UserError when the run cannot start here)."""
 
     @abstractmethod
-    def start(self, request: "LaunchRequest", on_progress: ProgressFn) -> RunRecord:
+    def start(self, request: LaunchRequest, on_progress: ProgressFn) -> RunRecord:
         """Start the run (under the launch lock, after the intent); returns the record once started (submitted,
         or, for an executor that runs in the launcher, ended)."""
 

@@ -20,33 +20,18 @@ from specdraft.execute import executor as executors
 from specdraft.execute import monitor
 from specdraft.execute.executor import Executor, ProgressFn
 from specdraft.execute.record import Attempt, RunRecord, new_record, now_iso, read_record
+from specdraft.execute.request import LaunchRequest
 from specdraft.execute.rundir import (ACTIVE, TERMINAL, claim_run_dir, launch_lock, refuse_foreign, replace_record,
                                       run_dir_for)
 from specdraft.execute.runfiles import is_dir
 from specdraft.fsutil import atomic_write_text
 from specdraft.plan.model import LaunchPlan
-from specdraft.render.sbatch import SbatchRender, render_sbatch
+from specdraft.render.sbatch import render_sbatch
 
 # Workloads the runtime entry knows (runtime.entry.WORKLOADS has the module of each; a test keeps the two equal).
 WORKLOADS = ("selftest", "cotrain")
 # How long `--wait` waits beyond the job's own time limit: queueing time before it starts.
 QUEUE_GRACE_S = 600
-
-
-@dataclass(frozen=True, kw_only=True)
-class LaunchRequest:
-    """Everything one launch needs, decided before anything is written."""
-
-    plan: LaunchPlan
-    executor: str
-    executor_why: str
-    run_dir: str  # absolute, normalised
-    python: str  # the interpreter every rank runs
-    workload: str
-    steps: int | None
-    force: bool  # relaunch into a folder whose job has ended
-    waits: bool  # the launch returns only once the run ended (--wait, or an executor that runs in the launcher)
-    render: SbatchRender  # the script and the payload argv, a pure function of the fields above
 
 
 @dataclass(frozen=True)
