@@ -115,9 +115,10 @@ def test_an_empty_folder_is_adopted_and_a_marker_that_is_a_link_is_not_trusted(t
 
 def test_an_option_as_job_id_never_reaches_slurm(specdraft_cli, tmp_path, slurm_stubs):
     folder = _run_folder(tmp_path / "run")
-    for crafted in ("--user=root", "-u0", "12345 --user=root", "12345,--user=root"):
+    for crafted, commands in (("--user=root", ("cancel", "status", "logs")), ("-u0", ("cancel",)),
+                              ("12345 --user=root", ("cancel",)), ("12345,--user=root", ("status",))):
         _edit_record(folder, job_id=crafted)
-        for command in ("cancel", "status", "logs"):
+        for command in commands:
             proc = specdraft_cli(command, folder)
             assert proc.returncode == 2 and "job_id" in proc.stderr, (crafted, command, proc.stderr)
     assert slurm_stubs() == []
@@ -188,25 +189,37 @@ def _hostile(path: Path, kind: str) -> None:
         path.mkdir()
 
 
-def test_fifos_links_and_devices_in_a_run_folder_end_in_exit_2_not_a_hang(specdraft_cli, tmp_path):
+@pytest.fixture(scope="module")
+def plan():
+    from specdraft.assemble import compile
+    from specdraft.spec.load import load_layout
+
+    return compile(load_layout(None))
+
+
+def test_fifos_links_and_devices_in_a_run_folder_end_in_exit_2_not_a_hang(specdraft_cli, tmp_path, plan):
     folder = _run_folder(tmp_path / "run", executor="local", job_id="local-4242", state="COMPLETED",
-                         local=LocalProcesses(pgid=4242, pids=(4242,), launcher_pid=4242))
-    good = (folder / "run.json").read_bytes()
+                         world_size=plan.world_size, local=LocalProcesses(pgid=4242, pids=(4242,), launcher_pid=4242))
+    (folder / "results").mkdir()
+    originals = {"run.json": (folder / "run.json").read_bytes(), "plan.json": plan.to_json().encode()}
+    (folder / "plan.json").write_bytes(originals["plan.json"])
     cases = [("run.json", "fifo", "status"), ("run.json", "zero", "status"), ("run.json", "dir", "cancel"),
              ("plan.json", "fifo", "status"), ("plan.json", "zero", "status"),
+             ("results/rank-00001.json", "fifo", "status"), ("metrics.jsonl", "fifo", "status"),
+             ("metrics.jsonl", "zero", "status"),
              ("logs/rank-0.out", "fifo", "logs"), ("logs/rank-0.err", "shadow", "logs"),
              ("logs/rank-1.out", "zero", "logs")]
+    expected = {"fifo": "is a FIFO", "zero": "symbolic link", "shadow": "symbolic link", "dir": "a directory"}
     for rel, kind, command in cases:
         _hostile(folder / rel, kind)
         proc = specdraft_cli(command, folder, timeout=60)
         assert proc.returncode == 2, (rel, kind, proc.stdout, proc.stderr)
         assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr, proc.stderr
-        expected = {"fifo": "is a FIFO", "zero": "symbolic link", "shadow": "symbolic link", "dir": "a directory"}
-        assert expected[kind] in proc.stderr, (rel, kind, proc.stderr)
+        assert expected[kind] in proc.stderr and rel in proc.stderr, (rel, kind, proc.stderr)
         assert "root:" not in proc.stdout
         (folder / rel).unlink() if kind != "dir" else (folder / rel).rmdir()
-        if rel == "run.json":
-            (folder / rel).write_bytes(good)
+        if rel in originals:
+            (folder / rel).write_bytes(originals[rel])
 
 
 def test_a_link_out_of_the_run_folder_is_never_followed_on_the_way_in(specdraft_cli, tmp_path):
