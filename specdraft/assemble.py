@@ -68,7 +68,7 @@ def parse_plan(text: str, source: str) -> LaunchPlan:
 
 def read_plan(path: str | Path) -> LaunchPlan:
     """Read, parse and verify plan.json at ``path`` (a regular file of bounded size)."""
-    from specdraft.fsread import read_regular_text
+    from specdraft.fsutil import read_regular_text
 
-    text = read_regular_text(Path(path), MAX_PLAN_BYTES, what="plan file")
+    text = read_regular_text(Path(path), MAX_PLAN_BYTES, "plan file")
     return verify(parse_plan(text, str(path)), str(path))

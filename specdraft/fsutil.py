@@ -18,6 +18,10 @@ from specdraft.errors import UserError
 STDOUT = "-"  # the output name that means standard output, where a command offers it
 
 
+class NotRegularFile(UserError):
+    """A path that exists but is not a regular file (a FIFO, device, socket, directory or a refused link)."""
+
+
 def file_kind(mode: int) -> str:
     """What a stat mode is, in words ('a regular file', 'a FIFO (named pipe)', ...)."""
     for test, kind in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"),
@@ -122,7 +126,7 @@ def read_regular_file(path: str | os.PathLike, max_bytes: int, what: str = "file
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise UserError(f"{what} {path} is {file_kind(st.st_mode)}, not a regular file",
+            raise NotRegularFile(f"{what} {path} is {file_kind(st.st_mode)}, not a regular file",
                             "pass the path of a regular file")
         if st.st_size > max_bytes:
             raise UserError(f"{what} {path} is {st.st_size:,} bytes; the limit is {max_bytes:,}",
@@ -141,3 +145,12 @@ def read_regular_file(path: str | os.PathLike, max_bytes: int, what: str = "file
         raise UserError(f"cannot read {what} {path}: {err.strerror or err}", "check the path") from None
     finally:
         os.close(fd)
+
+
+def read_regular_text(path: str | os.PathLike, max_bytes: int, what: str = "file") -> str:
+    """UTF-8 text of :func:`read_regular_file`; a file that is not UTF-8 is a UserError, not a traceback."""
+    data = read_regular_file(path, max_bytes, what)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(f"{what} {path} is not UTF-8 text (byte {err.start})", "check the path") from None

@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).parents[1] / "specdraft"
 HEAVY = ("torch", "megatron", "submitit")
 RANK = {"base": 0, "spec": 1, "plan": 2, "rollout": 3, "render": 4, "assemble": 5, "execute": 6, "cli": 7}
-BASE = {"specdraft", "specdraft.errors", "specdraft.fsutil", "specdraft.fsread"}
+BASE = {"specdraft", "specdraft.errors", "specdraft.fsutil"}
 LIGHT = {"spec", "plan", "rollout", "render", "assemble", "cli"}
 
 

@@ -14,7 +14,8 @@ import pytest
 from specdraft.errors import UserError
 from specdraft.execute.launch import check_existing
 from specdraft.execute.report import root_cause
-from specdraft.execute.rundir import launch_lock, read_record, update_record
+from specdraft.execute.record import Attempt, new_record
+from specdraft.execute.rundir import claim_run_dir, launch_lock, read_record, replace_record
 from specdraft.assemble import compile
 from specdraft.runtime.entry import check_placement, load_workload, rank_env
 from specdraft.spec.load import load_layout
@@ -91,8 +92,13 @@ def test_two_launches_of_one_run_folder_exclude_each_other(tmp_path):
 
 
 def _record(run_dir, plan, **fields):
-    update_record(run_dir, name=plan.name, plan_hash=plan.plan_hash, world_size=plan.world_size,
-                  attempts=[{"attempt": 1, "state": fields.get("state")}], **fields)
+    claim_run_dir(run_dir)
+    fields = {"intent_epoch": time.time(), "job_name": plan.run_name, **fields}
+    replace_record(run_dir, new_record(
+        name=plan.name, run_dir=str(run_dir), plan_hash=plan.plan_hash, spec_sha256=plan.spec_sha256,
+        specdraft_version=plan.specdraft_version, world_size=plan.world_size, workload="selftest",
+        attempts=(Attempt(attempt=1, executor=fields["executor"], job_id=fields.get("job_id"),
+                          state=fields["state"], intent="2026-01-01T00:00:00+00:00"),), **fields))
 
 
 def test_an_interrupted_submission_is_never_resubmitted_blindly(tmp_path, plan):
@@ -112,14 +118,14 @@ def test_relaunch_rules(tmp_path, plan):
     with pytest.raises(UserError, match="already running.*job 999999999.*PENDING") as err:
         check_existing(str(tmp_path), plan, force=True)
     assert "specdraft cancel" in err.value.fix
-    _record(tmp_path, plan, executor="slurm", state="COMPLETED", job_id="41")
-    with pytest.raises(UserError, match=f"already launched: {tmp_path} \\(slurm, job 41, state COMPLETED\\)"):
+    _record(tmp_path, plan, executor="slurm", state="COMPLETED", job_id="999999998")  # a job no Slurm knows
+    with pytest.raises(UserError, match=f"already launched: {tmp_path} \\(slurm, job 999999998, state COMPLETED\\)"):
         check_existing(str(tmp_path), plan, force=False)
     assert check_existing(str(tmp_path), plan, force=True) == 2
     other = compile(load_layout(None, ["cluster.gpus_per_node=2", "parallel.cp=1"]))
     with pytest.raises(UserError, match="holds a run of another plan"):
         check_existing(str(tmp_path), other, force=True)
-    assert read_record(tmp_path)["state"] == "COMPLETED"
+    assert read_record(tmp_path).state == "COMPLETED"
 
 
 def test_selftest_expects_megatrons_groups_from_the_plan_arithmetic():

@@ -74,6 +74,8 @@ def test_cancel_and_status_shows_cancelled(slurm_cluster, specdraft_cli, tmp_pat
     proc = specdraft_cli("launch", *TWO_BY_ONE, "slurm.extra_sbatch_args=[--hold]")
     assert proc.returncode == 0, proc.stderr
     folder = next((tmp_path / "runs").iterdir())
+    held = specdraft_cli("status", folder.name, timeout=30)
+    assert "state PENDING" in held.stdout and "reason JobHeldUser" in held.stdout, held.stdout  # squeue's %r
     cancel = specdraft_cli("cancel", folder.name)
     assert cancel.returncode == 0 and f"cancelled Slurm job {_record(folder)['job_id']}" in cancel.stdout
     deadline = time.monotonic() + 60
@@ -89,11 +91,21 @@ def test_cancel_and_status_shows_cancelled(slurm_cluster, specdraft_cli, tmp_pat
 
 
 @pytest.mark.timeout(60)
-def test_a_bad_partition_reports_sbatch_and_can_be_retried(slurm_cluster, specdraft_cli, tmp_path):
-    args = [*TWO_BY_ONE, "slurm.partition=no-such-partition"]
+def test_sbatch_refusing_is_recorded_and_can_be_retried(slurm_cluster, specdraft_cli, tmp_path):
+    # A constraint no node has passes preflight (which does not model features) and sbatch refuses it.
+    args = [*TWO_BY_ONE, "slurm.extra_sbatch_args=[--constraint=no-such-feature]"]
     for _ in range(2):  # SUBMIT_FAILED means nothing was queued, so the retry needs no --force
         proc = specdraft_cli("launch", *args)
         assert proc.returncode == 2
-        assert "sbatch refused the job" in proc.stderr and "invalid partition" in proc.stderr.lower(), proc.stderr
+        assert "sbatch refused the job" in proc.stderr and "invalid feature" in proc.stderr.lower(), proc.stderr
     record = _record(next((tmp_path / "runs").iterdir()))
     assert record["state"] == "SUBMIT_FAILED" and len(record["attempts"]) == 2 and record["job_id"] is None
+
+
+@pytest.mark.timeout(60)
+def test_a_bad_partition_is_refused_by_preflight_before_anything_is_written(slurm_cluster, specdraft_cli, tmp_path):
+    proc = specdraft_cli("launch", *TWO_BY_ONE, "slurm.partition=no-such-partition")
+    assert proc.returncode == 2
+    assert "slurm.partition = 'no-such-partition': the cluster has no partition" in proc.stderr, proc.stderr
+    assert "debug" in proc.stderr and "nothing was submitted" in proc.stderr
+    assert not (tmp_path / "runs").exists()

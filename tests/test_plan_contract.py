@@ -108,11 +108,15 @@ def test_launch_render_and_status_refuse_another_schema_version(tmp_path):
         assert f"schema_version is 1, but this specdraft reads schema_version {SCHEMA_VERSION}" in proc.stderr
         assert "Traceback" not in proc.stderr
     # A run folder holding such a plan: status says so and exits 2.
+    from specdraft.execute.record import new_record
+    from specdraft.execute.rundir import claim_run_dir, replace_record
+
     run = tmp_path / "runs" / "old-run"
-    run.mkdir(parents=True)
+    claim_run_dir(run)
     (run / "plan.json").write_text(plan.read_text())
-    (run / "run.json").write_text(json.dumps({"executor": "local", "state": "COMPLETED", "world_size": 4,
-                                              "name": "tiny-cpu", "attempts": []}))
+    replace_record(run, new_record(name="tiny-cpu", run_dir=str(run), executor="local", job_name="tiny-cpu-0",
+                                   state="COMPLETED", intent_epoch=0.0, plan_hash="0" * 64, spec_sha256="0" * 64,
+                                   specdraft_version="0.1.0", world_size=4, workload="selftest"))
     proc = _cli("status", run, cwd=tmp_path)
     assert proc.returncode == 2 and "schema_version is 1" in proc.stderr and "Traceback" not in proc.stderr
 

@@ -7,7 +7,21 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from specdraft.errors import UserError
 from specdraft.execute.monitor import read_metrics
+
+_ROW_NUMBERS = ("step", "target_loss", "draft_loss", "accept_len", "tap_bytes")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _acceptance_rows(rows: list[dict]) -> list[dict]:
+    """The metrics.jsonl rows of co-training steps with an acceptance list; rows of another shape are not shown."""
+    return [r for r in rows
+            if isinstance(r.get("acceptance"), list) and r["acceptance"] and all(map(_is_number, r["acceptance"]))
+            and all(_is_number(r.get(k)) for k in _ROW_NUMBERS)]
 
 
 class ProgressBar:
@@ -30,12 +44,19 @@ class ProgressBar:
         self.progress.stop()
 
     def update(self) -> None:
-        rows = read_metrics(self.folder)
+        try:
+            rows = read_metrics(self.folder)
+        except UserError as err:  # a display only: a refused metrics.jsonl must not stop the run it shows
+            self.progress.update(self.task, info=f"metrics.jsonl unreadable: {err.message[:80]}")
+            return
         if not rows:
             return
         last = rows[-1]
+        if not _is_number(last.get("target_loss")):
+            self.progress.update(self.task, completed=len(rows))
+            return
         info = f"target {last['target_loss']:.3f}"
-        if last.get("acceptance"):
+        if _acceptance_rows([last]):
             info += f"  draft {last['draft_loss']:.3f}  accept " + " ".join(f"{a:.2f}" for a in last["acceptance"])
         else:
             info += "  (policy warm-up)"
@@ -44,11 +65,11 @@ class ProgressBar:
 
 def acceptance_table(folder: str | Path) -> Table | None:
     """Acceptance per TTT step and accepted length, at the first, middle and last co-training steps."""
-    rows = [r for r in read_metrics(folder) if r.get("acceptance")]
+    rows = _acceptance_rows(read_metrics(folder))
     if not rows:
         return None
     picks = sorted({0, len(rows) // 4, len(rows) // 2, 3 * len(rows) // 4, len(rows) - 1})
-    steps = len(rows[0]["acceptance"])
+    steps = min(len(r["acceptance"]) for r in rows)
     table = Table(title="draft acceptance (top-1 match with the policy, per TTT step)")
     table.add_column("step", justify="right")
     table.add_column("target loss", justify="right")
@@ -60,5 +81,6 @@ def acceptance_table(folder: str | Path) -> Table | None:
     for i in picks:
         r = rows[i]
         table.add_row(str(r["step"] + 1), f"{r['target_loss']:.4f}", f"{r['draft_loss']:.4f}",
-                      *(f"{a:.3f}" for a in r["acceptance"]), f"{r['accept_len']:.3f}", f"{r['tap_bytes']:,}")
+                      *(f"{a:.3f}" for a in r["acceptance"][:steps]), f"{r['accept_len']:.3f}",
+                      f"{r['tap_bytes']:,}")
     return table

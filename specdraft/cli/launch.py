@@ -1,4 +1,4 @@
-"""`launch`, `runs`, `status`, `logs` and `cancel`: thin typer commands over execute/ and render/ (imported lazily)."""
+"""`launch`, `runs`, `status`, `logs` and `cancel`: thin typer commands that parse, call execute/, and print."""
 
 from __future__ import annotations
 
@@ -14,28 +14,6 @@ TargetArgs = typer.Argument(None, metavar="[LAYOUT | PLAN.json] [OVERRIDES...]",
                                  "then KEY=VALUE overrides.")
 RunArg = typer.Argument(None, metavar="[RUN]", help="A run folder's path, or its name under runs/ "
                                                     "(default: the most recent run).")
-
-
-def _prepare(args, run_dir, python, workload, steps):
-    """Compile (or read) the plan, re-validate it, pick the run folder and render the script: no side effects."""
-    from specdraft.cli.args import load_plan
-    from specdraft.errors import UserError
-    from specdraft.execute.launch import WORKLOADS, choose_python
-    from specdraft.execute.rundir import run_dir_for
-    from specdraft.render.sbatch import render_sbatch
-
-    if workload not in WORKLOADS:
-        raise UserError(f"--workload {workload!r} is unknown", f"use one of: {', '.join(WORKLOADS)}")
-    if steps is not None and steps < 1:
-        raise UserError(f"--steps {steps} must be >= 1", "give a positive number of steps")
-    plan, _ = load_plan(args)  # a plan.json is re-validated and re-compiled from its spec
-    folder = run_dir_for(plan, run_dir)
-    chosen_python = choose_python(plan, python)
-    try:
-        render = render_sbatch(plan, folder, python=chosen_python, workload=workload, steps=steps)
-    except ValueError as err:
-        raise UserError(f"cannot render a safe sbatch script: {err}", "fix those values in the layout") from None
-    return plan, folder, chosen_python, render
 
 
 def launch(
@@ -54,82 +32,65 @@ def launch(
                                          "`python` inside a container image)."),
 ) -> None:
     """Launch a plan on Slurm (through submitit) or locally, one process per rank."""
-    from specdraft.execute.launch import choose_executor
+    from specdraft.cli.args import load_plan
+    from specdraft.execute import launch as use_case
 
-    plan, folder, chosen_python, render = _prepare(args, run_dir, python, workload, steps)
-    chosen, why = choose_executor(executor)
+    plan, _ = load_plan(args)  # a plan.json is re-validated and re-compiled from its spec
+    request = use_case.prepare(plan, executor=executor, run_dir=run_dir, python=python, workload=workload,
+                               steps=steps, force=force, wait=wait)
     err = _console(stderr=True)
     if dry_run:
-        import shlex
-
-        sys.stdout.write(render.script)
-        err.print(f"# dry run: nothing written, nothing submitted. executor: {chosen} ({why})", markup=False)
-        err.print(f"# run folder: {folder}", markup=False)
-        err.print(f"# srun line: {render.srun_line}", markup=False)
-        err.print(f"# per-rank command: {shlex.join(render.payload_argv)}", markup=False)
-        if chosen == "local":
-            err.print("# local: the same command once per rank, with RANK, WORLD_SIZE, LOCAL_RANK, GROUP_RANK, "
-                      "MASTER_ADDR=127.0.0.1 and a free MASTER_PORT", markup=False)
+        _print_dry_run(request, err)
         return
-    err.print(f"executor: {chosen} ({why})", markup=False)
-    if chosen == "slurm":
-        _launch_slurm(plan, folder, render, chosen_python, force, workload, steps, wait)
-    else:
-        # Locally there is no container: the ranks run under --python, else this interpreter.
-        _launch_local(plan, folder, render, force, workload, steps, python or sys.executable)
-
-
-def _launch_slurm(plan, folder, render, python, force, workload, steps, wait) -> None:
-    from specdraft.execute.launch import launch_slurm
-
-    record = launch_slurm(plan, folder, render, python, force, workload, steps)
+    err.print(f"executor: {request.executor} ({request.executor_why})", markup=False)
+    err.print(f"run folder: {request.run_dir}", markup=False)
     out = _console()
-    spec = plan.spec
-    out.print(f"submitted Slurm job {record['job_id']}: {plan.world_size} task(s) on {spec.cluster.num_nodes} "
-              f"node(s), partition {spec.slurm.partition or '(default)'}", markup=False)
-    out.print(f"run folder: {folder}", markup=False)
-    if not wait:
+    bar = None
+    if workload == "cotrain" and request.waits:
+        from specdraft.cli.cotrain_view import ProgressBar
+
+        bar = ProgressBar(err, request.run_dir, steps or plan.spec.training.train_iters)
+
+    def on_progress(progress) -> None:
+        if bar is not None:
+            bar.update()
+            if not progress.heartbeat:
+                bar.progress.console.print(f"[{progress.executor}] {progress.summary}", markup=False)
+        else:
+            err.print(f"[{progress.executor}] {progress.elapsed_s:5.1f} s  {progress.summary}", markup=False)
+
+    def warn(message: str) -> None:
+        err.print(f"warning: {message}", markup=False)
+
+    if bar is not None:
+        with bar:
+            result = use_case.launch(request, lambda line: out.print(line, markup=False), on_progress, warn)
+    else:
+        result = use_case.launch(request, lambda line: out.print(line, markup=False), on_progress, warn)
+    if not result.ended:
+        folder = request.run_dir
         out.print(f"follow it: specdraft status {folder} | specdraft logs {folder} --follow | "
                   f"specdraft cancel {folder}", markup=False)
         return
-    from specdraft.execute import monitor
-
-    seen = {}
-
-    def on_poll(state: str, done: int) -> None:
-        if seen.get("last") != (state, done):
-            seen["last"] = (state, done)
-            _console(stderr=True).print(f"[slurm] job {record['job_id']}: {state}, {done}/{plan.world_size} "
-                                        "rank result(s)", markup=False)
-
-    state, record = monitor.wait(folder, plan.slurm.time_limit_s + 600, on_poll)
-    _finish(folder, record, state)
+    _finish(request.run_dir, result)
 
 
-def _launch_local(plan, folder, render, force, workload, steps, python) -> None:
-    from specdraft.execute.launch import launch_local
+def _print_dry_run(request, err) -> None:
+    import shlex
 
-    err = _console(stderr=True)
-    err.print(f"run folder: {folder}", markup=False)
-    if workload == "cotrain":
-        from specdraft.cli.cotrain_view import ProgressBar
+    from specdraft.execute.launch import dry_run_notes
 
-        total = steps or plan.spec.training.train_iters
-        with ProgressBar(err, folder, total) as bar:
-            record, _ = launch_local(plan, folder, render, force, workload, steps, python,
-                                     lambda codes, elapsed: bar.update())
-    else:
-        def on_progress(codes: dict, elapsed: float) -> None:
-            running = sum(c is None for c in codes.values())
-            ok = sum(c == 0 for c in codes.values())
-            err.print(f"[local] {elapsed:5.1f} s  ranks: {running} running, {ok} done, "
-                      f"{len(codes) - running - ok} failed", markup=False)
-
-        record, _ = launch_local(plan, folder, render, force, workload, steps, python, on_progress)
-    _finish(folder, record, record["state"])
+    sys.stdout.write(request.render.script)
+    err.print(f"# dry run: nothing written, nothing submitted. executor: {request.executor} "
+              f"({request.executor_why})", markup=False)
+    err.print(f"# run folder: {request.run_dir}", markup=False)
+    err.print(f"# srun line: {request.render.srun_line}", markup=False)
+    err.print(f"# per-rank command: {shlex.join(request.render.payload_argv)}", markup=False)
+    for note in dry_run_notes(request):
+        err.print(f"# {note}", markup=False)
 
 
-def _finish(folder, record, state) -> None:
+def _finish(folder, result) -> None:
     """Print the per-rank table; raise a UserError (exit 2) naming the failing rank when the run did not pass."""
     from specdraft.cli.runs_view import rank_table
     from specdraft.errors import UserError
@@ -137,36 +98,41 @@ def _finish(folder, record, state) -> None:
     from specdraft.execute.report import read_results
 
     plan = monitor.read_plan(folder)
-    results = read_results(folder)
+    results = read_results(folder, plan.world_size)
     out = _console()
-    out.print(rank_table(plan, results, state))
-    message = monitor.problem(folder, record, state)
-    if message:
-        raise UserError(message, f"the logs: specdraft logs {folder} --rank N")
+    out.print(rank_table(plan, results, result.state))
+    if result.problem:
+        raise UserError(result.problem, f"the logs: specdraft logs {folder} --rank N")
     passed = sum(1 for r in results.values() if r.get("ok"))
-    if record.get("workload") == "cotrain":
+    if result.record.workload == "cotrain":
         from specdraft.cli.cotrain_view import acceptance_table
 
         table = acceptance_table(folder)
         if table is not None:
             out.print(table)
-    out.print(f"[green]{state}[/]: all {passed} ranks passed {record.get('workload', 'the workload')}")
+    out.print(f"[green]{result.state}[/]: all {passed} ranks passed {result.record.workload}")
 
 
 def runs(root: str = typer.Option("runs", "--root", help="Folder holding run folders.")) -> None:
-    """List runs: name, executor, job id, state, submitted."""
+    """List runs: name, executor, job id, state, submitted (a folder that cannot be read is a row saying why)."""
     from specdraft.cli.runs_view import runs_table
+    from specdraft.execute import monitor
     from specdraft.execute.rundir import list_runs
 
-    _console().print(runs_table(list_runs(root)))
+    entries = list_runs(root)
+    fresh = monitor.refresh_all([(e.folder, e.record) for e in entries if e.record is not None])
+    _console().print(runs_table(entries, fresh))
 
 
 def status(run: Optional[str] = RunArg) -> None:
-    """Show a run's state (sacct/squeue, bounded) and each rank's progress."""
+    """Show a run's state (sacct/squeue, bounded; a pending job's reason) and each rank's progress."""
     from specdraft.cli.runs_view import print_status
     from specdraft.execute.rundir import resolve_run
 
-    folder, record = resolve_run(run)
+    folder, record, broken = resolve_run(run)
+    if broken:
+        _console(stderr=True).print(f"note: {len(broken)} other folder(s) under runs/ could not be read; "
+                                    "`specdraft runs` shows why", markup=False)
     print_status(_console(), folder, record)
 
 
@@ -179,16 +145,16 @@ def logs(
     from specdraft.cli.runs_view import show_logs
     from specdraft.execute.rundir import resolve_run
 
-    folder, record = resolve_run(run)
+    folder, record, _ = resolve_run(run)
     show_logs(folder, record, rank, follow)
 
 
 def cancel(run: Optional[str] = RunArg) -> None:
-    """Cancel a run (scancel on Slurm; the ranks' process group locally)."""
+    """Cancel a run (scancel on Slurm, bounded; the ranks' process group locally)."""
     from specdraft.execute import monitor
     from specdraft.execute.rundir import resolve_run
 
-    folder, record = resolve_run(run)
+    folder, record, _ = resolve_run(run)
     _console().print(monitor.cancel(folder, record), markup=False)
 
 

@@ -51,7 +51,11 @@ def plan(
 
 
 @app.command()
-def validate(args: Optional[List[str]] = TargetArgs) -> None:
+def validate(
+    args: Optional[List[str]] = TargetArgs,
+    cluster: bool = typer.Option(False, "--cluster", help="Also ask the Slurm cluster (bounded sinfo/scontrol) "
+                                 "whether it could ever run the job: partition, nodes, CPUs, GPUs, memory, time."),
+) -> None:
     """Dry-run a layout: report every problem at once (exit 2), or confirm it is valid (exit 0)."""
     from specdraft.assemble import check
     from specdraft.cli.args import split_target
@@ -68,6 +72,11 @@ def validate(args: Optional[List[str]] = TargetArgs) -> None:
         raise SpecError(errors, path or "the built-in default layout")
     console.print(f"[green]valid:[/] {spec.name} ({spec.cluster.num_nodes * spec.cluster.gpus_per_node} GPUs, "
                   f"{len(warnings)} warning{'s' if len(warnings) != 1 else ''})")
+    if cluster:
+        from specdraft.execute.preflight import describe, require
+
+        part = require(spec, lambda message: console.print(f"warning: {message}", markup=False), strict=True)
+        console.print(f"[green]the cluster can run it:[/] {describe(spec, part)}")
 
 
 @app.command()

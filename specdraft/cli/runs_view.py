@@ -53,49 +53,37 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def runs_table(runs: list[tuple[Path, dict]]) -> Table:
-    table = Table(title=f"{len(runs)} run(s)")
+def runs_table(entries, fresh: dict) -> Table:
+    """One row per run folder; ``fresh`` holds records refreshed from their executor. A folder that cannot be
+    read is a row with the reason, so one broken run.json never hides the others."""
+    table = Table(title=f"{len(entries)} run(s)")
     for col in ("name", "executor", "job id", "state", "submitted"):
-        table.add_column(col, no_wrap=True)
-    _refresh_active(runs)
-    for folder, rec in runs:
-        submitted = str(rec.get("submitted") or "-").replace("T", " ").split("+")[0]
-        table.add_row(escape(folder.name), escape(str(rec.get("executor"))), escape(str(rec.get("job_id") or "-")),
-                      _state(rec.get("state", "?")), escape(submitted))
+        table.add_column(col, no_wrap=col != "state")
+    for entry in entries:
+        rec = fresh.get(entry.folder, entry.record)
+        if rec is None:
+            table.add_row(escape(entry.folder.name), "-", "-", f"[red]unreadable[/]: {escape(_clip(entry.problem, 120))}",
+                          "-")
+            continue
+        submitted = str(rec.submitted or "-").replace("T", " ").split("+")[0]
+        table.add_row(escape(entry.folder.name), escape(rec.executor), escape(rec.job_id or "-"), _state(rec.state),
+                      escape(submitted))
     return table
 
 
-def _refresh_active(runs: list[tuple[Path, dict]]) -> None:
-    """One bounded sacct call for every Slurm run still active, so the list shows today's states."""
-    from specdraft.execute.rundir import ACTIVE, update_record
-
-    active = {rec["job_id"]: (folder, rec) for folder, rec in runs
-              if rec.get("executor") == "slurm" and rec.get("job_id") and rec.get("state") in ACTIVE}
-    if not active:
-        return
-    from specdraft.execute.slurm import job_states
-
-    for job_id, info in job_states(list(active)).items():
-        folder, rec = active[job_id]
-        if info["State"] != rec.get("state"):
-            rec.update(update_record(folder, state=info["State"], attempt={"state": info["State"]}))
-
-
-def print_status(console: Console, folder: Path, record: dict) -> None:
+def print_status(console: Console, folder: Path, record) -> None:
     from specdraft.execute import monitor
     from specdraft.execute.report import read_results
 
-    state, info = monitor.current_state(folder, record)
-    record = monitor.read_record(folder) or record
+    state, record, seen = monitor.current_state(folder, record)
     plan = monitor.read_plan(folder)
-    results = read_results(folder)
-    attempts = len(record.get("attempts", []))
+    results = read_results(folder, plan.world_size)
     console.print(f"[bold]run[/] {escape(folder.name)}  {escape(str(folder))}")
-    nodes = f"  nodes {escape(info['NodeList'])}" if info.get("NodeList") and info["NodeList"] != "None assigned" else ""
-    console.print(f"{escape(str(record.get('executor')))} job {escape(str(record.get('job_id') or '-'))}  state "
-                  f"{_state(state)} (from {escape(info.get('source', 'run.json'))}){nodes}  submitted "
-                  f"{escape(str(record.get('submitted') or '-'))}  attempt {attempts}  workload "
-                  f"{escape(str(record.get('workload')))}")
+    nodes = f"  nodes {escape(seen.nodes)}" if seen.nodes and seen.nodes != "None assigned" else ""
+    reason = f"  reason {escape(seen.reason)}" if seen.reason else ""
+    console.print(f"{escape(record.executor)} job {escape(record.job_id or '-')}  state {_state(state)} (from "
+                  f"{escape(seen.source)}){reason}{nodes}  submitted {escape(str(record.submitted or '-'))}  attempt "
+                  f"{len(record.attempts)}  workload {escape(record.workload)}")
     done = sum(1 for r in results.values() if r.get("ok"))
     console.print(f"ranks: {done}/{plan.world_size} passed, {len(results) - done} failed, "
                   f"{plan.world_size - len(results)} without a result")
@@ -103,7 +91,7 @@ def print_status(console: Console, folder: Path, record: dict) -> None:
     metrics = monitor.metrics_summary(folder)
     if metrics:
         count, last = metrics
-        steps = record.get("steps") or plan.spec.training.train_iters
+        steps = record.steps or plan.spec.training.train_iters
         console.print(f"progress: {count}/{steps} step(s) logged in metrics.jsonl; last: "
                       + escape(_clip(", ".join(f"{k}={v}" for k, v in last.items()), 200)))
         from specdraft.cli.cotrain_view import acceptance_table
@@ -111,7 +99,7 @@ def print_status(console: Console, folder: Path, record: dict) -> None:
         table = acceptance_table(folder)
         if table is not None:
             console.print(table)
-    message = monitor.problem(folder, record, state)
+    message = monitor.problem(folder, record, state, plan)
     if message:
         first, _, rest = message.partition("\n")
         console.print(f"[bold red]{escape(first)}[/]")
@@ -119,12 +107,14 @@ def print_status(console: Console, folder: Path, record: dict) -> None:
             console.print(escape(rest), markup=False)
 
 
-def show_logs(folder: Path, record: dict, rank: int | None, follow: bool) -> None:
-    from specdraft.errors import UserError
-    from specdraft.execute import monitor
-    from specdraft.execute.rundir import TERMINAL
+MAX_PRINT_BYTES = 4 << 20  # `logs` without --follow prints at most the last 4 MiB of each file
 
-    world = int(record.get("world_size") or 1)
+
+def show_logs(folder: Path, record, rank: int | None, follow: bool) -> None:
+    from specdraft.errors import UserError
+    from specdraft.execute import monitor, runfiles
+
+    world = record.world_size
     if rank is not None and not 0 <= rank < world:
         raise UserError(f"--rank {rank} is outside 0..{world - 1}", "pick a rank from `specdraft status`")
     ranks = [rank] if rank is not None else list(range(world))
@@ -133,19 +123,21 @@ def show_logs(folder: Path, record: dict, rank: int | None, follow: bool) -> Non
         out, err = monitor.log_paths(folder, record, r)
         paths += [(f"rank {r} stdout", out), (f"rank {r} stderr", err)]
     if not follow:
-        for label, path in paths:
-            text = path.read_text(encoding="utf-8", errors="replace") if path.exists() else None
-            sys.stdout.write(f"==> {label}: {path}{'' if text is not None else ' (not written yet)'}\n")
+        for label, rel in paths:
+            got = runfiles.read_range(folder, rel, -MAX_PRINT_BYTES, MAX_PRINT_BYTES)
+            note = " (not written yet)" if got is None else ""
+            if got is not None and got[1] > len(got[0]):
+                note = f" (its last {len(got[0]):,} of {got[1]:,} bytes)"
+            sys.stdout.write(f"==> {label}: {folder / rel}{note}\n")
+            text = got[0].decode("utf-8", errors="replace") if got else ""
             if text:
                 sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return
-
-    def done() -> bool:
-        state, _ = monitor.current_state(folder, monitor.read_record(folder) or record)
-        return state in TERMINAL
-
     last = None
-    for label, text in monitor.follow(paths, done):
+    for label, text in monitor.follow(folder, paths, monitor.follow_until(folder)):
+        if not label:
+            sys.stderr.write(f"[logs] {text}\n")
+            break
         if label != last and len(paths) > 1:
             sys.stdout.write(f"==> {label} <==\n")
             last = label

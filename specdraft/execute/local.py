@@ -1,6 +1,7 @@
 """The local executor: one process per rank on this machine (gloo), torchrun-style env, one process group.
 
-When a rank exits non-zero the launcher stops the rest (SIGTERM, SIGKILL after a grace period): no hang.
+When a rank exits non-zero the launcher stops the rest (SIGTERM, SIGKILL after a grace period): no hang. The
+launcher is the job: it holds the launch lock for the whole run and records how the ranks ended.
 """
 
 from __future__ import annotations
@@ -9,10 +10,16 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+from specdraft.execute import runfiles
+from specdraft.execute.executor import Executor, Observation, Progress, ProgressFn
+from specdraft.execute.record import LocalProcesses, RunRecord, now_iso
+from specdraft.execute.rundir import ACTIVE, lock_is_held, read_record, update_record
 
 GRACE_S = 5.0
 POLL_S = 0.2
@@ -85,8 +92,7 @@ def group_members(pgid: int, marker: str) -> list[int]:
 def run(plan, run_dir: str, argv: list[str], timeout_s: float, on_start: Callable[[int, list[int]], None],
         on_progress: Callable[[dict[int, int | None], float], None]) -> LocalOutcome:
     """Start every rank, wait, stop the rest when one fails; ``on_start(pgid, pids)`` runs once all started."""
-    logs = Path(run_dir) / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    runfiles.make_dir(run_dir, "logs")
     port = free_port()
     env = base_env(plan)
     procs: list[subprocess.Popen] = []
@@ -97,10 +103,17 @@ def run(plan, run_dir: str, argv: list[str], timeout_s: float, on_start: Callabl
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         for rank in range(plan.world_size):
-            with open(logs / f"rank-{rank}.out", "ab") as out, open(logs / f"rank-{rank}.err", "ab") as err:
-                # Rank 0 starts a new process group and the others join it: `cancel` signals the group.
-                proc = subprocess.Popen(argv, env={**env, **rank_env(plan, rank, port)}, stdout=out, stderr=err,
-                                        stdin=subprocess.DEVNULL, cwd=run_dir, process_group=pgid)
+            out = runfiles.open_append(run_dir, f"logs/rank-{rank}.out")
+            try:
+                err = runfiles.open_append(run_dir, f"logs/rank-{rank}.err")
+                try:
+                    # Rank 0 starts a new process group and the others join it: `cancel` signals the group.
+                    proc = subprocess.Popen(argv, env={**env, **rank_env(plan, rank, port)}, stdout=out, stderr=err,
+                                            stdin=subprocess.DEVNULL, cwd=run_dir, process_group=pgid)
+                finally:
+                    os.close(err)
+            finally:
+                os.close(out)
             pgid = pgid or proc.pid
             procs.append(proc)
         on_start(pgid, [p.pid for p in procs])
@@ -168,7 +181,7 @@ def _stop(procs, pgid: int) -> None:
         proc.wait()
 
 
-def cancel(pgid: int, marker: str) -> int:
+def stop_group(pgid: int, marker: str) -> int:
     """SIGTERM the run's process group (then SIGKILL after the grace period); returns how many ranks were alive."""
     alive = group_members(pgid, marker)
     if not alive:
@@ -180,3 +193,75 @@ def cancel(pgid: int, marker: str) -> int:
     if group_members(pgid, marker):
         signal_group(pgid, signal.SIGKILL)
     return len(alive)
+
+
+class LocalExecutor(Executor):
+    name = "local"
+    runs_in_launcher = True
+    intent_state = "STARTING"
+
+    def default_python(self, plan, explicit: str | None) -> str:
+        """--python, else this interpreter (there is no container locally)."""
+        return explicit or sys.executable
+
+    def dry_run_notes(self) -> list[str]:
+        return ["local: the same command once per rank, with RANK, WORLD_SIZE, LOCAL_RANK, GROUP_RANK, "
+                "MASTER_ADDR=127.0.0.1 and a free MASTER_PORT"]
+
+    def start(self, request, on_progress: ProgressFn) -> RunRecord:
+        """Run every rank here and wait; the caller holds the launch lock for the whole run."""
+        run_dir, plan = request.run_dir, request.plan
+
+        def started(pgid: int, pids: list[int]) -> None:
+            update_record(run_dir, job_id=f"local-{pgid}", state="RUNNING", submitted=now_iso(),
+                          local=LocalProcesses(pgid=pgid, pids=tuple(pids), launcher_pid=os.getpid()),
+                          attempt={"job_id": f"local-{pgid}", "state": "RUNNING", "submitted": now_iso()})
+
+        seen: dict = {}
+
+        def progress(codes: dict[int, int | None], elapsed: float) -> None:
+            running = sum(c is None for c in codes.values())
+            ok = sum(c == 0 for c in codes.values())
+            heartbeat = seen.get("codes") == codes  # run() reports every HEARTBEAT_S even when nothing changed
+            seen["codes"] = dict(codes)
+            on_progress(Progress(self.name, elapsed, "RUNNING" if running else "ENDING",
+                                 f"ranks: {running} running, {ok} done, {len(codes) - running - ok} failed", heartbeat))
+
+        outcome = run(plan, run_dir, list(request.render.payload_argv), plan.slurm.time_limit_s, started, progress)
+        record = read_record(run_dir)
+        if outcome.interrupted or (record is not None and record.cancel_requested):
+            state = "CANCELLED"
+        elif outcome.timed_out:
+            state = "TIMEOUT"
+        elif outcome.exit_order or any(code != 0 for code in outcome.exit_codes.values()):
+            state = "FAILED"
+        else:
+            state = "COMPLETED"
+        return update_record(run_dir, state=state, attempt={"state": state, "ended": now_iso()},
+                             exit_codes=tuple(c for _, c in sorted(outcome.exit_codes.items())),
+                             exit_order=tuple(outcome.exit_order), elapsed_s=round(outcome.elapsed_s, 3))
+
+    def started_summary(self, record: RunRecord, plan) -> str:
+        return f"ran {plan.world_size} rank process(es) here ({record.describe_job()})"
+
+    def observe(self, run_dir: Path, record: RunRecord, *, launching: bool = False) -> Observation:
+        if record.state not in ACTIVE:
+            return Observation(record.state, "run.json")
+        # A launcher that is still running holds the launch lock; under our own lock no launcher of this run runs.
+        if not launching and lock_is_held(run_dir):
+            return Observation(record.state, "run.json")
+        if record.local and group_members(record.local.pgid, str(Path(run_dir) / "plan.json")):
+            return Observation(record.state, "run.json (its launcher is gone, its ranks still run; "
+                               "`specdraft cancel` stops them)")
+        return Observation("LOST", "run.json (its launcher is gone)",
+                           note="the launcher stopped before recording how its ranks ended")
+
+    def cancel(self, run_dir: Path, record: RunRecord) -> tuple[str, str | None]:
+        pgid = record.local.pgid if record.local else None
+        killed = stop_group(pgid, str(Path(run_dir) / "plan.json")) if pgid else 0
+        # A running launcher records the outcome itself; with none left, the canceller records it.
+        return (f"cancelled the local run: stopped {killed} rank process(es) of group {pgid}",
+                None if lock_is_held(run_dir) else "CANCELLED")
+
+    def log_paths(self, record: RunRecord, rank: int) -> tuple[str, str]:
+        return f"logs/rank-{rank}.out", f"logs/rank-{rank}.err"

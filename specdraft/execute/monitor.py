@@ -1,4 +1,8 @@
-"""Watching a launched run: its state now (bounded Slurm queries), per-rank progress, failures, logs, cancel."""
+"""Watching a launched run: its state now (through its executor, bounded), failures, logs, cancel, metrics.
+
+Every file of a run folder is read through execute.runfiles (regular files only, no link, bounded), and every state
+change an executor observes is written to run.json here, so `status`, `runs` and `launch` agree.
+"""
 
 from __future__ import annotations
 
@@ -8,183 +12,217 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from specdraft.errors import UserError
+from specdraft.execute import executor as executors
+from specdraft.execute import runfiles
+from specdraft.execute.executor import Observation, Progress, ProgressFn
+from specdraft.execute.record import RunRecord, read_record
 from specdraft.execute.report import failure_message, read_results, root_cause
-from specdraft.execute.rundir import ACTIVE, TERMINAL, lock_is_held, read_record, update_record
+from specdraft.execute.rundir import ACTIVE, TERMINAL, check_run_dir, update_record
 
 FAILED_STATES = frozenset({"FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "LOST"})
+MAX_PLAN_BYTES = 256 * 2**20  # as assemble.read_plan: a 131,072-GPU plan is about 25 MB
+MAX_METRICS_BYTES = 64 << 20  # the newest 64 MiB of metrics.jsonl: about 200,000 steps
+FOLLOW_CHUNK = 1 << 20  # what `logs --follow` reads from one file per poll
+UNANSWERED_LIMIT = 3  # `logs --follow` gives up after this many state checks in a row without an answer
 
 
 def read_plan(run_dir: str | Path):
-    """The run's plan.json, parsed and verified against what this specdraft compiles (assemble.read_plan)."""
-    from specdraft.assemble import read_plan as read_verified
+    """The run's plan.json (a regular file, no link), parsed and verified against what this specdraft compiles."""
+    from specdraft.assemble import parse_plan, verify
 
-    return read_verified(Path(run_dir) / "plan.json")
-
-
-def current_state(run_dir: str | Path, record: dict) -> tuple[str, dict]:
-    """(state, info) now; refreshes run.json when Slurm knows better. Never blocks longer than the query bound."""
-    state = record.get("state", "UNKNOWN")
-    info: dict = {"source": "run.json"}
-    if record.get("executor") == "slurm":
-        from specdraft.execute import slurm
-
-        if state == "SUBMITTING":
-            jobs = slurm.find_jobs(record.get("job_name", ""), record.get("intent_epoch", 0.0))
-            if jobs:
-                job_id, found = jobs[-1]
-                record = update_record(run_dir, job_id=job_id, state=found, attempt={"job_id": job_id,
-                                       "state": found}, message=f"recovered job {job_id} by name")
-        job_id = record.get("job_id")
-        if job_id:
-            info = slurm.job_states([job_id]).get(job_id) or {"source": "run.json (sacct/squeue did not answer)"}
-            if "State" in info and info["State"] != record.get("state"):
-                state = info["State"]
-                update_record(run_dir, state=state, attempt={"state": state})
-            else:
-                state = record.get("state", state)
-    elif state in ACTIVE and not lock_is_held(run_dir):
-        from specdraft.execute.local import group_members
-
-        pgid = (record.get("local") or {}).get("pgid")
-        if pgid and group_members(pgid, str(Path(run_dir) / "plan.json")):
-            info = {"source": "run.json (its launcher is gone, its ranks still run; `specdraft cancel` stops them)"}
-        else:
-            info = {"source": "run.json (its launcher is gone)"}
-            state = "LOST"
-    return state, info
+    source = str(Path(run_dir) / "plan.json")
+    text = runfiles.read_text(run_dir, "plan.json", MAX_PLAN_BYTES)
+    if text is None:
+        raise UserError(f"{source} is missing", "the run folder is incomplete; relaunch the layout")
+    return verify(parse_plan(text, source), source)
 
 
-def log_paths(run_dir: str | Path, record: dict, rank: int) -> tuple[Path, Path]:
-    """(stdout, stderr) of one rank: submitit's per-task logs for Slurm, logs/rank-N.* for local."""
-    if record.get("executor") == "slurm":
-        from specdraft.execute.slurm import task_log
+def _record_change(run_dir: str | Path, record: RunRecord, seen: Observation) -> RunRecord:
+    changes: dict = {}
+    attempt: dict = {}
+    if seen.job_id and seen.job_id != record.job_id:
+        changes["job_id"] = attempt["job_id"] = seen.job_id
+    if seen.state != record.state:
+        changes["state"] = attempt["state"] = seen.state
+    if not changes:
+        return record
+    if seen.note:
+        changes["message"] = seen.note
+    return update_record(run_dir, attempt=attempt, **changes)
 
-        folder = Path(run_dir) / "submitit"
-        job_id = record.get("job_id") or "none"
-        return task_log(folder, job_id, rank, "out"), task_log(folder, job_id, rank, "err")
-    logs = Path(run_dir) / "logs"
-    return logs / f"rank-{rank}.out", logs / f"rank-{rank}.err"
+
+def observe(run_dir: str | Path, record: RunRecord, *, launching: bool = False) -> tuple[str, RunRecord]:
+    """(state now, record as updated); the executor's queries are bounded."""
+    state, record, _ = current_state(run_dir, record, launching=launching)
+    return state, record
 
 
-def problem(run_dir: str | Path, record: dict, state: str) -> str | None:
+def current_state(run_dir: str | Path, record: RunRecord, *,
+                  launching: bool = False) -> tuple[str, RunRecord, Observation]:
+    """(state, record, observation) now; run.json is updated when the executor knows better."""
+    seen = executors.get(record.executor).observe(Path(run_dir), record, launching=launching)
+    return seen.state, _record_change(run_dir, record, seen), seen
+
+
+def refresh_all(runs: list[tuple[Path, RunRecord]]) -> dict[Path, RunRecord]:
+    """Today's state of every run still active, with one batch of queries per executor; returns updated records."""
+    by_executor: dict[str, list[tuple[Path, RunRecord]]] = {}
+    for folder, record in runs:
+        if record.state in ACTIVE:
+            by_executor.setdefault(record.executor, []).append((folder, record))
+    out = {}
+    for name, group in by_executor.items():
+        records = dict(group)
+        for folder, seen in executors.get(name).observe_many(group).items():
+            out[folder] = _record_change(folder, records[folder], seen)
+    return out
+
+
+def log_paths(run_dir: str | Path, record: RunRecord, rank: int) -> tuple[str, str]:
+    """(stdout, stderr) of one rank, relative to the run folder."""
+    return executors.get(record.executor).log_paths(record, rank)
+
+
+def problem(run_dir: str | Path, record: RunRecord, state: str, plan) -> str | None:
     """A clear account of why the run did not succeed, or None when it did (or is still going)."""
-    plan = read_plan(run_dir)
-    job = f"job {record.get('job_id')}" if record.get("job_id") else "the run"
-    results = read_results(run_dir)
+    job = f"job {record.job_id}" if record.job_id else "the run"
+    results = read_results(run_dir, plan.world_size)
     if state == "CANCELLED":
         return f"{job} was cancelled ({len(results)} of {plan.world_size} ranks left a result)"
     if state in ("TIMEOUT", "DEADLINE"):
         return (f"{job} hit its time limit (slurm.time = {plan.spec.slurm.time}); raise slurm.time in the "
                 "layout, or run fewer --steps")
     if state == "SUBMIT_FAILED":
-        return f"sbatch refused the job: {record.get('message')}"
+        return f"sbatch refused the job: {record.message}"
     if state in ACTIVE:
         return None
     failed = [r for r, rec in results.items() if not rec.get("ok")]
     if state not in FAILED_STATES and not failed and (state != "COMPLETED" or len(results) == plan.world_size):
         return None
-    rank = root_cause(results, record.get("exit_order"))
-    trace = None
-    if record.get("executor") == "slurm" and record.get("job_id"):
-        from specdraft.execute.slurm import task_traces
-
-        traces = task_traces(Path(run_dir) / "submitit", record["job_id"], plan.world_size)
-        if rank is None and traces:
-            rank = min(traces)
-        trace = traces.get(rank) if rank is not None else None
+    rank = root_cause(results, list(record.exit_order))
+    traces = executors.get(record.executor).failure_traces(Path(run_dir), record, plan.world_size)
+    if rank is None and traces:
+        rank = min(traces)
+    trace = traces.get(rank) if rank is not None else None
     what = f"{job} {state}" if state in FAILED_STATES else f"{job} ended {state} but not every rank passed"
-    return failure_message(plan, results, rank, log_paths(run_dir, record, rank)[1] if rank is not None else None,
-                           what, trace)
+    stderr = log_paths(run_dir, record, rank)[1] if rank is not None else None
+    return failure_message(plan, results, rank, run_dir, stderr, what, trace)
 
 
-def wait(run_dir: str | Path, timeout_s: float, on_poll: Callable[[str, int], None],
-         poll_s: float = 1.0) -> tuple[str, dict]:
+def progress_summary(record: RunRecord, state: str, seen: Observation, num_results: int, world_size: int) -> str:
+    reason = f" ({seen.reason})" if seen.reason else ""
+    return f"{record.describe_job()}: {state}{reason}, {num_results}/{world_size} rank result(s)"
+
+
+def wait(run_dir: str | Path, timeout_s: float, on_progress: ProgressFn,
+         poll_s: float = 1.0) -> tuple[str, RunRecord]:
     """Poll until the run reaches a terminal state or ``timeout_s`` passes; returns (state, record)."""
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    last = None
     while True:
-        record = read_record(run_dir) or {}
-        state, _ = current_state(run_dir, record)
-        on_poll(state, len(read_results(run_dir)))
+        record = read_record(run_dir)
+        if record is None:
+            raise UserError(f"{run_dir}/run.json vanished while waiting", "another program removed it")
+        state, record, seen = current_state(run_dir, record)
+        summary = progress_summary(record, state, seen, len(read_results(run_dir, record.world_size)),
+                                   record.world_size)
+        if summary != last:
+            on_progress(Progress(record.executor, time.monotonic() - started, state, summary))
+            last = summary
         if state in TERMINAL:
-            return state, read_record(run_dir) or record
-        if time.monotonic() > deadline:
+            return state, record
+        if seen.gone:
+            raise UserError(f"Slurm no longer knows {record.describe_job()} (last recorded state {state})",
+                            f"`specdraft status {run_dir}` shows what the ranks left")
+        if time.monotonic() - started > timeout_s:
             raise UserError(f"gave up waiting after {timeout_s:.0f} s; the job is still {state}",
                             f"it keeps running: `specdraft status {run_dir}`")
         time.sleep(poll_s)
 
 
-def follow(paths: list[tuple[str, Path]], done: Callable[[], bool], poll_s: float = 0.5,
-           state_every_s: float = 2.0, timeout_s: float | None = None) -> Iterator[tuple[str, str]]:
-    """Yield (label, new text) from growing files until ``done()`` (checked every ``state_every_s``), then drain."""
-    offsets = {path: 0 for _, path in paths}
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+def follow(run_dir: str | Path, paths: list[tuple[str, str]], done: Callable[[], str | None], poll_s: float = 0.5,
+           state_every_s: float = 2.0) -> Iterator[tuple[str, str]]:
+    """Yield (label, new text) from growing files (paths relative to the run folder) until ``done()`` returns a
+    reason to stop (checked every ``state_every_s``), then drain once; a final ("", reason) says why it stopped."""
+    offsets = {rel: 0 for _, rel in paths}
     next_check = 0.0
-    finished = False
+    reason = None
     while True:
-        for label, path in paths:
-            try:
-                with open(path, "rb") as handle:
-                    handle.seek(offsets[path])
-                    data = handle.read()
-            except OSError:
+        for label, rel in paths:
+            got = runfiles.read_range(run_dir, rel, offsets[rel], FOLLOW_CHUNK)
+            if got is None:
+                continue
+            data, size = got
+            if size < offsets[rel]:  # truncated or replaced: start again from its beginning
+                offsets[rel] = 0
                 continue
             if data:
-                offsets[path] += len(data)
+                offsets[rel] += len(data)
                 yield label, data.decode("utf-8", errors="replace")
-        if finished:
+        if reason is not None:
+            yield "", reason
             return
         now = time.monotonic()
         if now >= next_check:
-            finished = done() or (deadline is not None and now > deadline)
+            reason = done()
             next_check = now + state_every_s
-        if not finished:
+        if reason is None:
             time.sleep(poll_s)
 
 
-def cancel(run_dir: str | Path, record: dict) -> str:
+def follow_until(run_dir: str | Path) -> Callable[[], str | None]:
+    """`done()` for `follow`: the run ended, its scheduler forgot it, or the scheduler stopped answering."""
+    unanswered = {"n": 0}
+
+    def done() -> str | None:
+        record = read_record(run_dir)
+        if record is None:
+            return "run.json vanished"
+        state, record, seen = current_state(run_dir, record)
+        if state in TERMINAL:
+            return f"the run ended: {state}"
+        if seen.gone:
+            return f"stopped following: {seen.source}"
+        unanswered["n"] = unanswered["n"] + 1 if "did not answer" in seen.source else 0
+        if unanswered["n"] >= UNANSWERED_LIMIT:
+            return f"stopped following: {seen.source} {UNANSWERED_LIMIT} times in a row"
+        return None
+
+    return done
+
+
+def cancel(run_dir: str | Path, record: RunRecord) -> str:
     """Cancel the run; returns a one-line account. run.json gets cancel_requested, then the new state."""
-    state, _ = current_state(run_dir, record)
+    check_run_dir(run_dir)
+    state, record = observe(run_dir, record)
     if state in TERMINAL:
         return f"nothing to cancel: the run already ended ({state})"
-    update_record(run_dir, cancel_requested=True)
-    if record.get("executor") == "slurm":
-        import subprocess
-
-        from specdraft.execute import slurm
-
-        if not record.get("job_id"):
-            raise UserError(f"{run_dir} has no job id yet (state {state})",
-                            "run `specdraft status` first; it looks an interrupted submission up by name")
-        try:
-            slurm.cancel(Path(run_dir) / "submitit", record["job_id"], int(record.get("world_size") or 1))
-        except subprocess.CalledProcessError as err:
-            raise UserError(f"scancel {record['job_id']} failed (exit {err.returncode})",
-                            "see scancel's message above; `squeue -j JOBID` shows the job") from None
-        update_record(run_dir, state="CANCELLED", attempt={"state": "CANCELLED"})
-        return f"cancelled Slurm job {record['job_id']}"
-    from specdraft.execute import local
-
-    pgid = (record.get("local") or {}).get("pgid")
-    killed = local.cancel(pgid, str(Path(run_dir) / "plan.json")) if pgid else 0
-    if not lock_is_held(run_dir):  # no launcher left to record the outcome: record it here
-        update_record(run_dir, state="CANCELLED", attempt={"state": "CANCELLED"})
-    return f"cancelled the local run: stopped {killed} rank process(es) of group {pgid}"
+    record = update_record(run_dir, cancel_requested=True)
+    message, final = executors.get(record.executor).cancel(Path(run_dir), record)
+    if final:
+        update_record(run_dir, state=final, attempt={"state": final})
+    return message
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """Every complete line of RUN/metrics.jsonl (one per step, written by training workloads); a line still being
-    written is skipped, not an error."""
-    path = Path(run_dir) / "metrics.jsonl"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
+    """Every complete line of RUN/metrics.jsonl (the newest MAX_METRICS_BYTES of it), one per step; a line still
+    being written is skipped, not an error."""
+    got = runfiles.read_range(run_dir, "metrics.jsonl", -MAX_METRICS_BYTES, MAX_METRICS_BYTES)
+    if got is None:
         return []
+    data, size = got
+    lines = data.split(b"\n")
+    if size > len(data):
+        lines = lines[1:]  # the first line was cut by the bound
     rows = []
-    for line in text.splitlines():
+    for line in lines:
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
+            row = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             break
+        if not isinstance(row, dict):
+            break
+        rows.append(row)
     return rows
 
 

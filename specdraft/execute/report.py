@@ -1,33 +1,68 @@
-"""Reading a run's outcome: per-rank result lines, which rank failed first, and the tails of its logs."""
+"""Reading a run's outcome: per-rank result lines, which rank failed first, and the tails of its logs.
+
+Result files are written by the ranks, so they are read as untrusted: regular files only, bounded, and a record whose
+fields have the wrong shape counts as a failed rank with that said, never as an error of specdraft.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from specdraft.errors import UserError
+from specdraft.execute import runfiles
+
 TAIL_LINES = 15
+TAIL_BYTES = 65536
+MAX_RESULT_BYTES = 1 << 20  # a result line holds checks and a traceback tail: a few KB
 
 
-def read_results(run_dir: str | Path) -> dict[int, dict]:
-    """results/rank-NNNNN.json by global rank (each file is written atomically, so it is whole or absent)."""
+def result_name(rank: int) -> str:
+    return f"results/rank-{rank:05d}.json"
+
+
+def _sane(record: object, rank: int) -> dict | None:
+    """The result as written by the runtime, or a failed-rank stand-in naming what is wrong with it."""
+    if not isinstance(record, dict) or record.get("global_rank") != rank:
+        return None
+    checks = record.get("checks", [])
+    shapes_ok = (isinstance(record.get("ok"), bool) and isinstance(checks, list)
+                 and all(isinstance(c, dict) and isinstance(c.get("passed"), bool) and isinstance(c.get("name"), str)
+                         for c in checks)
+                 and isinstance(record.get("error") or "", str))
+    if shapes_ok:
+        return record
+    return {"global_rank": rank, "ok": False, "checks": [],
+            "error": f"{result_name(rank)} does not have the shape the runtime writes"}
+
+
+def read_results(run_dir: str | Path, world_size: int) -> dict[int, dict]:
+    """results/rank-NNNNN.json by global rank, for ranks 0..world_size-1 (each is written atomically, so it is
+    whole or absent; one that is not JSON is skipped as not yet written)."""
     out: dict[int, dict] = {}
-    folder = Path(run_dir) / "results"
-    if folder.is_dir():
-        for path in sorted(folder.glob("rank-*.json")):
-            try:
-                record = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError):
-                continue
-            if isinstance(record.get("global_rank"), int):
-                out[record["global_rank"]] = record
+    if not runfiles.is_dir(run_dir, "results"):
+        return out
+    for rank in range(world_size):
+        text = runfiles.read_text(run_dir, result_name(rank), MAX_RESULT_BYTES)
+        if text is None:
+            continue
+        try:
+            record = _sane(json.loads(text), rank)
+        except (json.JSONDecodeError, RecursionError):
+            continue
+        if record is not None:
+            out[rank] = record
     return out
 
 
 def root_cause(results: dict[int, dict], exit_order: list[int] | None = None) -> int | None:
     """The rank that failed first: a rank that raised on its own (not terminated by a signal) with the earliest
     failure time; else the first rank to exit non-zero (``exit_order``, known to the local executor)."""
-    raised = [(rec.get("failed_at") or rec.get("finished_at") or 0.0, rank) for rank, rec in results.items()
-              if not rec.get("ok") and not rec.get("terminated")]
+    def when(rec: dict) -> float:
+        value = rec.get("failed_at") or rec.get("finished_at") or 0.0
+        return float(value) if isinstance(value, (int, float)) else 0.0
+
+    raised = [(when(rec), rank) for rank, rec in results.items() if not rec.get("ok") and not rec.get("terminated")]
     if raised:
         return min(raised)[1]
     if exit_order:
@@ -36,17 +71,12 @@ def root_cause(results: dict[int, dict], exit_order: list[int] | None = None) ->
     return failed[0] if failed else None
 
 
-def tail(path: str | Path, lines: int = TAIL_LINES) -> list[str]:
-    """The last ``lines`` lines of a text file (reads at most the last 64 KiB); [] when missing."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, 2)
-            size = handle.tell()
-            handle.seek(max(0, size - 65536))
-            data = handle.read()
-    except OSError:
+def tail(run_dir: str | Path, rel: str, lines: int = TAIL_LINES) -> list[str]:
+    """The last ``lines`` lines of a text file in the run folder (its last 64 KiB at most); [] when missing."""
+    got = runfiles.read_range(run_dir, rel, -TAIL_BYTES, TAIL_BYTES)
+    if got is None:
         return []
-    text = data.decode("utf-8", errors="replace").rstrip("\n")
+    text = got[0].decode("utf-8", errors="replace").rstrip("\n")
     return text.splitlines()[-lines:] if text else []
 
 
@@ -57,7 +87,7 @@ def describe_rank(plan, rank: int) -> str:
     return f"rank {rank} (node {r.node}, tp {r.tp} cp {r.cp} pp {r.pp} dp {r.dp})"
 
 
-def failure_message(plan, results: dict[int, dict], rank: int | None, stderr_path: Path | None,
+def failure_message(plan, results: dict[int, dict], rank: int | None, run_dir: str | Path, stderr: str | None,
                     what: str, extra_trace: str | None = None) -> str:
     """One message: which rank failed first and why, the last lines of its stderr, what happened to the rest."""
     if rank is None:
@@ -66,12 +96,17 @@ def failure_message(plan, results: dict[int, dict], rank: int | None, stderr_pat
             lines += ["--- the job's error:", *extra_trace.rstrip().splitlines()[-TAIL_LINES:]]
         return "\n".join(lines)
     record = results.get(rank, {})
-    error = (record.get("error") or "").strip().splitlines()
+    error = str(record.get("error") or "").strip().splitlines()
     headline = error[-1] if error else "exited without a result line"
     lines = [f"{what}: {describe_rank(plan, rank)} failed first: {headline}"]
-    log = tail(stderr_path) if stderr_path else []
+    path = Path(run_dir) / stderr if stderr else None
+    try:
+        log = tail(run_dir, stderr) if stderr else []
+    except UserError as err:
+        log = []
+        lines.append(f"--- its stderr log is refused: {err.message}")
     if log:
-        lines += [f"--- last lines of its stderr ({stderr_path}):", *log]
+        lines += [f"--- last lines of its stderr ({path}):", *log]
     elif extra_trace:
         lines += ["--- its error:", *extra_trace.rstrip().splitlines()[-TAIL_LINES:]]
     others = sorted(r for r, rec in results.items() if r != rank and not rec.get("ok"))

@@ -1,150 +1,130 @@
-"""Slurm through submitit: submit the rendered script byte for byte, bounded state queries, cancel, task errors."""
+"""The Slurm executor: preflight, submit through submitit, bounded state queries, scancel, submitit's task logs.
+
+submitit is imported only by `start`/`ready` and `failure_traces` (execute.submit); state and cancel go through
+execute.slurmcmd, whose every call is bounded and whose job ids can never be options.
+"""
 
 from __future__ import annotations
 
-import pickle
-import shlex
-import subprocess
-import time
+import sys
 from pathlib import Path
+from typing import Callable
 
-from submitit.core.utils import CommandFunction, FailedJobError, JobPaths, pickle_load
-from submitit.slurm.slurm import SlurmExecutor, SlurmInfoWatcher, SlurmJob
-
-from specdraft.render.sbatch import SbatchRender
-
-# submitit's SlurmExecutor writes its own sbatch text; PlanExecutor overrides only that step
-# (_make_submission_file_text) to return render.sbatch's script, after checking that the task command submitit
-# expects equals the one we rendered. The rest stays submitit's: pickling the CommandFunction, sbatch, job-id
-# parsing, the per-task result pickles and logs.
-
-QUERY_TIMEOUT_S = 10.0
+from specdraft.errors import UserError
+from specdraft.execute import slurmcmd
+from specdraft.execute.executor import Executor, Observation, ProgressFn
+from specdraft.execute.record import RunRecord, now_iso
+from specdraft.execute.rundir import TERMINAL, update_record
 
 
-class SubmitRefused(RuntimeError):
-    """sbatch answered no: the job does not exist (its message is sbatch's own)."""
+class SlurmExecutor(Executor):
+    name = "slurm"
+    runs_in_launcher = False
+    intent_state = "SUBMITTING"
 
+    def __init__(self) -> None:
+        self._submitit = None
 
-class SubmitUnknown(RuntimeError):
-    """sbatch's answer was lost or unreadable: the job may exist."""
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        return slurmcmd.available()
 
+    def default_python(self, plan, explicit: str | None) -> str:
+        """--python, else `python` inside a container image, else this interpreter (the venv's, on a shared FS)."""
+        if explicit:
+            return explicit
+        return "python" if plan.spec.slurm.container_image else sys.executable
 
-class PlanExecutor(SlurmExecutor):
-    """submitit's SlurmExecutor, with our rendered script as the sbatch file."""
+    def intent_files(self, request) -> dict[str, tuple[str, int]]:
+        return {"sbatch.sh": (request.render.script, 0o755)}
 
-    def __init__(self, render: SbatchRender, python: str, num_tasks: int, timeout_min: int) -> None:
-        super().__init__(folder=render.submitit_folder, max_num_timeout=0, python=shlex.quote(python))
-        self._render = render
-        self._tasks = num_tasks
-        # PicklingExecutor reads the limit from here to stamp the submission (submitit's timeout bookkeeping).
-        self.parameters["time"] = timeout_min
+    def ready(self, request, warn: Callable[[str], None]) -> None:
+        """Build submitit's executor (a machine without srun fails here, with nothing written) and ask the cluster
+        whether the request could ever run (preflight: an impossible one is exit 2, nothing written or submitted)."""
+        from specdraft.execute import preflight, submit
 
-    def _num_tasks(self) -> int:
-        return self._tasks
+        plan = request.plan
+        try:
+            self._submitit = submit.make_executor(request.render, request.python, plan.world_size,
+                                                  max(1, plan.slurm.time_limit_s // 60))
+        except submit.SubmitRefused as err:
+            raise UserError(f"cannot submit to Slurm here: {err}", "run on a Slurm login node, or use "
+                            "--executor local") from None
+        preflight.require(plan.spec, warn, after="; nothing was submitted")
 
-    def _make_submission_file_text(self, command: str, uid: str) -> str:
-        if command != self._render.submitit_command:
-            raise RuntimeError(f"submitit wants to run {command!r} but the rendered script runs "
-                               f"{self._render.submitit_command!r}; this submitit version is not supported")
-        return self._render.script
+    def start(self, request, on_progress: ProgressFn) -> RunRecord:
+        from specdraft.execute import submit
 
+        run_dir = request.run_dir
+        try:
+            job_id = submit.submit(self._submitit, request.render)
+        except submit.SubmitRefused as err:
+            update_record(run_dir, state="SUBMIT_FAILED", message=str(err), attempt={"state": "SUBMIT_FAILED"})
+            raise UserError(f"sbatch refused the job: {err}",
+                            "fix the slurm section of the layout (partition, account, qos, time, resources); "
+                            "`sinfo` lists partitions") from None
+        except submit.SubmitUnknown as err:
+            update_record(run_dir, message=f"submission interrupted: {err}")
+            raise UserError(f"the submission of {run_dir} was interrupted after sbatch ran ({err}); the job may "
+                            "exist", f"run `specdraft status {run_dir}` (it looks the job up by name) before "
+                            "launching again") from None
+        return update_record(run_dir, job_id=job_id, state="PENDING", submitted=now_iso(),
+                             attempt={"job_id": job_id, "state": "PENDING", "submitted": now_iso()})
 
-def make_executor(render: SbatchRender, python: str, num_tasks: int, timeout_min: int) -> PlanExecutor:
-    """Built before the intent is recorded, so a machine without srun fails cleanly, with nothing to recover."""
-    try:
-        return PlanExecutor(render, python, num_tasks, timeout_min)
-    except RuntimeError as err:  # submitit: 'Could not detect "srun", are you indeed on a slurm cluster?'
-        raise SubmitRefused(str(err)) from None
+    def started_summary(self, record: RunRecord, plan) -> str:
+        spec = plan.spec
+        return (f"submitted Slurm job {record.job_id}: {plan.world_size} task(s) on {spec.cluster.num_nodes} "
+                f"node(s), partition {spec.slurm.partition or '(default)'}")
 
+    def _recover(self, record: RunRecord) -> tuple[str | None, str | None]:
+        """(job id, recovered id) after an interrupted submission: the newest job of the run's name since the
+        intent, looked up in sacct and squeue."""
+        if record.state != "SUBMITTING":
+            return record.job_id, None
+        jobs = slurmcmd.find_jobs(record.job_name, record.intent_epoch)
+        if not jobs:
+            return record.job_id, None
+        return jobs[-1][0], jobs[-1][0]
 
-def submit(executor: PlanExecutor, render: SbatchRender) -> str:
-    """sbatch the rendered script through submitit; every task runs render.payload_argv. Returns the job id."""
-    try:
-        job = executor.submit(CommandFunction(list(render.payload_argv), verbose=True))
-    except FailedJobError as err:  # submitit runs sbatch through CommandFunction: non-zero exit lands here
-        message = str(err).strip() or "sbatch failed without a message"
-        if "timed out" in message.lower():
-            # The controller may have queued the job before the reply was lost: not a clean "no".
-            raise SubmitUnknown(message) from None
-        raise SubmitRefused(message) from None
-    except Exception as err:  # noqa: BLE001 - anything else after sbatch ran leaves the job's existence unknown
-        raise SubmitUnknown(f"{type(err).__name__}: {err}") from err
-    return str(job.job_id)
+    def _observation(self, record: RunRecord, job_id: str | None, recovered: str | None,
+                     census: slurmcmd.Census | None) -> Observation:
+        note = f"recovered job {recovered} by name after an interrupted submission" if recovered else None
+        if not job_id:
+            return Observation(record.state, "run.json (no job of this run's name in sacct/squeue)")
+        info = census.jobs.get(job_id) if census else None
+        if info:
+            return Observation(info.state, info.source, info.nodes, info.reason, job_id=recovered, note=note)
+        if census is not None and census.answered and record.state not in TERMINAL:
+            return Observation(record.state, f"run.json (sacct and squeue no longer know job {job_id})",
+                               job_id=recovered, note=note, gone=True)
+        return Observation(record.state, "run.json (sacct/squeue did not answer)", job_id=recovered, note=note)
 
+    def observe(self, run_dir: Path, record: RunRecord, *, launching: bool = False) -> Observation:
+        job_id, recovered = self._recover(record)
+        census = slurmcmd.job_states([job_id]) if job_id else None
+        return self._observation(record, job_id, recovered, census)
 
-def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess | None:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    except (subprocess.TimeoutExpired, OSError):
-        return None
+    def observe_many(self, runs: list[tuple[Path, RunRecord]]) -> dict[Path, Observation]:
+        """One sacct (and at most one squeue) call for every run with a job id; SUBMITTING ones one by one."""
+        ids = {folder: self._recover(record) for folder, record in runs}
+        census = slurmcmd.job_states(sorted({job for job, _ in ids.values() if job}))
+        return {folder: self._observation(record, *ids[folder], census) for folder, record in runs}
 
+    def cancel(self, run_dir: Path, record: RunRecord) -> tuple[str, str | None]:
+        if not record.job_id:
+            raise UserError(f"{run_dir} has no job id yet (state {record.state})",
+                            "run `specdraft status` first; it looks an interrupted submission up by name")
+        slurmcmd.cancel(record.job_id)
+        return f"cancelled Slurm job {record.job_id}", "CANCELLED"
 
-def job_states(job_ids: list[str], timeout: float = QUERY_TIMEOUT_S) -> dict[str, dict]:
-    """{job id: {"State", "NodeList", "ExitCode", "Elapsed", "source"}} from sacct (parsed by submitit's parser),
-    then squeue for ids sacct does not know yet. Each call is bounded by ``timeout``; unknown ids are absent."""
-    ids = [str(j) for j in job_ids if j]
-    if not ids:
-        return {}
-    cmd = ["sacct", "-o", "JobID,State,NodeList,ExitCode,Elapsed", "--parsable2"]
-    for job_id in ids:
-        cmd += ["-j", job_id]
-    out: dict[str, dict] = {}
-    proc = _run(cmd, timeout)
-    if proc is not None and proc.returncode == 0:
-        for job_id, info in SlurmInfoWatcher().read_info(proc.stdout).items():
-            if job_id in ids:
-                out[job_id] = {**info, "source": "sacct"}
-    missing = [j for j in ids if j not in out]
-    if missing:
-        proc = _run(["squeue", "-h", "-o", "%i|%T|%N", "-j", ",".join(missing)], timeout)
-        for line in (proc.stdout.splitlines() if proc is not None and proc.returncode == 0 else []):
-            job_id, state, nodes = (line.split("|") + ["", ""])[:3]
-            if job_id in missing:
-                out[job_id] = {"State": state, "NodeList": nodes, "source": "squeue"}
-    for info in out.values():
-        # sacct writes "CANCELLED by 0"; keep the state word.
-        info["State"] = (info.get("State") or "UNKNOWN").split()[0]
-    return out
+    def log_paths(self, record: RunRecord, rank: int) -> tuple[str, str]:
+        # The names the rendered script gives srun (--output=RUN/submitit/%j_%t_log.out), which are submitit's.
+        job = record.job_id or "none"
+        return f"submitit/{job}_{rank}_log.out", f"submitit/{job}_{rank}_log.err"
 
+    def failure_traces(self, run_dir: Path, record: RunRecord, world_size: int) -> dict[int, str]:
+        if not record.job_id:
+            return {}
+        from specdraft.execute.submit import task_traces
 
-def find_jobs(job_name: str, since_epoch: float, timeout: float = QUERY_TIMEOUT_S) -> list[tuple[str, str]]:
-    """(job id, state) of jobs named ``job_name`` submitted since ``since_epoch`` (minus a minute of clock skew)."""
-    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since_epoch - 60))
-    found: dict[str, str] = {}
-    proc = _run(["sacct", "-X", "-n", "-P", f"--name={job_name}", "-S", since, "-o", "JobID,State"], timeout)
-    for line in (proc.stdout.splitlines() if proc is not None and proc.returncode == 0 else []):
-        job_id, _, state = line.partition("|")
-        if job_id.strip():
-            found[job_id.strip()] = state.split()[0] if state.strip() else "UNKNOWN"
-    proc = _run(["squeue", "-h", "-n", job_name, "-o", "%i|%T"], timeout)
-    for line in (proc.stdout.splitlines() if proc is not None and proc.returncode == 0 else []):
-        job_id, _, state = line.partition("|")
-        if job_id.strip():
-            found.setdefault(job_id.strip(), state.strip() or "UNKNOWN")
-    return sorted(found.items(), key=lambda item: int(item[0]) if item[0].isdigit() else 0)
-
-
-def task_log(folder: str | Path, job_id: str, task: int, stream: str) -> Path:
-    """submitit's per-task log path (stream "out" or "err")."""
-    paths = JobPaths(folder, job_id=job_id, task_id=task)
-    return paths.stdout if stream == "out" else paths.stderr
-
-
-def task_traces(folder: str | Path, job_id: str, num_tasks: int) -> dict[int, str]:
-    """Task -> the error submitit pickled for it (a FailedJobError with the payload's stderr), where one exists."""
-    out = {}
-    for task in range(num_tasks):
-        path = JobPaths(folder, job_id=job_id, task_id=task).result_pickle
-        if path.exists():
-            try:
-                outcome, value = pickle_load(path)
-            except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, ValueError, TypeError):
-                continue  # half-written or from another submitit version: not evidence, the logs still are
-            if outcome == "error":
-                out[task] = str(value)
-    return out
-
-
-def cancel(folder: str | Path, job_id: str, num_tasks: int) -> None:
-    """scancel through submitit's Job.cancel (raises CalledProcessError when scancel fails)."""
-    SlurmJob(folder=folder, job_id=job_id, tasks=list(range(num_tasks))).cancel(check=True)
+        return task_traces(run_dir, slurmcmd.check_job_id(record.job_id), world_size)

@@ -149,9 +149,9 @@ def _device(plan: LaunchPlan, local_rank: int) -> tuple[str, str]:
 
 def read_plan(path: Path) -> LaunchPlan:
     """plan.json through the typed contract (schema_version checked); launch verified it against compile."""
-    from specdraft.fsread import read_regular_text
+    from specdraft.fsutil import read_regular_text
 
-    return LaunchPlan.from_json(read_regular_text(path, 1 << 30, what="plan file"))
+    return LaunchPlan.from_json(read_regular_text(path, 1 << 30, "plan file"))
 
 
 def write_result(run_dir: Path, rank: int, record: dict) -> Path:
