@@ -133,12 +133,14 @@ def version() -> None:
 
 
 def _register_optional_commands() -> None:
-    """Launch/run-management and rollout commands live in their own modules (imported lazily inside)."""
+    """Launch/run-management, rollout and search commands live in their own modules (imported lazily inside)."""
     from specdraft.cli import launch as launch_cmds
     from specdraft.cli import rollout as rollout_cmds
+    from specdraft.cli import search as search_cmds
 
     launch_cmds.register(app)
     rollout_cmds.register(app)
+    search_cmds.register(app)
 
 
 def main() -> None:

@@ -81,6 +81,13 @@ class ParallelSpec:
     """Layers on the first pipeline stage (--decoder-first-pipeline-num-layers); null = even split."""
     last_stage_layers: Optional[int] = None
     """Layers on the last pipeline stage (--decoder-last-pipeline-num-layers); null = even split."""
+    account_for_embedding_in_pipeline_split: bool = False
+    """Count the input embedding as one layer when splitting layers over pp x vpp (Megatron's
+    --account-for-embedding-in-pipeline-split): the first chunk of stage 0 builds one layer fewer, e.g. 126 layers
+    + embedding + loss over pp 8 x vpp 8; not with first/last_stage_layers."""
+    account_for_loss_in_pipeline_split: bool = False
+    """Count the output layer and loss as one layer when splitting layers over pp x vpp (Megatron's
+    --account-for-loss-in-pipeline-split): the last chunk of the last stage builds one layer fewer."""
     cp_comm_type: Literal["p2p", "a2a", "allgather", "a2a+p2p"] = "p2p"
     """Context-parallel communication (--cp-comm-type); the draft's branch attention ring is p2p."""
     hierarchical_cp_sizes: Optional[list[int]] = None
@@ -127,8 +134,12 @@ class TrainingSpec:
     """Pack sequences (THD) with per-sequence padding; needed by the draft's CP branch attention."""
     sequence_lengths: Optional[list[int]] = None
     """Typical per-sequence lengths, used to report packing padding overhead; null = [model.seq_length]."""
-    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
-    """Training (parameter and activation) dtype."""
+    dtype: Literal["bf16", "fp16", "fp32", "fp8"] = "bf16"
+    """Training dtype. fp8: FP8 GEMMs through TransformerEngine on Hopper and Blackwell (Megatron's --fp8-format
+    hybrid --fp8-recipe tensorwise --fp8-param-gather): fp8 weights, fp32 master weights, bf16 activations."""
+    grad_reduce_in_bf16: bool = False
+    """Accumulate and reduce gradients in bf16 instead of fp32 (Megatron's --grad-reduce-in-bf16): half the
+    gradient memory and DP traffic; NVIDIA's published benchmarks use it. Needs dtype bf16 or fp8."""
     distributed_optimizer: bool = True
     """Shard optimizer state over data-parallel ranks (--use-distributed-optimizer)."""
     recompute: Literal["none", "selective", "full"] = "selective"
