@@ -149,15 +149,12 @@ def splits(spec: LayoutSpec, pp: int, pins: frozenset[str]) -> list[Split]:
                 found.append((first if d_first else None, last if d_last else None, False, False))
     out = []
     p = spec.parallel
-    for first, last, e, loss in found:
-        if "parallel.first_stage_layers" in pins and first != p.first_stage_layers:
+    fields = ("first_stage_layers", "last_stage_layers", "account_for_embedding_in_pipeline_split",
+              "account_for_loss_in_pipeline_split")
+    for values in found:
+        if any(f"parallel.{name}" in pins and value != getattr(p, name) for name, value in zip(fields, values)):
             continue
-        if "parallel.last_stage_layers" in pins and last != p.last_stage_layers:
-            continue
-        if "parallel.account_for_embedding_in_pipeline_split" in pins and e != p.account_for_embedding_in_pipeline_split:
-            continue
-        if "parallel.account_for_loss_in_pipeline_split" in pins and loss != p.account_for_loss_in_pipeline_split:
-            continue
+        first, last, e, loss = values
         if e or loss:
             unit = (n + e + loss) // pp
         else:

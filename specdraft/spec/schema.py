@@ -82,12 +82,9 @@ class ParallelSpec:
     last_stage_layers: Optional[int] = None
     """Layers on the last pipeline stage (--decoder-last-pipeline-num-layers); null = even split."""
     account_for_embedding_in_pipeline_split: bool = False
-    """Count the input embedding as one layer when splitting layers over pp x vpp (Megatron's
-    --account-for-embedding-in-pipeline-split): the first chunk of stage 0 builds one layer fewer, e.g. 126 layers
-    + embedding + loss over pp 8 x vpp 8; not with first/last_stage_layers."""
+    """The embedding counts as a layer of the pp x vpp split (--account-for-embedding-in-pipeline-split)."""
     account_for_loss_in_pipeline_split: bool = False
-    """Count the output layer and loss as one layer when splitting layers over pp x vpp (Megatron's
-    --account-for-loss-in-pipeline-split): the last chunk of the last stage builds one layer fewer."""
+    """The output layer and loss count as a layer of the pp x vpp split (--account-for-loss-in-pipeline-split)."""
     cp_comm_type: Literal["p2p", "a2a", "allgather", "a2a+p2p"] = "p2p"
     """Context-parallel communication (--cp-comm-type); the draft's branch attention ring is p2p."""
     hierarchical_cp_sizes: Optional[list[int]] = None
@@ -135,11 +132,9 @@ class TrainingSpec:
     sequence_lengths: Optional[list[int]] = None
     """Typical per-sequence lengths, used to report packing padding overhead; null = [model.seq_length]."""
     dtype: Literal["bf16", "fp16", "fp32", "fp8"] = "bf16"
-    """Training dtype. fp8: FP8 GEMMs through TransformerEngine on Hopper and Blackwell (Megatron's --fp8-format
-    hybrid --fp8-recipe tensorwise --fp8-param-gather): fp8 weights, fp32 master weights, bf16 activations."""
+    """Training dtype; fp8 = TransformerEngine FP8 GEMMs and fp8 weights on Hopper/Blackwell, bf16 activations."""
     grad_reduce_in_bf16: bool = False
-    """Accumulate and reduce gradients in bf16 instead of fp32 (Megatron's --grad-reduce-in-bf16): half the
-    gradient memory and DP traffic; NVIDIA's published benchmarks use it. Needs dtype bf16 or fp8."""
+    """Keep and reduce gradients in bf16, not fp32 (--grad-reduce-in-bf16; NVIDIA's benchmarks); bf16 or fp8 only."""
     distributed_optimizer: bool = True
     """Shard optimizer state over data-parallel ranks (--use-distributed-optimizer)."""
     recompute: Literal["none", "selective", "full"] = "selective"
