@@ -23,6 +23,9 @@ def plan(
     format: str = typer.Option("text", "--format", "-f", help="text (rich summary) or json."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Write the JSON plan to this file (atomically)."),
     balance: bool = typer.Option(False, "--balance", help="Apply the uneven split that evens peak memory."),
+    picture: Optional[str] = typer.Option(None, "--picture", metavar="FILE.png|FILE.svg",
+                                          help="Draw nodes x GPUs by stage, draft ranks, TP/CP groups and tap "
+                                               "routes (needs matplotlib: the plot extra)."),
 ) -> None:
     """Compile a layout into a launch plan and show it."""
     from specdraft.cli.args import load_plan
@@ -30,11 +33,15 @@ def plan(
 
     if format not in ("text", "json"):
         raise UserError(f"--format {format!r} is not supported", "use --format text or --format json")
+    if picture and not picture.lower().endswith((".png", ".svg")):
+        raise UserError(f"--picture {picture!r} must name a .png or .svg file", "e.g. --picture plan.png")
     launch_plan, suggestion = load_plan(args, balance=balance)
     if output:
         from specdraft.fsutil import atomic_write_text
 
         atomic_write_text(output, launch_plan.to_json())
+    if picture:
+        _write_picture(launch_plan, picture)
     if format == "json":
         if not output:
             sys.stdout.write(launch_plan.to_json())
@@ -42,8 +49,23 @@ def plan(
     from specdraft.cli.show import print_plan
 
     print_plan(_console(), launch_plan, None if balance else suggestion)
-    if output:
-        _console().print(f"wrote {output}")
+    for path in (output, picture):
+        if path:
+            _console().print(f"wrote {path}")
+
+
+def _write_picture(launch_plan, path: str) -> None:
+    from specdraft.errors import UserError
+    from specdraft.fsutil import atomic_write_bytes
+
+    try:
+        import matplotlib  # noqa: F401 - only to learn whether the plot extra is installed
+    except ImportError:
+        raise UserError("--picture needs matplotlib, which is not installed",
+                        "pip install 'specdraft[plot]'") from None
+    from specdraft.render.picture import picture_bytes
+
+    atomic_write_bytes(path, picture_bytes(launch_plan, path.lower().rsplit(".", 1)[1]))
 
 
 @app.command()
