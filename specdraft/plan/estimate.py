@@ -338,33 +338,41 @@ class Estimator:
         times = pipe.times
         ends = [a + b for a, b in pipe.end]
         total, m, vpp, pp = sum(times), pipe.num_microbatches, pipe.vpp, lay.pp
-        t_first = max(times)
-        i_first = times.index(t_first)
-        t_second = max((t for i, t in enumerate(times) if i != i_first), default=0.0)
-        e_first = max(ends)
-        j_first = ends.index(e_first)
-        e_second = max((e for i, e in enumerate(ends) if i != j_first), default=0.0)
-        if not self.aux:
-            return [(k, m * t_first + (total - t_first) / vpp + e_first) for k in stages]
+        (t_first, i_first), (t_second, _) = _top2(times)
+        (e_first, j_first), (e_second, _) = _top2(ends)
+        plain = m * t_first + (total - t_first) / vpp + e_first  # the step without a draft
+        if not self.aux or stages == [None]:
+            return [(k, plain) for k in stages]
         u = self._unit(lay)
-        sources = self._sources(lay)
-        node, link, net, exposed = u.node, u.link, u.net, self.eff.p2p_exposed
-        draft_end = u.draft_end[0] + u.draft_end[1]
+        node = u.node
+        near, far = u.hidden / u.link * self.eff.p2p_exposed, u.hidden / u.net * self.eff.p2p_exposed
+        logits_near, logits_far = u.logits / u.link * self.eff.p2p_exposed, u.logits / u.net * self.eff.p2p_exposed
+        sources = [(src, node[src]) for src in self._sources(lay)]
+        draft, draft_end, last = u.draft, u.draft_end[0] + u.draft_end[1], pp - 1
         slack_unit = (2 / 3) * (total / pp) / vpp
         out = []
         for k in stages:
             here = node[k]
-            taps = 0.0
-            for src in sources:
+            added = 0.0
+            for src, src_node in sources:
                 if src != k:
-                    taps += u.hidden / (link if node[src] == here else net)
-            if k == pp - 1:
-                added, post = u.draft + taps * exposed, 0.0
+                    added += near if src_node == here else far
+            if k == last:
+                added += draft
+                post = 0.0
             else:
-                taps += u.logits / (link if node[-1] == here else net)
-                added, post = taps * exposed, max(0.0, m * u.draft - k * slack_unit)
-            t_max = max(t_second if k == i_first else t_first, times[k] + added)
-            end = max(e_second if k == j_first else e_first, ends[k] + draft_end)
+                added += logits_near if node[last] == here else logits_far
+                post = m * draft - k * slack_unit
+                if post < 0.0:
+                    post = 0.0
+            t_k = times[k] + added
+            t_max = t_second if k == i_first else t_first
+            if t_k > t_max:
+                t_max = t_k
+            e_k = ends[k] + draft_end
+            end = e_second if k == j_first else e_first
+            if e_k > end:
+                end = e_k
             out.append((k, m * t_max + (total + added - t_max) / vpp + post + end))
         return out
 
@@ -374,6 +382,18 @@ class Estimator:
         peak = self.costs.gpu.fp8_flops if self.costs.fp8 and self.costs.gpu.fp8_flops else self.costs.gpu.peak_flops
         return StepEstimate(step_time_s=step, tokens_per_s_per_gpu=tokens,
                             mfu=self.costs.model_flops_per_token() * tokens / peak, breakdown=breakdown)
+
+
+def _top2(values) -> tuple[tuple[float, int], tuple[float, int]]:
+    """((largest, its index), (second largest, its index)); the second is (0.0, -1) for one value."""
+    first, second = (values[0], 0), (0.0, -1)
+    for i in range(1, len(values)):
+        v = values[i]
+        if v > first[0]:
+            first, second = (v, i), first
+        elif v > second[0]:
+            second = (v, i)
+    return first, second
 
 
 def layout_of(spec: LayoutSpec) -> Layout:

@@ -23,6 +23,8 @@ from specdraft.spec import derived
 from specdraft.spec.gpus import CATALOGUE
 from specdraft.spec.schema import LayoutSpec
 
+MAX_MEMORY_FRACTION = 0.9  # of HBM; above it validation warns, and a search passes the layout over
+
 
 @dataclass(frozen=True, kw_only=True)
 class Row:
@@ -42,7 +44,7 @@ class SearchResult:
     rows: tuple[Row, ...]
     num_candidates: int  # every (base, split, draft stage) enumerated
     num_pruned: int  # dropped by the memory lower bound, never built
-    num_estimated: int  # given a full estimate (the rest were bounded out by a better base)
+    num_estimated: int  # given a step estimate (the rest were bounded out by better layouts)
     num_verified: int  # run through the whole validation
     num_rejected: int  # of those, refused (reasons counted in `rejections`)
     rejections: dict[str, int]
@@ -59,15 +61,21 @@ def _draft_stages(spec: LayoutSpec, pp: int, pinned: bool) -> list[Optional[int]
     return list(range(pp))
 
 
-def _probe(spec: LayoutSpec, base: Base) -> LayoutSpec:
-    """``spec`` with a base's sizes (the split left even): what the memory bound reads."""
-    return dataclasses.replace(
-        spec,
-        parallel=dataclasses.replace(spec.parallel, tp=base.tp, cp=base.cp, pp=base.pp, dp=base.dp, ep=base.ep,
-                                     etp=base.etp, sequence_parallel=base.sp, vpp=None, first_stage_layers=None,
-                                     last_stage_layers=None, account_for_embedding_in_pipeline_split=False,
-                                     account_for_loss_in_pipeline_split=False),
-        training=dataclasses.replace(spec.training, micro_batch_size=base.mbs, recompute=base.recompute))
+def _probe(spec: LayoutSpec, base: Base, cache: dict) -> LayoutSpec:
+    """``spec`` with a base's sizes (the split left even): what the memory bound reads. The parallel and training
+    sections are shared between the bases that have the same values (dataclasses.replace is the cost here)."""
+    par_key, train_key = base[:7], (base.mbs, base.recompute)
+    parallel = cache.get(par_key)
+    if parallel is None:
+        parallel = cache[par_key] = dataclasses.replace(
+            spec.parallel, tp=base.tp, cp=base.cp, pp=base.pp, dp=base.dp, ep=base.ep, etp=base.etp,
+            sequence_parallel=base.sp, vpp=None, first_stage_layers=None, last_stage_layers=None,
+            account_for_embedding_in_pipeline_split=False, account_for_loss_in_pipeline_split=False)
+    training = cache.get(train_key)
+    if training is None:
+        training = cache[train_key] = dataclasses.replace(spec.training, micro_batch_size=base.mbs,
+                                                          recompute=base.recompute)
+    return dataclasses.replace(spec, parallel=parallel, training=training)
 
 
 class _Frontier:
@@ -77,15 +85,16 @@ class _Frontier:
     only while its best is no worse than the next unexpanded base's bound yields exactly the global order.
     """
 
-    def __init__(self, spec: LayoutSpec, pins: frozenset[str], estimator: Estimator):
+    def __init__(self, spec: LayoutSpec, pins: frozenset[str], estimator: Estimator, max_memory: float):
         from specdraft.plan.memory import peak_lower_bound
 
         self.spec, self.estimator = spec, estimator
-        hbm = CATALOGUE[spec.cluster.gpu].hbm_bytes
+        hbm = CATALOGUE[spec.cluster.gpu].hbm_bytes * max_memory
         world = derived.world_size(spec)
         pinned_stage = "draft.stage" in pins
         self.enumerated = self.pruned = self.estimated = 0
         self._splits: dict[int, list[Split]] = {}
+        probes: dict[tuple, object] = {}
         waiting = []
         for base in bases(spec, pins):
             pp_splits = self._splits.get(base.pp)
@@ -100,7 +109,7 @@ class _Frontier:
             if not count:
                 continue
             edp = max(world // (base.etp * base.ep * base.pp), 1)
-            if peak_lower_bound(_probe(spec, base), base.dp, edp) > hbm:
+            if peak_lower_bound(_probe(spec, base, probes), base.dp, edp) > hbm:
                 self.pruned += count
                 continue
             lay = Layout(*base, usable[0].chunks, None)
@@ -110,39 +119,60 @@ class _Frontier:
         self._waiting = waiting
         self._next = 0
         self._heap: list = []
+        self._count = 0
 
     def _expand(self, base: Base, usable: list[Split], stages: list) -> None:
-        est = self.estimator
+        """A base's splits enter the heap as groups bounded by their step without the draft (which only adds);
+        a group is split into its draft placements when it reaches the top."""
+        est, heap = self.estimator, self._heap
         for split in usable:
             lay = Layout(*base, split.chunks, None)
             pipe = est.pipeline(lay, detail=False)
-            for stage, step in est.placements(lay, pipe, stages):
-                self._heap.append((step, self.estimated, base, split, stage))
+            if stages == [None]:
+                [(_, step)] = est.placements(lay, pipe, stages)
+                heapq.heappush(heap, (step, self._order(), base, split, None))
                 self.estimated += 1
+            else:
+                bound = est.placements(lay, pipe, [None])[0][1]
+                heapq.heappush(heap, (bound, self._order(), base, split, (lay, pipe, stages)))
+
+    def _order(self) -> int:
+        self._count += 1
+        return self._count
 
     def pop(self):
         """The next candidate (step seconds, order, base, split, draft stage), or None when none is left."""
         heap, waiting = self._heap, self._waiting
-        grew = False
-        while self._next < len(waiting) and (not heap or waiting[self._next][0] <= heap[0][0]):
-            _, _, base, usable, stages = waiting[self._next]
-            self._next += 1
-            self._expand(base, usable, stages)
-            grew = True
-        if grew:
-            heapq.heapify(heap)
-        return heapq.heappop(heap) if heap else None
+        while True:
+            if self._next < len(waiting) and (not heap or waiting[self._next][0] <= heap[0][0]):
+                _, _, base, usable, stages = waiting[self._next]
+                self._next += 1
+                self._expand(base, usable, stages)
+                continue
+            if not heap:
+                return None
+            entry = heapq.heappop(heap)
+            if not isinstance(entry[4], tuple):
+                return entry
+            lay, pipe, stages = entry[4]
+            for stage, step in self.estimator.placements(lay, pipe, stages):
+                heapq.heappush(heap, (step, self._order(), entry[2], entry[3], stage))
+                self.estimated += 1
 
 
-def search(spec: LayoutSpec, top_k: int = 10, pins: frozenset[str] = frozenset(),
-           eff: Efficiency = CALIBRATED, max_verified: int | None = None) -> SearchResult:
-    """The ``top_k`` best valid layouts of ``spec``'s model, cluster and batch, best first."""
+def search(spec: LayoutSpec, top_k: int = 10, pins: frozenset[str] = frozenset(), eff: Efficiency = CALIBRATED,
+           max_memory: float = MAX_MEMORY_FRACTION, max_verified: int | None = None) -> SearchResult:
+    """The ``top_k`` best valid layouts of ``spec``'s model, cluster and batch, best first.
+
+    A layout whose estimated peak exceeds ``max_memory`` of the HBM is passed over like an invalid one (the
+    estimate leaves out the CUDA context, NCCL buffers and fragmentation; validation warns above 90%)."""
     from specdraft.assemble import check
     from specdraft.plan.compile import plan_memory
 
     started = time.perf_counter()
+    hbm = CATALOGUE[spec.cluster.gpu].hbm_bytes
     estimator = Estimator(spec, eff)
-    frontier = _Frontier(spec, pins, estimator)
+    frontier = _Frontier(spec, pins, estimator, max_memory)
     rows: list[Row] = []
     rejections: Counter = Counter()
     verified = 0
@@ -159,6 +189,9 @@ def search(spec: LayoutSpec, top_k: int = 10, pins: frozenset[str] = frozenset()
             continue
         lay = Layout(*base, split.chunks, stage)
         peak = max(s.total for s in plan_memory(layout_spec))
+        if peak > max_memory * hbm:
+            rejections["memory headroom"] += 1
+            continue
         rows.append(Row(spec=layout_spec, layout=lay, estimate=estimator.estimate(lay), peak_memory_bytes=peak,
                         num_warnings=len(warnings)))
     return SearchResult(rows=tuple(rows), num_candidates=frontier.enumerated, num_pruned=frontier.pruned,
