@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 from specdraft.plan.costs import Bandwidths, CostModel, Efficiency, LayerCost, Shape
-from specdraft.plan.memory import layer_params
+from specdraft.plan.locality import Locality
+from specdraft.plan.memory import draft_params, layer_params
 from specdraft.spec import derived
 from specdraft.spec.schema import LayoutSpec
 
@@ -73,8 +74,6 @@ class _Unit(NamedTuple):
     embedding: float
     head: float
     send: float
-    draft: float
-    draft_end: tuple[float, float]  # the draft's (gradient all-reduce, optimizer) on its stage
     end_layer: tuple[float, float]  # (DP comm, optimizer) step-end seconds per layer a stage holds
     end_first: tuple[float, float]  # ... for the embedding
     end_last: tuple[float, float]  # ... for the output layer
@@ -95,7 +94,6 @@ class Estimator:
         self.costs = CostModel(spec, eff)
         self.world = derived.world_size(spec)
         self.gpn = spec.cluster.gpus_per_node
-        self.order = spec.parallel.order
         self.gbs = spec.training.global_batch_size
         self.distributed_optimizer = spec.training.distributed_optimizer
         t = spec.training
@@ -108,69 +106,14 @@ class Estimator:
         m = spec.model
         self.embed = m.vocab_size * m.hidden_size
         self.tied = m.tie_embeddings
-        self.draft_params = self._draft_params(spec) if spec.draft.enabled else 0
-        self._bw_cache: dict[tuple, Bandwidths] = {}
-        self._nodes: dict[tuple, tuple[int, int]] = {}
+        self.draft_params = draft_params(spec) if spec.draft.enabled else 0
+        self.locality = Locality(self.costs.gpu, eff, self.gpn, spec.parallel.order, self.world)
         self._source_cache: dict[tuple, list[int]] = {}
         self._units: dict[tuple, _Unit] = {}
-
-    @staticmethod
-    def _draft_params(spec: LayoutSpec) -> int:
-        from specdraft.plan.memory import draft_params
-
-        return draft_params(spec)
-
-    # ---- where groups live ---------------------------------------------------------------------------------
-    def _strides(self, tp: int, cp: int, pp: int, dp: int) -> dict[str, int]:
-        sizes = {"tp": tp, "cp": cp, "ep": 1, "dp": dp, "pp": pp}
-        stride, out = 1, {}
-        for name in self.order.split("-"):
-            out[name] = stride
-            stride *= sizes[name]
-        return out
-
-    def _spread(self, dims: tuple[tuple[int, int], ...]) -> tuple[int, int]:
-        """(nodes, members per node) of rank 0's group spanning ``dims`` (stride, size) pairs."""
-        hit = self._nodes.get(dims)
-        if hit is None:
-            ranks = [0]
-            for stride, size in dims:
-                ranks = [r + i * stride for r in ranks for i in range(size)]
-            nodes = len({r // self.gpn for r in ranks})
-            hit = self._nodes[dims] = (nodes, len(ranks) // nodes)
-        return hit
-
-    def _bw(self, dims: tuple[tuple[int, int], ...], collective: bool = True) -> float:
-        gpu, eff = self.costs.gpu, self.eff
-        nodes, per_node = self._spread(dims)
-        if nodes == 1:
-            return gpu.link_bw * eff.link
-        # A collective spanning nodes runs hierarchically: the members on one node share their NICs.
-        return min(gpu.link_bw, (per_node if collective else 1) * gpu.net_bw) * eff.network
+        self._drafts: dict[tuple, tuple[float, tuple[float, float]]] = {}
 
     def bandwidths(self, lay: Layout) -> Bandwidths:
-        key = (lay.tp, lay.cp, lay.pp, lay.dp, lay.ep, lay.etp)
-        hit = self._bw_cache.get(key)
-        if hit is None:
-            st = self._strides(lay.tp, lay.cp, lay.pp, lay.dp)
-            edp = max(self.world // (lay.etp * lay.ep * lay.pp), 1)
-            expert = {"tp": lay.etp, "cp": 1, "ep": lay.ep, "dp": edp, "pp": lay.pp}
-            stride, es = 1, {}
-            for name in self.order.split("-"):
-                es[name] = stride
-                stride *= expert[name]
-            ep_nodes, ep_per_node = self._spread(((es["ep"], lay.ep),))
-            ep_bw = self._bw(((es["ep"], lay.ep),))
-            if ep_nodes > 1:
-                # All-to-all: the share bound for other nodes leaves through this rank's NIC.
-                cross = 1 - ep_per_node / lay.ep
-                ep_bw = 1 / (cross / (self.costs.gpu.net_bw * self.eff.network)
-                             + (1 - cross) / (self.costs.gpu.link_bw * self.eff.link))
-            hit = self._bw_cache[key] = Bandwidths(
-                tp=self._bw(((st["tp"], lay.tp),)), cp=self._bw(((st["cp"], lay.cp),), collective=False),
-                ep=ep_bw, dp=self._bw(((st["cp"], lay.cp), (st["dp"], lay.dp))),
-                edp=self._bw(((es["dp"], edp),)), p2p=self._bw(((st["pp"], min(lay.pp, 2)),), collective=False))
-        return hit
+        return self.locality.bandwidths(lay.tp, lay.cp, lay.pp, lay.dp, lay.ep, lay.etp)
 
     def _unit(self, lay: Layout) -> _Unit:
         """Everything about a layout that does not depend on its split or its draft stage (cached)."""
@@ -182,16 +125,25 @@ class Estimator:
         shape = Shape(lay.tp, lay.cp, lay.sp, lay.recompute, lay.mbs, lay.ep, lay.etp)
         layer = c.layer(shape, bw)
         hidden, logits = c.tap_bytes(shape, logits=True)
-        pp_stride = self._strides(lay.tp, lay.cp, lay.pp, lay.dp)["pp"]
+        pp_stride = self.locality.strides(lay.tp, lay.cp, lay.pp, lay.dp)["pp"]
         link, net = c.gpu.link_bw * self.eff.link, c.gpu.net_bw * self.eff.network
         end_layer, end_first, end_last = self._step_ends(lay, bw)
         hit = self._units[key] = _Unit(
             layer=layer, layer_time=sum(layer), embedding=c.embedding(shape, bw), head=c.head(shape, bw),
-            send=c.p2p_send(shape, bw) if lay.pp > 1 else 0.0, draft=sum(c.draft(shape, bw)),
-            draft_end=self._draft_end(lay), end_layer=end_layer, end_first=end_first, end_last=end_last,
+            send=c.p2p_send(shape, bw) if lay.pp > 1 else 0.0, end_layer=end_layer, end_first=end_first,
+            end_last=end_last,
             hidden=hidden, logits=logits,
             node=tuple(stage * pp_stride // self.gpn for stage in range(lay.pp)), link=link, net=net,
             microbatches=max(self.gbs // (lay.mbs * lay.dp), 1))
+        return hit
+
+    def _draft_unit(self, lay: Layout) -> tuple[float, tuple[float, float]]:
+        """(draft seconds per microbatch, (its gradient all-reduce, its optimizer)) on its stage (cached)."""
+        key = lay[:9]
+        hit = self._drafts.get(key)
+        if hit is None:
+            shape = Shape(lay.tp, lay.cp, lay.sp, lay.recompute, lay.mbs, lay.ep, lay.etp)
+            hit = self._drafts[key] = (sum(self.costs.draft(shape, self.bandwidths(lay))), self._draft_end(lay))
         return hit
 
     def lower_bound(self, lay: Layout, max_vpp: int) -> float:
@@ -285,12 +237,13 @@ class Estimator:
         if not last:
             taps += u.logits / (u.link if u.node[-1] == node else u.net)
         taps *= self.eff.p2p_exposed
+        draft = self._draft_unit(lay)[0]
         if last:
-            return u.draft, taps, 0.0
+            return draft, taps, 0.0
         # Off the last stage the draft runs after the schedule; backward drains towards stage 0, so a stage k
         # finishes about k stage-backwards (2/3 of a microbatch) before the end.
         slack = stage * (2 / 3) * (sum(pipe.times) / lay.pp) / pipe.vpp
-        return 0.0, taps, max(0.0, pipe.num_microbatches * u.draft - slack)
+        return 0.0, taps, max(0.0, pipe.num_microbatches * draft - slack)
 
     def _draft_end(self, lay: Layout) -> tuple[float, float]:
         """The draft's gradient all-reduce (replicated over dp x cp) and its own Adam, on its stage."""
@@ -300,9 +253,6 @@ class Estimator:
         return comm, local * OPTIMIZER_BYTES_PER_PARAM / self.costs.hbm
 
     # ---- the step ------------------------------------------------------------------------------------------
-    def step_time(self, lay: Layout, pipe: Pipeline | None = None) -> float:
-        return self._step(lay, pipe or self.pipeline(lay), detail=False)[0]
-
     def _step(self, lay: Layout, pipe: Pipeline, detail: bool):
         times, end = list(pipe.times), [list(e) for e in pipe.end]
         draft_mb = taps_mb = post = 0.0
@@ -310,7 +260,7 @@ class Estimator:
         if k is not None and self.aux:
             draft_mb, taps_mb, post = self._draft_terms(lay, pipe, k)
             times[k] += draft_mb + taps_mb
-            d_comm, d_opt = self._unit(lay).draft_end
+            d_comm, d_opt = self._draft_unit(lay)[1]
             end[k][0] += d_comm
             end[k][1] += d_opt
         t_max = max(times)
@@ -348,7 +298,8 @@ class Estimator:
         near, far = u.hidden / u.link * self.eff.p2p_exposed, u.hidden / u.net * self.eff.p2p_exposed
         logits_near, logits_far = u.logits / u.link * self.eff.p2p_exposed, u.logits / u.net * self.eff.p2p_exposed
         sources = [(src, node[src]) for src in self._sources(lay)]
-        draft, draft_end, last = u.draft, u.draft_end[0] + u.draft_end[1], pp - 1
+        draft, (d_comm, d_opt) = self._draft_unit(lay)
+        draft_end, last = d_comm + d_opt, pp - 1
         slack_unit = (2 / 3) * (total / pp) / vpp
         out = []
         for k in stages:

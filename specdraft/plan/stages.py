@@ -9,7 +9,8 @@ from __future__ import annotations
 from specdraft.plan.model import ChunkPlan, StagePlan
 from specdraft.spec.derived import vpp as resolved_vpp
 from specdraft.spec.schema import LayoutSpec
-from specdraft.spec.validate import split_accounting, stage_layer_counts
+from specdraft.spec.accounting import split_accounting
+from specdraft.spec.validate import stage_layer_counts
 
 
 def chunk_layout(spec: LayoutSpec) -> list[list[tuple[int, int]]]:

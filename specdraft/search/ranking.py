@@ -96,6 +96,7 @@ class _Frontier:
         self._splits: dict[int, list[Split]] = {}
         probes: dict[tuple, object] = {}
         waiting = []
+        over = None  # (sizes, sp, recompute) whose memory bound failed at a smaller micro batch
         for base in bases(spec, pins):
             pp_splits = self._splits.get(base.pp)
             if pp_splits is None:
@@ -109,7 +110,10 @@ class _Frontier:
             if not count:
                 continue
             edp = max(world // (base.etp * base.ep * base.pp), 1)
-            if peak_lower_bound(_probe(spec, base, probes), base.dp, edp) > hbm:
+            # bases() lists micro batches in ascending order, and the bound's activations grow with them, so a
+            # failed bound fails for every larger micro batch of the same sizes.
+            if base[:8] == over or peak_lower_bound(_probe(spec, base, probes), base.dp, edp) > hbm:
+                over = base[:8]
                 self.pruned += count
                 continue
             lay = Layout(*base, usable[0].chunks, None)

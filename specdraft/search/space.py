@@ -131,7 +131,7 @@ def splits(spec: LayoutSpec, pp: int, pins: frozenset[str]) -> list[Split]:
     found: list[tuple] = []
     if n % pp == 0:
         found.append((None, None, False, False))
-    for e, loss in ((True, False), (False, True), (True, True)):
+    for e, loss in ((True, False), (False, True), (True, True)) if pp > 1 else ():
         if (n + e + loss) % pp == 0:
             found.append((None, None, e, loss))
     if pp >= 2:

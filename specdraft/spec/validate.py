@@ -9,6 +9,7 @@ import math
 import re
 
 from specdraft.errors import Problem
+from specdraft.spec.accounting import accounted_counts, accounted_split_rules, split_accounting
 from specdraft.spec.derived import (default_aux_layers, etp, kv_heads, pad_multiple, resolved_dp, slurm_time_seconds,
                                     world_size)
 from specdraft.spec.gpus import CATALOGUE
@@ -206,7 +207,7 @@ def stage_layer_counts(spec: LayoutSpec) -> list[int] | None:
     if pp < 1 or n < 1:
         return None
     if split_accounting(p) != (0, 0):
-        return _accounted_counts(spec)
+        return accounted_counts(spec)
     if first is None and last is None:
         return [n // pp] * pp if n % pp == 0 else None
     if pp < 2:
@@ -243,7 +244,7 @@ def _layer_split_rules(spec: LayoutSpec, err) -> None:
     first, last = p.first_stage_layers, p.last_stage_layers
     uneven = first is not None or last is not None
     if split_accounting(p) != (0, 0):
-        _accounted_split_rules(spec, err)
+        accounted_split_rules(spec, err)
         return
     for fname, value in (("first_stage_layers", first), ("last_stage_layers", last)):
         if value is not None and value < 1:
@@ -288,53 +289,6 @@ def _layer_split_rules(spec: LayoutSpec, err) -> None:
             if bad:
                 err("parallel.vpp", p.vpp, f"every stage's layer count ({counts}) must be a positive multiple of vpp",
                     f"use a vpp dividing {math.gcd(*counts)}")
-
-
-def split_accounting(parallel) -> tuple[int, int]:
-    """(embedding, loss): 1 each when Megatron counts it as a layer in the pipeline split, else 0."""
-    return int(parallel.account_for_embedding_in_pipeline_split), int(parallel.account_for_loss_in_pipeline_split)
-
-
-def _accounted_counts(spec: LayoutSpec) -> list[int] | None:
-    """Megatron's split with the embedding and/or loss counted as layers: (N + e + l) / pp per stage, then the
-    first stage builds e fewer and the last l fewer (megatron-core get_num_layers_to_build)."""
-    p = spec.parallel
-    e, loss = split_accounting(p)
-    total = spec.model.num_layers + e + loss
-    if p.first_stage_layers is not None or p.last_stage_layers is not None or total % p.pp:
-        return None
-    counts = [total // p.pp] * p.pp
-    counts[0] -= e
-    counts[-1] -= loss
-    return counts if min(counts) >= 0 else None
-
-
-def _accounted_split_rules(spec: LayoutSpec, err) -> None:
-    p, n = spec.parallel, spec.model.num_layers
-    e, loss = split_accounting(p)
-    path = ("parallel.account_for_embedding_in_pipeline_split" if e
-            else "parallel.account_for_loss_in_pipeline_split")
-    if p.first_stage_layers is not None or p.last_stage_layers is not None:
-        err(path, True, "Megatron cannot count the embedding or loss as a layer together with an uneven split "
-            "(first_stage_layers/last_stage_layers)", "drop one of them")
-        return
-    total = n + e + loss
-    if total % p.pp:
-        ok = [d for d in divisors(total) if d <= n]
-        err("parallel.pp", p.pp, f"must divide num_layers + the accounted embedding/loss ({n} + {e + loss} = "
-            f"{total})", f"use one of {', '.join(map(str, ok))}, or change the account_for_* fields")
-        return
-    vpp = p.vpp if p.vpp and p.vpp > 1 and p.pp > 1 else 1
-    if p.vpp is not None and p.vpp < 1:
-        err("parallel.vpp", p.vpp, "must be >= 1, or null", "use null to disable interleaving")
-    elif p.vpp is not None and p.vpp > 1 and p.pp < 2:
-        err("parallel.vpp", p.vpp, "interleaving needs pp >= 2", "set parallel.vpp=null")
-    elif (total // p.pp) % vpp:
-        err("parallel.vpp", p.vpp, f"must divide the layers per stage counting the embedding/loss "
-            f"({total} / pp {p.pp} = {total // p.pp})", f"use a vpp dividing {total // p.pp}")
-    elif total // p.pp // vpp <= max(e, loss):
-        err("parallel.pp", p.pp, "leaves a model chunk with no transformer layer once the embedding or loss takes "
-            "its place", "lower pp or vpp")
 
 
 def _precision_rules(spec: LayoutSpec, err) -> None:
