@@ -42,6 +42,15 @@ def valid_layouts(draw, max_world: int = 512, moe: bool | None = None) -> Layout
     num_layers = sum(counts)
     if first is None and last is None and num_layers % pp:
         num_layers = per_stage * pp
+    # Megatron's --account-for-embedding/loss-in-pipeline-split: each counts as a layer of the even split.
+    account_embedding = account_loss = False
+    if first is None and last is None and draw(st.booleans()):
+        account_embedding, account_loss = draw(st.sampled_from([(True, False), (False, True), (True, True)]))
+        accounted = account_embedding + account_loss
+        # Every chunk keeps a layer; a single chunk gives both slots away.
+        low = accounted + 1 if pp * unit == 1 else max(account_embedding, account_loss) + 1
+        per_chunk = draw(st.integers(low, 3 + low))
+        num_layers = pp * unit * per_chunk - account_embedding - account_loss
     heads = tp * draw(st.sampled_from([1, 2]))
     groups = draw(st.sampled_from([tp, heads]))
     sp = tp > 1 and draw(st.booleans())
@@ -72,9 +81,11 @@ def valid_layouts(draw, max_world: int = 512, moe: bool | None = None) -> Layout
                         moe_router_topk=1 if experts else 2),
         cluster=ClusterSpec(num_nodes=world // gpn, gpus_per_node=gpn, gpu="b200"),
         parallel=ParallelSpec(tp=tp, cp=cp, pp=pp, dp=draw(st.sampled_from([dp, -1])), ep=ep, etp=etp, vpp=vpp,
-                              sequence_parallel=sp, first_stage_layers=first, last_stage_layers=last, order=order),
+                              sequence_parallel=sp, first_stage_layers=first, last_stage_layers=last, order=order,
+                              account_for_embedding_in_pipeline_split=account_embedding,
+                              account_for_loss_in_pipeline_split=account_loss),
         draft=DraftSpec(enabled=True, aux_layers=aux, ttt_steps=draw(st.integers(1, 4)), stage=stage),
         training=TrainingSpec(micro_batch_size=mbs, global_batch_size=mbs * dp * m,
-                              dtype=draw(st.sampled_from(["bf16", "fp32"]))),
+                              dtype=draw(st.sampled_from(["bf16", "fp32", "fp8"]))),
         slurm=SlurmSpec(),
     )

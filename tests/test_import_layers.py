@@ -1,8 +1,10 @@
 """Layering: every import in every module (function-level ones included) points down, and nothing forms a cycle.
 
-Layers, lowest first: the base modules (errors, file helpers), spec, plan, rollout, render, assemble, execute, cli.
+Layers, lowest first: the base modules (errors, file helpers), spec, plan, rollout, render, assemble, search,
+execute, cli.
 `runtime` (the job) reads only the plan: it may import the base, plan and itself. spec, plan, rollout, render,
-assemble and cli never import torch, megatron or submitit; a CLI run in a fresh process proves none is loaded.
+assemble, search and cli never import torch, megatron or submitit; a CLI run in a fresh process proves none is
+loaded.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[1] / "specdraft"
 HEAVY = ("torch", "megatron", "submitit")
-RANK = {"base": 0, "spec": 1, "plan": 2, "rollout": 3, "render": 4, "assemble": 5, "execute": 6, "cli": 7}
+RANK = {"base": 0, "spec": 1, "plan": 2, "rollout": 3, "render": 4, "assemble": 5, "search": 6, "execute": 7,
+        "cli": 8}
 BASE = {"specdraft", "specdraft.errors", "specdraft.fsutil"}
-LIGHT = {"spec", "plan", "rollout", "render", "assemble", "cli"}
+LIGHT = {"spec", "plan", "rollout", "render", "assemble", "search", "cli"}
 
 
 def layer(module: str) -> str:
@@ -129,7 +132,7 @@ def test_the_checker_sees_function_level_and_relative_imports(tmp_path):
 PROBE = textwrap.dedent("""
     import importlib, pkgutil, sys
     import specdraft
-    for layer in ("spec", "plan", "render", "rollout"):
+    for layer in ("spec", "plan", "render", "rollout", "search"):
         package = importlib.import_module(f"specdraft.{layer}")
         for info in pkgutil.iter_modules(package.__path__):
             importlib.import_module(f"specdraft.{layer}.{info.name}")

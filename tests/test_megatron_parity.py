@@ -56,6 +56,8 @@ def _megatron_config(spec):
         virtual_pipeline_model_parallel_size=p.vpp if p.vpp and p.vpp > 1 else None,
         num_layers_in_first_pipeline_stage=p.first_stage_layers,
         num_layers_in_last_pipeline_stage=p.last_stage_layers,
+        account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split,
         pipeline_dtype=None if p.pp == 1 else __import__("torch").float32, use_cpu_initialization=True,
     )
 

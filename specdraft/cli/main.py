@@ -24,6 +24,9 @@ def plan(
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Write the JSON plan to this file (atomically; "
                                          "a regular file only), or to standard output with `-o -`."),
     balance: bool = typer.Option(False, "--balance", help="Apply the uneven split that evens peak memory."),
+    picture: Optional[str] = typer.Option(None, "--picture", metavar="FILE.png|FILE.svg",
+                                          help="Draw nodes x GPUs by stage, draft ranks, TP/CP groups and tap "
+                                               "routes (needs matplotlib: the plot extra)."),
 ) -> None:
     """Compile a layout into a launch plan and show it."""
     from specdraft.cli.args import load_plan
@@ -32,9 +35,14 @@ def plan(
 
     if format not in ("text", "json"):
         raise UserError(f"--format {format!r} is not supported", "use --format text or --format json")
-    if output is not None and output != STDOUT:
-        check_output_path(output, "plan")  # refuse a FIFO, link or device before compiling, not after
+    if picture and not picture.lower().endswith((".png", ".svg")):
+        raise UserError(f"--picture {picture!r} must name a .png or .svg file", "e.g. --picture plan.png")
+    for path, what in ((output, "plan"), (picture, "picture")):
+        if path is not None and path != STDOUT:
+            check_output_path(path, what)  # refuse a FIFO, link or device before compiling, not after
     launch_plan, suggestion = load_plan(args, balance=balance)
+    if picture:
+        _write_picture(launch_plan, picture)
     if output is not None:
         write_output(output, launch_plan.to_json(), "plan")
     if output == STDOUT:
@@ -46,8 +54,23 @@ def plan(
     from specdraft.cli.show import print_plan
 
     print_plan(_console(), launch_plan, None if balance else suggestion)
-    if output:
-        _console().print(f"wrote {output}", markup=False)
+    for path in (output, picture):
+        if path:
+            _console().print(f"wrote {path}", markup=False)
+
+
+def _write_picture(launch_plan, path: str) -> None:
+    from specdraft.errors import UserError
+    from specdraft.fsutil import atomic_write_bytes
+
+    try:
+        import matplotlib  # noqa: F401 - only to learn whether the plot extra is installed
+    except ImportError:
+        raise UserError("--picture needs matplotlib, which is not installed",
+                        "pip install 'specdraft[plot]'") from None
+    from specdraft.render.picture import picture_bytes
+
+    atomic_write_bytes(path, picture_bytes(launch_plan, path.lower().rsplit(".", 1)[1]))
 
 
 @app.command()
@@ -146,12 +169,14 @@ def version() -> None:
 
 
 def _register_optional_commands() -> None:
-    """Launch/run-management and rollout commands live in their own modules (imported lazily inside)."""
+    """Launch/run-management, rollout and search commands live in their own modules (imported lazily inside)."""
     from specdraft.cli import launch as launch_cmds
     from specdraft.cli import rollout as rollout_cmds
+    from specdraft.cli import search as search_cmds
 
     launch_cmds.register(app)
     rollout_cmds.register(app)
+    search_cmds.register(app)
 
 
 def main() -> None:

@@ -10,7 +10,10 @@ from specdraft.plan.model import StageMemory
 from specdraft.spec.derived import aux_layers, etp, head_dim, kv_heads
 from specdraft.spec.schema import LayoutSpec
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+# Activation (and tap) bytes per element; fp8 keeps bf16 activations outside the GEMM inputs (see below).
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
+# fp8 parameters (--fp8-param-gather): the fp8 weight and the transpose Hopper's fp8 GEMMs read for backward.
+FP8_WEIGHT_BYTES = 2
 HEAD_CHUNK_TOKENS = 2048  # the runtime's checkpointed LM-head/KL chunk (specdraft.runtime.vocab_parallel)
 
 
@@ -53,7 +56,10 @@ def _state_bytes(spec: LayoutSpec) -> tuple[int, int, float]:
     dtype = spec.training.dtype
     if dtype == "fp32":
         return 4, 4, 8.0  # Adam m, v; no separate master copy
-    return 2, 4, 12.0  # bf16/fp16 weight, fp32 main grad, fp32 master + Adam m, v (Megatron's 18 bytes/param)
+    grad = 2 if spec.training.grad_reduce_in_bf16 else 4
+    if dtype == "fp8":
+        return FP8_WEIGHT_BYTES, grad, 12.0  # fp8 weight (+ transpose), main grad, fp32 master + Adam m, v
+    return 2, grad, 12.0  # bf16/fp16 weight, fp32 main grad, fp32 master + Adam m, v (Megatron's 18 bytes/param)
 
 
 def activation_bytes_per_layer(spec: LayoutSpec, tokens: int, ffn_term: float, recompute: str | None = None) -> float:
@@ -69,6 +75,10 @@ def activation_bytes_per_layer(spec: LayoutSpec, tokens: int, ffn_term: float, r
     if (recompute or t.recompute) == "full":
         return 2 * sbh * scale / (p.tp if p.sequence_parallel else 1)
     sharded = 8 + ffn_term
+    if t.dtype == "fp8":
+        # TransformerEngine keeps the four GEMM inputs it saves for backward in fp8: the QKV, projection and fc1
+        # inputs (2 -> 1 sbh each) and fc2's (2f/h -> f/h sbh).
+        sharded -= 3 + ffn_term / 4
     if p.sequence_parallel:
         return sbh * (10 + sharded) / p.tp * scale
     return sbh * (10 + sharded / p.tp) * scale
@@ -80,26 +90,15 @@ def stage_memory(spec: LayoutSpec, stage_counts: list[int], dp: int, edp: int, n
     from specdraft.spec.gpus import CATALOGUE
 
     m, p, t = spec.model, spec.parallel, spec.training
-    expert_tp = etp(p)
-    w_b, g_b, o_b = _state_bytes(spec)
-    dense, expert = layer_params(spec)
-    embed = m.vocab_size * m.hidden_size
     tokens = t.micro_batch_size * m.seq_length // p.cp
-    ffn_term = 4 * ((m.moe_ffn_hidden_size or 0) * m.moe_router_topk if m.num_experts else m.ffn_hidden_size) / m.hidden_size
+    ffn_term = _ffn_term(spec)
     act_layer = activation_bytes_per_layer(spec, tokens, ffn_term)
     vpp = p.vpp if p.vpp and p.vpp > 1 else 1
     hbm = CATALOGUE[spec.cluster.gpu].hbm_bytes
     out = []
     for rank, layers in enumerate(stage_counts):
         first, last = rank == 0, rank == p.pp - 1
-        dense_params = layers * dense + (embed if first else 0) + (embed if last and (not m.tie_embeddings or p.pp > 1) else 0)
-        dense_local = dense_params / p.tp
-        expert_local = layers * expert / (expert_tp * p.ep)
-        opt_shard_dense = dp * p.cp if t.distributed_optimizer else 1
-        opt_shard_expert = edp if t.distributed_optimizer else 1
-        weights = (dense_local + expert_local) * w_b
-        grads = (dense_local + expert_local) * g_b
-        optimizer = dense_local * o_b / opt_shard_dense + expert_local * o_b / opt_shard_expert
+        weights, grads, optimizer = _stage_states(spec, layers, first, last, dp, edp)
         # 1F1B: stage r holds (pp - r) microbatches in flight; interleaving adds (pp-1)/(pp*vpp) (Megatron-LM).
         in_flight = min(p.pp - rank, num_microbatches)
         if vpp > 1:
@@ -117,6 +116,47 @@ def stage_memory(spec: LayoutSpec, stage_counts: list[int], dp: int, edp: int, n
                                activations=int(activations), draft=int(draft), total=int(total), hbm=hbm,
                                fraction=round(total / hbm, 4)))
     return tuple(out)
+
+
+def _ffn_term(spec: LayoutSpec) -> float:
+    """4 * (MLP width seen by a token) / hidden: Megatron-LM's FFN activation ratio (routed experts for MoE)."""
+    m = spec.model
+    width = (m.moe_ffn_hidden_size or 0) * m.moe_router_topk if m.num_experts else m.ffn_hidden_size
+    return 4 * width / m.hidden_size
+
+
+def _stage_states(spec: LayoutSpec, layers: int, first: bool, last: bool, dp: int,
+                  edp: int) -> tuple[float, float, float]:
+    """(weights, grads, optimizer) bytes per GPU of a stage holding ``layers`` layers (and the embedding or
+    output layer when it is the first or last stage); the optimizer is sharded by the distributed optimizer."""
+    m, p, t = spec.model, spec.parallel, spec.training
+    w_b, g_b, o_b = _state_bytes(spec)
+    dense, expert = layer_params(spec)
+    embed = m.vocab_size * m.hidden_size
+    dense_params = layers * dense + (embed if first else 0) + (embed if last and (not m.tie_embeddings or p.pp > 1) else 0)
+    dense_local = dense_params / p.tp
+    expert_local = layers * expert / (etp(p) * p.ep)
+    opt_shard_dense = dp * p.cp if t.distributed_optimizer else 1
+    opt_shard_expert = edp if t.distributed_optimizer else 1
+    weights = (dense_local + expert_local) * w_b
+    grads = (dense_local + expert_local) * g_b
+    optimizer = dense_local * o_b / opt_shard_dense + expert_local * o_b / opt_shard_expert
+    return weights, grads, optimizer
+
+
+def peak_lower_bound(spec: LayoutSpec, dp: int, edp: int) -> float:
+    """A lower bound on the heaviest stage's total over every layer split of ``spec``'s sizes.
+
+    Some stage holds at least ceil(N / pp) layers, and that many layers' weights, grads, optimizer state and one
+    microbatch of their activations are all terms of that stage's total in `stage_memory` (which only adds to
+    them: more microbatches in flight, the embedding, the logits, the draft). A search drops a layout whose bound
+    exceeds the HBM without building it; tests check bound <= the real peak.
+    """
+    m, p, t = spec.model, spec.parallel, spec.training
+    layers = -(-m.num_layers // p.pp)
+    states = sum(_stage_states(spec, layers, False, False, dp, edp))
+    tokens = t.micro_batch_size * m.seq_length // p.cp
+    return states + activation_bytes_per_layer(spec, tokens, _ffn_term(spec)) * layers
 
 
 def draft_memory(spec: LayoutSpec, tokens: int, draft_slots: int) -> float:

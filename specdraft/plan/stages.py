@@ -9,6 +9,7 @@ from __future__ import annotations
 from specdraft.plan.model import ChunkPlan, StagePlan
 from specdraft.spec.derived import vpp as resolved_vpp
 from specdraft.spec.schema import LayoutSpec
+from specdraft.spec.accounting import split_accounting
 from specdraft.spec.validate import stage_layer_counts
 
 
@@ -19,6 +20,8 @@ def chunk_layout(spec: LayoutSpec) -> list[list[tuple[int, int]]]:
     if counts is None:
         raise ValueError("invalid pipeline split; run validation first")
     vpp = resolved_vpp(p) or 1
+    if split_accounting(p) != (0, 0):
+        return _accounted_chunks(spec, vpp)
     first, last = p.first_stage_layers, p.last_stage_layers
     uneven = first is not None or last is not None
     out: list[list[tuple[int, int]]] = []
@@ -43,6 +46,26 @@ def chunk_layout(spec: LayoutSpec) -> list[list[tuple[int, int]]]:
                     offset = v * round_layers + first_chunk + middle_rank * (
                         middle_chunk // middle_stages if middle_stages else 0)
             chunks.append((offset, per_chunk))
+        out.append(chunks)
+    return out
+
+
+def _accounted_chunks(spec: LayoutSpec, vpp: int) -> list[list[tuple[int, int]]]:
+    """The split with the embedding and/or loss counted as layers: every chunk holds (N + e + l) / (pp * vpp)
+    slots; the embedding takes the first slot of (stage 0, chunk 0), the loss the last of the last chunk."""
+    p = spec.parallel
+    e, loss = split_accounting(p)
+    total = spec.model.num_layers + e + loss
+    per_chunk = total // p.pp // vpp
+    out = []
+    for rank in range(p.pp):
+        chunks = []
+        for v in range(vpp):
+            slot = v * (total // vpp) + rank * per_chunk  # first slot of this chunk, embedding slot included
+            first_chunk, last_chunk = rank == 0 and v == 0, rank == p.pp - 1 and v == vpp - 1
+            offset = slot - (e if not first_chunk else 0)
+            count = per_chunk - (e if first_chunk else 0) - (loss if last_chunk else 0)
+            chunks.append((offset, count))
         out.append(chunks)
     return out
 

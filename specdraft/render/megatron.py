@@ -30,6 +30,10 @@ def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
         args += ["--decoder-first-pipeline-num-layers", str(p.first_stage_layers)]
     if p.last_stage_layers is not None:
         args += ["--decoder-last-pipeline-num-layers", str(p.last_stage_layers)]
+    if p.account_for_embedding_in_pipeline_split:
+        args.append("--account-for-embedding-in-pipeline-split")
+    if p.account_for_loss_in_pipeline_split:
+        args.append("--account-for-loss-in-pipeline-split")
     if p.order == "tp-cp-ep-pp-dp":
         args.append("--use-tp-pp-dp-mapping")
     args += [
@@ -53,8 +57,14 @@ def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
                  "--moe-router-topk", str(m.moe_router_topk)]
     args += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", m.path]
     args += ["--micro-batch-size", str(t.micro_batch_size), "--global-batch-size", str(t.global_batch_size)]
-    if t.dtype != "fp32":
+    if t.dtype == "fp8":
+        # FP8 GEMMs through TransformerEngine with per-tensor current scaling and fp8 parameters, bf16 elsewhere
+        # (the recipe of NVIDIA's published H100 FP8 figures; Megatron-LM's --fp8-* flags).
+        args += ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-param-gather"]
+    elif t.dtype != "fp32":
         args.append(f"--{t.dtype}")
+    if t.grad_reduce_in_bf16:
+        args.append("--grad-reduce-in-bf16")
     if t.distributed_optimizer:
         args.append("--use-distributed-optimizer")
     if t.recompute == "selective":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from specdraft.plan.model import LaunchPlan
 from specdraft.spec.derived import max_model_len, num_speculative_tokens
 
-_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}  # fp8: bf16 weights
 
 
 def nemo_rl_overrides(plan: LaunchPlan) -> dict:

@@ -67,7 +67,7 @@ class EngineSettings:
         return asdict(self)
 
 
-_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}  # fp8: bf16 weights
 
 
 def engine_settings(spec: LayoutSpec) -> EngineSettings:

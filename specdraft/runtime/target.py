@@ -24,6 +24,10 @@ def transformer_config(plan: LaunchPlan, dtype: torch.dtype):
     if m.num_experts:
         raise ValueError("the co-training runtime builds dense models only; this layout has model.num_experts set "
                          "(MoE layouts plan, validate and render, but specdraft's runtime does not run them yet)")
+    if plan.spec.training.dtype == "fp8":
+        raise ValueError("training.dtype=fp8 needs TransformerEngine's FP8 GEMMs, but specdraft's runtime builds "
+                         "megatron's local (non-TE) layers; an fp8 layout plans and renders for Megatron-LM "
+                         "(`specdraft render --to megatron`), and runs here with training.dtype=bf16")
     if par.sequence_parallel and not torch.cuda.is_available():
         raise ValueError("sequence_parallel needs TransformerEngine norms (GPU); set parallel.sequence_parallel=false "
                          "for CPU runs")
@@ -37,6 +41,8 @@ def transformer_config(plan: LaunchPlan, dtype: torch.dtype):
         virtual_pipeline_model_parallel_size=par.vpp, sequence_parallel=par.sequence_parallel,
         num_layers_in_first_pipeline_stage=p.first_stage_layers,
         num_layers_in_last_pipeline_stage=p.last_stage_layers,
+        account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split,
         pipeline_dtype=dtype, params_dtype=dtype, bf16=dtype == torch.bfloat16,
         use_cpu_initialization=not torch.cuda.is_available(), perform_initialization=True,
         gated_linear_unit=m.swiglu, activation_func=F.silu if m.swiglu else F.gelu,

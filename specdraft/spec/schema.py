@@ -81,6 +81,10 @@ class ParallelSpec:
     """Layers on the first pipeline stage (--decoder-first-pipeline-num-layers); null = even split."""
     last_stage_layers: Optional[int] = None
     """Layers on the last pipeline stage (--decoder-last-pipeline-num-layers); null = even split."""
+    account_for_embedding_in_pipeline_split: bool = False
+    """The embedding counts as a layer of the pp x vpp split (--account-for-embedding-in-pipeline-split)."""
+    account_for_loss_in_pipeline_split: bool = False
+    """The output layer and loss count as a layer of the pp x vpp split (--account-for-loss-in-pipeline-split)."""
     cp_comm_type: Literal["p2p", "a2a", "allgather", "a2a+p2p"] = "p2p"
     """Context-parallel communication (--cp-comm-type); the draft's branch attention ring is p2p."""
     hierarchical_cp_sizes: Optional[list[int]] = None
@@ -127,8 +131,10 @@ class TrainingSpec:
     """Pack sequences (THD) with per-sequence padding; needed by the draft's CP branch attention."""
     sequence_lengths: Optional[list[int]] = None
     """Typical per-sequence lengths, used to report packing padding overhead; null = [model.seq_length]."""
-    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
-    """Training (parameter and activation) dtype."""
+    dtype: Literal["bf16", "fp16", "fp32", "fp8"] = "bf16"
+    """Training dtype; fp8 = TransformerEngine FP8 GEMMs and fp8 weights on Hopper/Blackwell, bf16 activations."""
+    grad_reduce_in_bf16: bool = False
+    """Keep and reduce gradients in bf16, not fp32 (--grad-reduce-in-bf16; NVIDIA's benchmarks); bf16 or fp8 only."""
     distributed_optimizer: bool = True
     """Shard optimizer state over data-parallel ranks (--use-distributed-optimizer)."""
     recompute: Literal["none", "selective", "full"] = "selective"

@@ -9,6 +9,7 @@ import math
 import re
 
 from specdraft.errors import Problem
+from specdraft.spec.accounting import accounted_counts, accounted_split_rules, split_accounting
 from specdraft.spec.bounds import check as check_bounds
 from specdraft.spec.derived import (default_aux_layers, etp, kv_heads, pad_multiple, resolved_dp, slurm_time_seconds,
                                     world_size)
@@ -117,6 +118,7 @@ def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
     if c.gpu == "cpu" and t.dtype != "fp32":
         warn("training.dtype", t.dtype, "CPU runs compute in fp32; the memory estimate uses this dtype",
              "set training.dtype=fp32 for local CPU layouts")
+    _precision_rules(spec, err)
 
     _slurm_rules(spec, err)
     return errors, warnings
@@ -215,6 +217,8 @@ def stage_layer_counts(spec: LayoutSpec) -> list[int] | None:
     first, last = p.first_stage_layers, p.last_stage_layers
     if pp < 1 or n < 1:
         return None
+    if split_accounting(p) != (0, 0):
+        return accounted_counts(spec)
     if first is None and last is None:
         return [n // pp] * pp if n % pp == 0 else None
     if pp < 2:
@@ -232,6 +236,14 @@ def stage_layer_counts(spec: LayoutSpec) -> list[int] | None:
     return counts
 
 
+def layer_split_problems(spec: LayoutSpec) -> list[Problem]:
+    """The layer-split rules alone (pp, vpp, first/last stages, embedding/loss accounting)."""
+    errors: list[Problem] = []
+    _layer_split_rules(spec, lambda path, value, rule, fix: errors.append(
+        Problem(path=path, value=value, rule=rule, fix=fix)))
+    return errors
+
+
 def _layer_split_rules(spec: LayoutSpec, err) -> None:
     m, p = spec.model, spec.parallel
     n, pp = m.num_layers, p.pp
@@ -242,6 +254,9 @@ def _layer_split_rules(spec: LayoutSpec, err) -> None:
         return
     first, last = p.first_stage_layers, p.last_stage_layers
     uneven = first is not None or last is not None
+    if split_accounting(p) != (0, 0):
+        accounted_split_rules(spec, err)
+        return
     for fname, value in (("first_stage_layers", first), ("last_stage_layers", last)):
         if value is not None and value < 1:
             err(f"parallel.{fname}", value, "must be >= 1", "use null for an even split")
@@ -285,6 +300,18 @@ def _layer_split_rules(spec: LayoutSpec, err) -> None:
             if bad:
                 err("parallel.vpp", p.vpp, f"every stage's layer count ({counts}) must be a positive multiple of vpp",
                     f"use a vpp dividing {math.gcd(*counts)}")
+
+
+def _precision_rules(spec: LayoutSpec, err) -> None:
+    t = spec.training
+    gpu = CATALOGUE.get(spec.cluster.gpu)
+    if t.dtype == "fp8" and gpu is not None and not gpu.fp8_flops:
+        fp8 = [g.name for g in CATALOGUE.values() if g.fp8_flops]
+        err("training.dtype", "fp8", f"FP8 GEMMs need FP8 tensor cores (Hopper or Blackwell); {gpu.name} has none",
+            f"use training.dtype=bf16, or cluster.gpu one of {', '.join(fp8)}")
+    if t.grad_reduce_in_bf16 and t.dtype not in ("bf16", "fp8"):
+        err("training.grad_reduce_in_bf16", True, f"reduces gradients in bf16, but training.dtype is {t.dtype}",
+            "set training.grad_reduce_in_bf16=false, or training.dtype=bf16")
 
 
 def _draft_rules(spec: LayoutSpec, err, warn) -> None:

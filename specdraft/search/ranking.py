@@ -1,0 +1,208 @@
+"""Rank every candidate layout by estimated step time, then verify the best with the real rules until K pass.
+
+Every candidate gets an estimate (the cached per-stage costs of specdraft.plan.estimate make that cheap); a base
+whose memory lower bound (specdraft.plan.memory.peak_lower_bound, provably below the real peak) exceeds the HBM
+is dropped unbuilt. Candidates then leave a heap best first, and each one runs the whole validation, memory
+included (specdraft.assemble.check), until `top_k` have passed: the rules run on the few survivors that matter,
+never on a second, faster copy of themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Optional
+
+from specdraft.plan.costs import Efficiency
+from specdraft.plan.estimate import CALIBRATED, Estimator, Layout, StepEstimate
+from specdraft.search.space import Base, Split, bases, candidate_spec, splits
+from specdraft.spec import derived
+from specdraft.spec.gpus import CATALOGUE
+from specdraft.spec.schema import LayoutSpec
+
+MAX_MEMORY_FRACTION = 0.9  # of HBM; above it validation warns, and a search passes the layout over
+
+
+@dataclass(frozen=True, kw_only=True)
+class Row:
+    """One verified layout: its full spec, the estimate and the real peak memory per GPU."""
+
+    spec: LayoutSpec
+    layout: Layout
+    estimate: StepEstimate
+    peak_memory_bytes: int
+    num_warnings: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchResult:
+    """The best layouts, best first, and what the search did to find them."""
+
+    rows: tuple[Row, ...]
+    num_candidates: int  # every (base, split, draft stage) enumerated
+    num_pruned: int  # dropped by the memory lower bound, never built
+    num_estimated: int  # given a step estimate (the rest were bounded out by better layouts)
+    num_verified: int  # run through the whole validation
+    num_rejected: int  # of those, refused (reasons counted in `rejections`)
+    rejections: dict[str, int]
+    seconds: float
+
+
+def _draft_stages(spec: LayoutSpec, pp: int, pinned: bool) -> list[Optional[int]]:
+    if not spec.draft.enabled:
+        return [None]
+    if pinned:
+        stage = spec.draft.stage
+        index = pp - 1 if stage == "last" else 0 if stage == "first" else int(stage)
+        return [index] if 0 <= index < pp else []
+    return list(range(pp))
+
+
+def _probe(spec: LayoutSpec, base: Base, cache: dict) -> LayoutSpec:
+    """``spec`` with a base's sizes (the split left even): what the memory bound reads. The parallel and training
+    sections are shared between the bases that have the same values (dataclasses.replace is the cost here)."""
+    par_key, train_key = base[:7], (base.mbs, base.recompute)
+    parallel = cache.get(par_key)
+    if parallel is None:
+        parallel = cache[par_key] = dataclasses.replace(
+            spec.parallel, tp=base.tp, cp=base.cp, pp=base.pp, dp=base.dp, ep=base.ep, etp=base.etp,
+            sequence_parallel=base.sp, vpp=None, first_stage_layers=None, last_stage_layers=None,
+            account_for_embedding_in_pipeline_split=False, account_for_loss_in_pipeline_split=False)
+    training = cache.get(train_key)
+    if training is None:
+        training = cache[train_key] = dataclasses.replace(spec.training, micro_batch_size=base.mbs,
+                                                          recompute=base.recompute)
+    return dataclasses.replace(spec, parallel=parallel, training=training)
+
+
+class _Frontier:
+    """Candidates in estimated-step-time order, expanding a base only when it could still beat the best waiting.
+
+    Each base carries `Estimator.lower_bound`, below every split's and draft stage's estimate, so popping the heap
+    only while its best is no worse than the next unexpanded base's bound yields exactly the global order.
+    """
+
+    def __init__(self, spec: LayoutSpec, pins: frozenset[str], estimator: Estimator, max_memory: float):
+        from specdraft.plan.memory import peak_lower_bound
+
+        self.spec, self.estimator = spec, estimator
+        hbm = CATALOGUE[spec.cluster.gpu].hbm_bytes * max_memory
+        world = derived.world_size(spec)
+        pinned_stage = "draft.stage" in pins
+        self.enumerated = self.pruned = self.estimated = 0
+        self._splits: dict[int, list[Split]] = {}
+        probes: dict[tuple, object] = {}
+        waiting = []
+        over = None  # (sizes, sp, recompute) whose memory bound failed at a smaller micro batch
+        for base in bases(spec, pins):
+            pp_splits = self._splits.get(base.pp)
+            if pp_splits is None:
+                pp_splits = self._splits[base.pp] = splits(spec, base.pp, pins)
+            m = spec.training.global_batch_size // (base.mbs * base.dp)
+            # Megatron's interleaved schedule runs microbatches in groups of pp (schedules.py refuses others).
+            usable = [sp for sp in pp_splits if not sp.vpp or (m >= base.pp and m % base.pp == 0)]
+            stages = _draft_stages(spec, base.pp, pinned_stage)
+            count = len(usable) * len(stages)
+            self.enumerated += count
+            if not count:
+                continue
+            edp = max(world // (base.etp * base.ep * base.pp), 1)
+            # bases() lists micro batches in ascending order, and the bound's activations grow with them, so a
+            # failed bound fails for every larger micro batch of the same sizes.
+            if base[:8] == over or peak_lower_bound(_probe(spec, base, probes), base.dp, edp) > hbm:
+                over = base[:8]
+                self.pruned += count
+                continue
+            lay = Layout(*base, usable[0].chunks, None)
+            bound = estimator.lower_bound(lay, max(sp.vpp or 1 for sp in usable))
+            waiting.append((bound, len(waiting), base, usable, stages))
+        waiting.sort()
+        self._waiting = waiting
+        self._next = 0
+        self._heap: list = []
+        self._count = 0
+
+    def _expand(self, base: Base, usable: list[Split], stages: list) -> None:
+        """A base's splits enter the heap as groups bounded by their step without the draft (which only adds);
+        a group is split into its draft placements when it reaches the top."""
+        est, heap = self.estimator, self._heap
+        for split in usable:
+            lay = Layout(*base, split.chunks, None)
+            pipe = est.pipeline(lay, detail=False)
+            if stages == [None]:
+                [(_, step)] = est.placements(lay, pipe, stages)
+                heapq.heappush(heap, (step, self._order(), base, split, None))
+                self.estimated += 1
+            else:
+                bound = est.placements(lay, pipe, [None])[0][1]
+                heapq.heappush(heap, (bound, self._order(), base, split, (lay, pipe, stages)))
+
+    def _order(self) -> int:
+        self._count += 1
+        return self._count
+
+    def pop(self):
+        """The next candidate (step seconds, order, base, split, draft stage), or None when none is left."""
+        heap, waiting = self._heap, self._waiting
+        while True:
+            if self._next < len(waiting) and (not heap or waiting[self._next][0] <= heap[0][0]):
+                _, _, base, usable, stages = waiting[self._next]
+                self._next += 1
+                self._expand(base, usable, stages)
+                continue
+            if not heap:
+                return None
+            entry = heapq.heappop(heap)
+            if not isinstance(entry[4], tuple):
+                return entry
+            lay, pipe, stages = entry[4]
+            for stage, step in self.estimator.placements(lay, pipe, stages):
+                heapq.heappush(heap, (step, self._order(), entry[2], entry[3], stage))
+                self.estimated += 1
+
+
+def search(spec: LayoutSpec, top_k: int = 10, pins: frozenset[str] = frozenset(), eff: Efficiency = CALIBRATED,
+           max_memory: float = MAX_MEMORY_FRACTION, max_verified: int | None = None) -> SearchResult:
+    """The ``top_k`` best valid layouts of ``spec``'s model, cluster and batch, best first.
+
+    A layout whose estimated peak exceeds ``max_memory`` of the HBM is passed over like an invalid one (the
+    estimate leaves out the CUDA context, NCCL buffers and fragmentation; validation warns above 90%)."""
+    from specdraft.assemble import check
+    from specdraft.plan.compile import plan_memory
+
+    started = time.perf_counter()
+    hbm = CATALOGUE[spec.cluster.gpu].hbm_bytes
+    estimator = Estimator(spec, eff)
+    frontier = _Frontier(spec, pins, estimator, max_memory)
+    rows: list[Row] = []
+    rejections: Counter = Counter()
+    verified = 0
+    while len(rows) < top_k and (max_verified is None or verified < max_verified):
+        entry = frontier.pop()
+        if entry is None:
+            break
+        _, _, base, split, stage = entry
+        layout_spec = candidate_spec(spec, base, split, stage)
+        verified += 1
+        errors, warnings = check(layout_spec)
+        if errors:
+            rejections[_reason(errors[0])] += 1
+            continue
+        lay = Layout(*base, split.chunks, stage)
+        peak = max(s.total for s in plan_memory(layout_spec))
+        if peak > max_memory * hbm:
+            rejections["memory headroom"] += 1
+            continue
+        rows.append(Row(spec=layout_spec, layout=lay, estimate=estimator.estimate(lay), peak_memory_bytes=peak,
+                        num_warnings=len(warnings)))
+    return SearchResult(rows=tuple(rows), num_candidates=frontier.enumerated, num_pruned=frontier.pruned,
+                        num_estimated=frontier.estimated, num_verified=verified, num_rejected=verified - len(rows),
+                        rejections=dict(rejections), seconds=time.perf_counter() - started)
+
+
+def _reason(problem) -> str:
+    """A rejection's kind: the field path without indices (memory.stage[3] -> memory)."""
+    return problem.path.split("[", 1)[0].split(".", 1)[0] if problem.path.startswith("memory") else problem.path
