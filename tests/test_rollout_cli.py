@@ -68,7 +68,7 @@ def test_profile_csv_feeds_simulate_and_bad_rows_are_named(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "decode step ms at tp 8" in out.stdout
     assert "calibration against the shared notes' anchors" in out.stdout and "180 us" in out.stdout
-    assert csv.read_text().startswith("tp,batch,context,decode_s,spec_decode_s\n")
+    assert csv.read_text().startswith("tp,batch,context,decode_s,speculative_decode_s\n")
     sim = run("simulate", "--profile", str(csv), "--seeds", "1", "--steps", "1", "--format", "json",
               "rollout.num_prompts_per_step=16")
     assert sim.returncode == 0, sim.stderr

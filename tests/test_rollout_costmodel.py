@@ -118,7 +118,7 @@ def test_profile_round_trip_matches_the_model_and_interpolates(tmp_path):
     for r in rows[::7]:
         ctx = r["batch"] * r["context"]
         assert prof.decode_step(r["tp"], r["batch"], ctx, False) == pytest.approx(r["decode_s"], rel=1e-6)
-        assert prof.decode_step(r["tp"], r["batch"], ctx, True) == pytest.approx(r["spec_decode_s"], rel=1e-6)
+        assert prof.decode_step(r["tp"], r["batch"], ctx, True) == pytest.approx(r["speculative_decode_s"], rel=1e-6)
     lo, hi = CONTEXTS[2], CONTEXTS[3]
     mid = prof.decode_step(1, 48, 48 * (lo + hi) / 2, False)
     assert prof.decode_step(1, 32, 32 * lo, False) < mid < prof.decode_step(1, 64, 64 * hi, False)

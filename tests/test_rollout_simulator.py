@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdraft.errors import UserError
-from specdraft.rollout import costmodel, scheduler, trainer
+from specdraft.rollout import costmodel, dispatch, trainer
 from specdraft.rollout.compare import SimulateOptions, run
 from specdraft.rollout.scheduler import POLICIES, build
 from specdraft.rollout.simulator import SimConfig, plan_steps, simulate
@@ -20,7 +20,7 @@ from specdraft.spec.load import builtin_layout_text, load_layout_text
 SPEC = load_layout_text(builtin_layout_text("qwen3-8b"), [], source="<built-in qwen3-8b>")
 COST = costmodel.from_spec(SPEC)
 TRAINER = trainer.from_spec(SPEC)
-HINT = scheduler.hint_from_cost(COST, 1, 64)
+HINT = dispatch.hint_from_cost(COST, 1, 64)
 
 
 def sim(policy, work, instances, lag, colocated, seed=0, mb=2):
@@ -84,7 +84,7 @@ def _targets(overrides: tuple, seeds: int = 8) -> dict:
     n_inst = 8
     out = {p: [] for p in ("fifo", "sorted", "asp", "oracle")}
     cost, train = costmodel.from_spec(spec), trainer.from_spec(spec)
-    hint = scheduler.hint_from_cost(cost, 1, 64)
+    hint = dispatch.hint_from_cost(cost, 1, 64)
     for seed in range(seeds):
         work = synthetic(LengthModel(cap=16384), k + spec.rollout.max_policy_lag, 64, 8, 1024, seed, 0.2)
         for policy in out:

@@ -241,7 +241,7 @@ def _print_profile(console, name: str, rows: list[dict]) -> None:
         for batch in sorted({r["batch"] for r in rows if r["tp"] == tp}):
             cells = {r["context"]: r for r in rows if r["tp"] == tp and r["batch"] == batch}
             table.add_row(str(batch), *[
-                f"{cells[c]['decode_s'] * 1e3:.2f}" + (f" / {cells[c]['spec_decode_s'] * 1e3:.2f}"
-                                                       if cells[c]["spec_decode_s"] is not None else "")
+                f"{cells[c]['decode_s'] * 1e3:.2f}" + (f" / {cells[c]['speculative_decode_s'] * 1e3:.2f}"
+                                                       if cells[c]["speculative_decode_s"] is not None else "")
                 for c in contexts])
         console.print(table)

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-from specdraft.rollout.costmodel import HBM_EFFICIENCY, KV_WATERMARK, MAX_NUM_SEQS
+from specdraft.rollout.costmodel import HBM_EFFICIENCY, KV_WATERMARK, MAX_NUM_SEQS, steps_time, steps_within
 
 # Creating an NCCL communicator for a new group: an assumption (hundreds of ms within a node). PAT caches groups,
 # so the default charges it never (every aligned group is built at start-up); `groups_cached=False` charges it.
@@ -62,8 +62,6 @@ def run_requests(cost, tp: int, reqs: list[tuple[float, float]], horizon: float 
     far below the KV limit); the batch shrinks as they finish, and each phase between finishes is the closed-form
     affine step sum of costmodel.steps_time.
     """
-    from specdraft.rollout.costmodel import steps_time, steps_within
-
     items = sorted(reqs, key=lambda r: r[1])
     batch = len(items)
     ctx = sum(c for c, _ in items)
@@ -71,9 +69,9 @@ def run_requests(cost, tp: int, reqs: list[tuple[float, float]], horizon: float 
     t = 0.0
     for i, (c, rem) in enumerate(items):
         if rem > done:
-            spec = cost.use_speculation(tp, batch, ctx) if cost.speculative else False
-            a, b = cost.affine(tp, batch, spec, ctx)
-            e = cost.tokens_per_step(spec)
+            speculating = cost.use_speculation(tp, batch, ctx) if cost.speculative else False
+            a, b = cost.affine(tp, batch, speculating, ctx)
+            e = cost.tokens_per_step(speculating)
             phase = steps_time(a, b, ctx, batch * e, (rem - done) / e)
             if t + phase > horizon:
                 gained = done + e * steps_within(a, b, ctx, batch * e, horizon - t)
@@ -105,8 +103,8 @@ def bulk_tp(cost, tps: list[int], prompts, gpus: int) -> int:
     for tp in sorted(tps):
         batch = min(MAX_NUM_SEQS, -(-len(preds) // max(gpus // tp, 1)))
         batch = max(1, min(batch, int(cost.kv_capacity_tokens(tp) * (1.0 - KV_WATERMARK) / ctx)))
-        spec = cost.use_speculation(tp, batch, batch * ctx)
-        rate = batch * cost.tokens_per_step(spec) / cost.decode_step(tp, batch, batch * ctx, spec) / tp
+        speculating = cost.use_speculation(tp, batch, batch * ctx)
+        rate = batch * cost.tokens_per_step(speculating) / cost.decode_step(tp, batch, batch * ctx, speculating) / tp
         if rate > best_rate * (1.0 + 1e-9):
             best, best_rate = tp, rate
     return best

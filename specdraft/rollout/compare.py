@@ -9,10 +9,11 @@ import statistics
 from dataclasses import dataclass, field
 
 from specdraft.errors import UserError
-from specdraft.rollout import costmodel, metrics, scheduler, trainer
+from specdraft.rollout import costmodel, dispatch, metrics, scheduler, trainer
 from specdraft.rollout.adaptive_tp import PlannerConfig, RemainingPredictor, bulk_tp
 from specdraft.rollout.generation import GenConfig, simulate_generation
 from specdraft.rollout.instances import rollout_gpus
+from specdraft.rollout.profile import ProfileCost, read_csv, valid_tps
 from specdraft.rollout.simulator import SimConfig, plan_steps, simulate
 from specdraft.rollout.workload import DEFAULT_CORRELATION, DEFAULT_MEDIAN, DEFAULT_SIGMA, LengthModel
 from specdraft.rollout.workload import from_file, load_history, synthetic
@@ -56,8 +57,6 @@ def cost_model(spec: LayoutSpec, profile: str | None, tps: list[int]):
     base = costmodel.from_spec(spec)
     if profile is None:
         return base
-    from specdraft.rollout.profile import ProfileCost, read_csv
-
     cost = ProfileCost.wrap(base, read_csv(profile))
     cost.require(tps, profile)
     return cost
@@ -87,8 +86,6 @@ def run(spec: LayoutSpec, opts: SimulateOptions) -> Report:
     r, c = spec.rollout, spec.cluster
     if not r.enabled:
         raise UserError("the layout's rollout section is disabled", "set rollout.enabled=true")
-    from specdraft.rollout.profile import valid_tps
-
     tps = valid_tps(spec) if opts.adaptive_tp else [r.tp]
     if opts.adaptive_tp and opts.tp_start != "auto" and int(opts.tp_start) not in tps:
         raise UserError(f"--tp-start {opts.tp_start} is not a TP this layout can use", f"use auto or one of {tps}")
@@ -97,8 +94,8 @@ def run(spec: LayoutSpec, opts: SimulateOptions) -> Report:
     n_inst = rollout_gpus(spec) // r.tp
     k, warm = plan_steps(opts.steps, r.max_policy_lag)
     n = r.num_generations_per_prompt
-    mb = scheduler.minibatch_prompts(spec.training.global_batch_size, n)
-    hint = scheduler.hint_from_cost(cost, r.tp, min(256, max(1, r.num_prompts_per_step * n // n_inst)))
+    mb = dispatch.minibatch_prompts(spec.training.global_batch_size, n)
+    hint = dispatch.hint_from_cost(cost, r.tp, min(256, max(1, r.num_prompts_per_step * n // n_inst)))
     model = LengthModel(median=opts.median, sigma=opts.sigma, cap=r.max_response_length, correlation=opts.correlation)
     history = load_history(opts.history) if opts.history else None
     runs: dict[str, list] = {p: [] for p in opts.policies}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from specdraft.rollout.instances import kv_bytes_per_token, max_model_len, model_params
 from specdraft.spec.gpus import CATALOGUE
 from specdraft.spec.schema import LayoutSpec
 
@@ -144,42 +145,42 @@ class CostModel:
         return m.kv_bytes_per_token / self.kv_shards(tp, m) / (HBM_EFFICIENCY * self.hbm_bw)
 
     # ---- decode ----------------------------------------------------------------------------------------
-    def tokens_per_step(self, spec: bool) -> float:
+    def tokens_per_step(self, speculative: bool) -> float:
         """Expected tokens a running sequence gains per step (verify step with speculation)."""
-        return expected_accepted(self.acceptance_rate, self.num_speculative_tokens) if spec else 1.0
+        return expected_accepted(self.acceptance_rate, self.num_speculative_tokens) if speculative else 1.0
 
-    def affine(self, tp: int, batch: int, spec: bool, context: float | None = None) -> tuple[float, float]:
+    def affine(self, tp: int, batch: int, speculative: bool, context: float | None = None) -> tuple[float, float]:
         """(a, b): one step of ``batch`` running sequences costs a + b * (their total context tokens).
 
         ``context`` is unused here (the model is affine everywhere); a measured profile uses it to pick the local
         linear piece (profile.ProfileCost).
         """
-        key = (tp, batch, spec)
+        key = (tp, batch, speculative)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
         k = self.num_speculative_tokens
-        q = k + 1 if spec else 1  # query tokens per sequence in the target pass (the verify grows with k+1)
+        q = k + 1 if speculative else 1  # query tokens per sequence in the target pass (the verify grows with k+1)
         a = self.forward(self.target, batch * q, tp) + self.target.layers * ATTN_FLOOR_S
         b = self.kv_read_per_token(tp)
-        if spec and self.draft is not None:
+        if speculative and self.draft is not None:
             # k sequential draft forwards of one token per sequence; the draft's own KV is read each time.
             a += k * (self.forward(self.draft, batch, tp) + self.draft.layers * ATTN_FLOOR_S)
             b += k * self.kv_read_per_token(tp, self.draft)
         self._cache[key] = (a, b)
         return a, b
 
-    def decode_step(self, tp: int, batch: int, total_context: float, spec: bool) -> float:
-        a, b = self.affine(tp, batch, spec, total_context)
+    def decode_step(self, tp: int, batch: int, total_context: float, speculative: bool) -> float:
+        a, b = self.affine(tp, batch, speculative, total_context)
         return a + b * total_context
 
     def use_speculation(self, tp: int, batch: int, total_context: float) -> bool:
         """Speculate when it raises tokens per second at this batch (verify turns compute-bound at large batch)."""
         if not self.speculative or batch <= 0:
             return False
-        spec = self.tokens_per_step(True) / self.decode_step(tp, batch, total_context, True)
+        with_drafts = self.tokens_per_step(True) / self.decode_step(tp, batch, total_context, True)
         plain = 1.0 / self.decode_step(tp, batch, total_context, False)
-        return spec > plain
+        return with_drafts > plain
 
     def speculation_threshold(self, tp: int, mean_context: float) -> int:
         """Largest batch (<= MAX_NUM_SEQS) at which speculation still pays, 0 when it never does."""
@@ -226,7 +227,6 @@ class CostModel:
 
 def _shape(spec: LayoutSpec, *, draft: bool) -> ModelShape:
     from specdraft.plan.memory import attention_params, draft_params, mlp_params
-    from specdraft.rollout.instances import kv_bytes_per_token, model_params
 
     m = spec.model
     head_dim = m.kv_channels or m.hidden_size // m.num_attention_heads
@@ -255,8 +255,6 @@ def _shape(spec: LayoutSpec, *, draft: bool) -> ModelShape:
 
 def from_spec(spec: LayoutSpec, *, acceptance_rate: float | None = None) -> CostModel:
     """The cost model of the layout's rollout instances (model, GPU, speculation settings)."""
-    from specdraft.rollout.instances import max_model_len
-
     r = spec.rollout
     gpu = CATALOGUE[spec.cluster.gpu]
     speculative = r.speculative and spec.draft.enabled

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from specdraft.errors import SpecError, UserError
+from specdraft.rollout import costmodel, trainer
+from specdraft.rollout.instances import max_model_len, plan_rollout
 from specdraft.spec.schema import LayoutSpec
 
 BUILTIN = "qwen3-8b"
@@ -39,9 +41,6 @@ def training_notes(spec: LayoutSpec) -> list[str]:
 
 def plan_overview(spec: LayoutSpec) -> dict:
     """The plan's rollout section (as compile builds it) plus the cost model's view of one instance."""
-    from specdraft.rollout import costmodel, trainer
-    from specdraft.rollout.instances import max_model_len, plan_rollout
-
     plan = plan_rollout(spec, {})
     r = spec.rollout
     cost = costmodel.from_spec(spec)
@@ -50,9 +49,9 @@ def plan_overview(spec: LayoutSpec) -> dict:
     per_instance = max(1, r.num_prompts_per_step * n // plan["num_instances"])
     ctx = r.prompt_length + min(r.max_response_length, 4096)
     batch = min(per_instance, costmodel.MAX_NUM_SEQS)
-    spec_on = cost.use_speculation(r.tp, batch, batch * ctx)
-    step = cost.decode_step(r.tp, batch, batch * ctx, spec_on)
-    tokens = cost.tokens_per_step(spec_on)
+    speculating = cost.use_speculation(r.tp, batch, batch * ctx)
+    step = cost.decode_step(r.tp, batch, batch * ctx, speculating)
+    tokens = cost.tokens_per_step(speculating)
     mb = max(1, spec.training.global_batch_size // n) * n
     typical = [r.prompt_length + min(r.max_response_length, 3000)] * mb
     return {
@@ -65,7 +64,7 @@ def plan_overview(spec: LayoutSpec) -> dict:
         "typical": {
             "batch": batch,
             "context": ctx,
-            "speculating": spec_on,
+            "speculating": speculating,
             "decode_step_s": step,
             "tokens_per_s_per_gpu": batch * tokens / step / r.tp,
             "training_minibatch_s": train.minibatch(typical)[0],

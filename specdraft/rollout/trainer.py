@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdraft.rollout.instances import model_params
 from specdraft.spec.gpus import CATALOGUE
 from specdraft.spec.schema import LayoutSpec
 
@@ -73,7 +74,6 @@ def from_spec(spec: LayoutSpec) -> TrainerModel:
     """The trainer of the layout: Megatron's tp x cp x pp x dp on the training GPUs."""
     from specdraft.plan.compile import num_microbatches, sizes_of
     from specdraft.plan.memory import draft_params
-    from specdraft.rollout.instances import model_params
 
     sizes = sizes_of(spec)
     m = spec.model
