@@ -91,3 +91,23 @@ def test_sorted_orders_shortest_first_and_asp_longest_first():
     asp = build("asp", work, 1, 4, hint=CostHint(), trainer=TRAINER)
     costs = [CostHint().prompt(p) for p in sorted(work[0], key=lambda p: asp.queues[0].index(p.pid))]
     assert costs == sorted(costs, reverse=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=cases())
+def test_verl_splits_each_step_into_equal_contiguous_shares(case):
+    """VeRL's split: per step, instance i takes the i-th contiguous share of the dataloader order; shares differ
+    by at most one prompt, whatever the lengths."""
+    work, instances, mb, _ = case
+    sched = build("verl", work, instances, mb)
+    cursor = [0] * instances
+    for step in work:
+        order = [p.pid for p in step]
+        shares = []
+        for i, queue in enumerate(sched.queues):
+            mine = [pid for pid in queue[cursor[i]:] if pid in set(order)]
+            cursor[i] += len(mine)
+            shares.append(mine)
+        assert [pid for share in shares for pid in share] == order
+        sizes = [len(share) for share in shares]
+        assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)

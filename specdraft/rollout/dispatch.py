@@ -64,6 +64,17 @@ def chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
+def even_shares(items: list, k: int) -> list[list]:
+    """``items`` cut into k contiguous shares whose sizes differ by at most one (the first ones larger)."""
+    base, extra = divmod(len(items), k)
+    out, start = [], 0
+    for i in range(k):
+        size = base + (i < extra)
+        out.append(items[start:start + size])
+        start += size
+    return out
+
+
 def lpt(step: list[Prompt], loads: list[float], hint: CostHint) -> list[list[Prompt]]:
     """Longest-processing-time first: each prompt (by predicted cost, descending) to the least-loaded instance.
 

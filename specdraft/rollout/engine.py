@@ -11,7 +11,7 @@ import math
 from collections import deque
 from typing import Callable
 
-from specdraft.rollout.costmodel import KV_WATERMARK, MAX_NUM_SEQS, steps_time, steps_within
+from specdraft.rollout.costmodel import KV_WATERMARK, steps_time, steps_within
 
 EPS = 1e-9
 
@@ -42,11 +42,11 @@ class Req:
 class Instance:
     """A tp-GPU instance. ``t`` is when it can next make decode progress (prefill and pauses push it forward)."""
 
-    def __init__(self, index: int, tp: int, cost, *, speculative_mode: str = "auto", max_seqs: int = MAX_NUM_SEQS,
+    def __init__(self, index: int, tp: int, cost, *, speculative_mode: str = "auto",
                  capacity_tokens: int | None = None, prefix_cache: bool = True):
         self.index, self.tp, self.cost = index, tp, cost
         self.speculative_mode = speculative_mode  # auto: speculate when the cost model says it pays; on; off
-        self.max_seqs = max_seqs
+        self.max_seqs = cost.max_num_seqs  # vLLM max_num_seqs
         self.cap = capacity_tokens if capacity_tokens is not None else cost.kv_capacity_tokens(tp)
         self.prefix_cache = prefix_cache
         self.t = 0.0

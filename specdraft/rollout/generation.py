@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from specdraft.rollout.adaptive_tp import Plan, PlannerConfig, group_requests, merge_overhead, plan_node
-from specdraft.rollout.costmodel import KV_WATERMARK, MAX_NUM_SEQS
+from specdraft.rollout.costmodel import KV_WATERMARK
 from specdraft.rollout.engine import Instance, Req
 from specdraft.rollout.events import WAKE, EventQueue
-from specdraft.rollout.dispatch import hint_from_cost, lpt
+from specdraft.rollout.dispatch import even_shares, hint_from_cost, lpt
 from specdraft.rollout.workload import Prompt
+
+
+DRY_RUN_CHECK_FACTOR = 4  # choose_start's adaptive dry runs check this many times as rarely as the real run
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,9 @@ class GenConfig:
     # (longest-processing-time first) on the others. Used to search such starts (benchmarks/rollout_tp_regimes.py).
     start_groups: tuple = ()
     wide_first: int = 0
+    # How the samples reach the groups: "lpt" (longest predicted processing time first, as asp) or "even" (VeRL's
+    # equal contiguous shares in dataloader order, the `verl` baseline).
+    dispatch: str = "lpt"
 
 
 @dataclass
@@ -72,15 +78,20 @@ class _Gen:
         self.reqs: list[Req] = []
         order = sorted(self.insts)
         hint = hint_from_cost(cfg.cost, tp, max(1, sum(len(p.lengths) for p in prompts) // max(len(order), 1)))
+        if cfg.dispatch not in ("lpt", "even"):
+            raise ValueError(f"dispatch {cfg.dispatch!r}: use lpt or even")
         if cfg.start_groups:
             self._place_by_sample(prompts, hint)
+        elif cfg.dispatch == "even":
+            samples = [(p, s) for p in prompts for s in range(len(p.lengths))]  # a prompt's n samples side by side
+            for gid, share in zip(order, even_shares(samples, len(order))):
+                for p, s in share:
+                    self._queue(gid, p, s)
         else:
             for gid, group in zip(order, lpt(prompts, [0.0] * len(order), hint)):
                 for p in group:
-                    for s, length in enumerate(p.lengths):
-                        req = Req(len(self.reqs), p.pid, s, p.step, p.prompt_len, length, p.predicted[s])
-                        self.reqs.append(req)
-                        self.insts[gid].queue.append(req)
+                    for s in range(len(p.lengths)):
+                        self._queue(gid, p, s)
         self.events = EventQueue()
         self.now = 0.0
         self.switches: list = []
@@ -90,6 +101,11 @@ class _Gen:
         self.timeline: list = []
         self.retired_tokens = 0.0
         self.period = 0.0  # the planner's check-point period (seconds)
+
+    def _queue(self, gid: int, p: Prompt, s: int) -> None:
+        req = Req(len(self.reqs), p.pid, s, p.step, p.prompt_len, p.lengths[s], p.predicted[s])
+        self.reqs.append(req)
+        self.insts[gid].queue.append(req)
 
     def _place_by_sample(self, prompts: list[Prompt], hint) -> None:
         """The heterogeneous start's placement: the wide_first predicted-longest samples round-robin on the widest
@@ -198,7 +214,7 @@ class _Gen:
                     continue  # scripted switches only merge
                 items = [it for g in inside for it in group_requests(self.insts[g])]
                 ctx = sum(req.prompt_len + gen for req, gen, _ in items)
-                if len(items) > MAX_NUM_SEQS or ctx > cost.kv_capacity_tokens(size) * (1.0 - KV_WATERMARK):
+                if len(items) > cost.max_num_seqs or ctx > cost.kv_capacity_tokens(size) * (1.0 - KV_WATERMARK):
                     continue  # the same limits the planner keeps: the merged group must hold every request
                 ov = merge_overhead(cost, [self.insts[g].tp for g in inside], size,
                                     [(req.rid, tp, req.prompt_len + gen) for req, gen, tp in items])
@@ -240,3 +256,24 @@ class _Gen:
 def simulate_generation(cfg: GenConfig, prompts: list[Prompt], tp: int) -> GenResult:
     """Generate every sample of ``prompts`` on static tp groups (cfg.planner None) or adaptively."""
     return _Gen(cfg, prompts, tp).run()
+
+
+def choose_start(cfg: GenConfig, prompts: list[Prompt], tps: list[int]) -> tuple[int, bool]:
+    """(starting TP, whether to let the planner merge): the candidate whose dry run finishes first.
+
+    The dry run is this same simulation on the predicted lengths (each sample's length set to its prediction), so
+    it sees nothing the planner would not. Candidates: every TP static, and every TP with the planner's merges;
+    ties go to static, then to the narrower TP. Adaptive dry runs check DRY_RUN_CHECK_FACTOR times as rarely (the
+    cost is the planner's, once per check; docs/rollout.md's --check-every sweep moves nothing between 16 and 256
+    steps). The choice is as good as the predictions rank the candidates.
+    """
+    guess = [replace(p, lengths=[max(1, round(x)) for x in p.predicted]) for p in prompts]
+    static = replace(cfg, planner=None, timeline=False, script=())
+    adaptive = replace(cfg, timeline=False, script=(), check_every_steps=cfg.check_every_steps * DRY_RUN_CHECK_FACTOR)
+    runs = []
+    for tp in tps:
+        runs.append((simulate_generation(static, guess, tp).makespan_s, 0, tp))
+        if tp < max(tps):  # the widest TP has nothing left to merge into: its adaptive run is the static one
+            runs.append((simulate_generation(adaptive, guess, tp).makespan_s, 1, tp))
+    _, merges, tp = min(runs)
+    return tp, bool(merges)

@@ -48,7 +48,7 @@ def plan_overview(spec: LayoutSpec) -> dict:
     n = r.num_generations_per_prompt
     per_instance = max(1, r.num_prompts_per_step * n // plan["num_instances"])
     ctx = r.prompt_length + min(r.max_response_length, 4096)
-    batch = min(per_instance, costmodel.MAX_NUM_SEQS)
+    batch = min(per_instance, cost.max_num_seqs)
     speculating = cost.use_speculation(r.tp, batch, batch * ctx)
     step = cost.decode_step(r.tp, batch, batch * ctx, speculating)
     tokens = cost.tokens_per_step(speculating)

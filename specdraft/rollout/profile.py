@@ -14,10 +14,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from specdraft.errors import UserError
-from specdraft.rollout.costmodel import MAX_NUM_SEQS, CostModel, ModelShape, from_spec
+from specdraft.rollout.costmodel import CostModel, ModelShape, from_spec
 
 COLUMNS = ("tp", "batch", "context", "decode_s", "speculative_decode_s")
-BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
@@ -26,6 +26,12 @@ LLAMA2_7B = ModelShape(layers=32, hidden=4096, attn_params=4 * 4096 * 4096, mlp_
                        mlp_weight_params=3 * 4096 * 11008, head_params=32000 * 4096,
                        kv_bytes_per_token=2 * 32 * 4096 * 2, attn_width=4096, total_params=6_738_415_616,
                        kv_heads=32, vocab=32000)
+
+
+# vLLM's custom all-reduce on H100 (SGLang PR #2904; float32 tensors, so 4 bytes per element), and NCCL's at 1M fp16
+# elements (vidur's network/h100_dgx/all_reduce.csv): the anchors of costmodel's all-reduce.
+ALLREDUCE_ANCHORS = ((2, 16384, "8.8"), (8, 16384, "9.3"), (8, 131072, "11.8"), (8, 2**20, "24.1"),
+                     (2, 4 * 2**20, "26.6"), (8, 4 * 2**20, "45.0"))
 
 
 def calibration_rows(cost: CostModel) -> list[tuple[str, str, str]]:
@@ -37,11 +43,13 @@ def calibration_rows(cost: CostModel) -> list[tuple[str, str, str]]:
     rows = [(f"vidur Llama-2-7B layer, tp {tp}, {n} tokens", f"{ref} us",
              f"{cost.layer_s(LLAMA2_7B, n, tp) * us:.0f} us") for tp, n, ref in ((1, 64, "~180"), (8, 64, "~45"),
                                                                                  (1, 512, "375"))]
-    rows += [(f"all-reduce of 1M fp16 elements, tp {tp}", "30-45 us", f"{cost.allreduce(tp, 2 * 2**20) * us:.0f} us")
-             for tp in (2, 8)]
+    rows += [(f"vLLM custom all-reduce, tp {tp}, {nbytes // 1024} KB", f"{ref} us",
+              f"{cost.allreduce(tp, nbytes) * us:.1f} us") for tp, nbytes, ref in ALLREDUCE_ANCHORS]
+    rows += [(f"NCCL all-reduce of 1M fp16 elements, tp {tp}", "34-43 us",
+              f"{cost.nccl_allreduce(tp, 2 * 2**20) * us:.0f} us") for tp in (2, 8)]
     for batch, ctx in ((1, 2048), (8, 4096), (64, 4096)):
         ratio = cost.decode_step(1, batch, batch * ctx, False) / cost.decode_step(8, batch, batch * ctx, False)
-        note = "1.3-2x" if batch <= 8 else "(KV-bound: no anchor)"
+        note = "1.3-2x (notes; assumes 30-45 us all-reduces)" if batch <= 8 else "(KV-bound: no anchor)"
         rows.append((f"decode step tp1 / tp8, batch {batch}, context {ctx}", note, f"{ratio:.2f}x"))
     return rows
 
@@ -59,7 +67,7 @@ def table_rows(cost: CostModel, tps: list[int], batches=BATCHES, contexts=CONTEX
     rows = []
     for tp in tps:
         for b in batches:
-            if b > MAX_NUM_SEQS:
+            if b > cost.max_num_seqs:
                 continue
             for ctx in contexts:
                 row = {"tp": tp, "batch": b, "context": ctx, "decode_s": cost.decode_step(tp, b, b * ctx, False)}

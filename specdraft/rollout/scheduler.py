@@ -1,9 +1,10 @@
 """Offline rollout schedules: which instance runs each sample, in what order, and how minibatches are grouped.
 
-Policies: fifo, random, sorted (SortedRL-like), longest_first (balancing only), asp (the length-aware scheduler
-of docs/rollout.md) and oracle (asp fed the true lengths). Every policy keeps the n samples of a prompt together:
-on one instance, consecutive in its queue, and in one training minibatch (GRPO needs the whole group for its
-advantage). No policy moves a prompt to another RL step: the dataloader's step membership is never changed.
+Policies: verl (VeRL's even contiguous split), fifo, random, sorted (SortedRL-like), longest_first (balancing
+only), asp (the length-aware scheduler of docs/rollout.md) and oracle (asp fed the true lengths). Every policy
+keeps the n samples of a prompt together: on one instance, consecutive in its queue, and in one training
+minibatch (GRPO needs the whole group for its advantage). No policy moves a prompt to another RL step: the
+dataloader's step membership is never changed.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from __future__ import annotations
 import random
 
 from specdraft.rollout.asp import asp_schedule
-from specdraft.rollout.dispatch import CostHint, Schedule, chunks, lpt
+from specdraft.rollout.dispatch import CostHint, Schedule, chunks, even_shares, lpt
 from specdraft.rollout.workload import Prompt, Workload, with_predictions
 
-POLICIES = ("fifo", "random", "sorted", "longest_first", "asp", "oracle")
+POLICIES = ("verl", "fifo", "random", "sorted", "longest_first", "asp", "oracle")
 
 
 def _expand(order: list[Prompt]) -> list[tuple[int, int]]:
@@ -35,6 +36,15 @@ def _round_robin(orders: list[list[Prompt]], instances: int) -> list[list[int]]:
             queues[turn % instances].append(p.pid)
             turn += 1
     return queues
+
+
+def verl_policy(workload: Workload, instances: int, mb: int, **_) -> Schedule:
+    """VeRL's split: each step's prompts in dataloader order, cut into equal contiguous shares, one per instance."""
+    queues: list[list[int]] = [[] for _ in range(instances)]
+    for step in workload:
+        for queue, share in zip(queues, even_shares(step, instances)):
+            queue.extend(p.pid for p in share)
+    return Schedule("verl", queues, [_groups(step, mb) for step in workload])
 
 
 def _mean_pred(p: Prompt) -> float:
@@ -74,6 +84,7 @@ def longest_first(workload: Workload, instances: int, mb: int, hint: CostHint = 
 
 
 SCHEDULERS = {
+    "verl": verl_policy,
     "fifo": fifo,
     "random": random_policy,
     "sorted": sorted_policy,
