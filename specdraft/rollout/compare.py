@@ -40,7 +40,7 @@ class SimulateOptions:
     tp_overhead_scale: float = 1.0
     tp_predictor: str = "request"
     check_every_steps: int = 64
-    tp_start: str = "auto"  # adaptive TP's starting TP: "auto" (throughput-optimal for the bulk) or a number
+    tp_start: str = "auto"  # adaptive TP's start: "auto" (generation.choose_start's dry run) or a TP size
     groups_cached: bool = True
     verl_tp: int = verl.VERL_TP  # the verl baseline's static TP (VeRL's rollout default)
     timeline: bool = False
@@ -229,9 +229,11 @@ def _generation_summary(gens: dict, cost, tps: list[int], spec: LayoutSpec, base
         "adaptive": {
             "start_tp": starts[0] if len(starts) == 1 else starts,
             "makespan_s": mk,
-            # Ratios of mean makespans (what the targets compare), with the worst seed's ratio beside them.
+            # Ratios of mean makespans (what the targets compare); per seed, the mean ratio with its 95% CI and the
+            # worst seed's ratio.
             "x_verl": mk["mean"] / verl_mk["mean"],
             "x_best_static": mk["mean"] / static[best]["makespan_s"]["mean"],
+            "x_per_seed": {key: metrics.mean_ci(v) for key, v in per_seed.items()},
             "worst_seed_x": {key: max(v) for key, v in per_seed.items()},
             "vs_best_static": metrics.relative(mk["mean"], static[best]["makespan_s"]["mean"]),
             "vs_layout_tp": metrics.relative(mk["mean"], static[str(spec.rollout.tp)]["makespan_s"]["mean"]),

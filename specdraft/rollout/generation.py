@@ -1,7 +1,8 @@
 """Synchronous generation of one RL step on a node's GPUs: static TP groups, or adaptive TP driven by the planner.
 
-Every sample is dispatched at t = 0 (longest-processing-time first over the groups, as asp does); the
-makespan is the last finish. With a planner, check-points every N decode steps may merge groups (adaptive_tp).
+Every sample is dispatched at t = 0 (longest-processing-time first over the groups, as asp does, or VeRL's equal
+shares); the makespan is the last finish. With a planner, check-points every N decode steps may merge groups
+(adaptive_tp); `choose_start` picks the start by dry runs on the predicted lengths.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from dataclasses import dataclass, field, replace
 
 from specdraft.rollout.adaptive_tp import Plan, PlannerConfig, group_requests, merge_overhead, plan_node
 from specdraft.rollout.costmodel import KV_WATERMARK
+from specdraft.rollout.dispatch import even_shares, hint_from_cost, lpt
 from specdraft.rollout.engine import Instance, Req
 from specdraft.rollout.events import WAKE, EventQueue
-from specdraft.rollout.dispatch import even_shares, hint_from_cost, lpt
 from specdraft.rollout.workload import Prompt
 
 
