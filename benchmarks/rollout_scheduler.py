@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdraft.rollout import costmodel, scheduler, trainer  # noqa: E402
+from specdraft.rollout import costmodel, dispatch, scheduler, trainer  # noqa: E402
 from specdraft.rollout.workload import LengthModel, synthetic  # noqa: E402
 from specdraft.spec.load import builtin_layout_text, load_layout_text  # noqa: E402
 
@@ -43,8 +43,8 @@ def main() -> None:
     work = synthetic(LengthModel(cap=spec.rollout.max_response_length), steps, args.per_step, 8, 1024, seed=0)
     work[-1] = work[-1][:args.prompts - args.per_step * (steps - 1)]
     build_s = time.perf_counter() - start
-    hint = scheduler.hint_from_cost(cost, 1, 64)
-    mb = scheduler.minibatch_prompts(spec.training.global_batch_size, 8)
+    hint = dispatch.hint_from_cost(cost, 1, 64)
+    mb = dispatch.minibatch_prompts(spec.training.global_batch_size, 8)
     total = sum(len(s) for s in work)
     base = timed(lambda: scheduler.build("fifo", work, args.instances, mb), args.repeats)
     asp = timed(lambda: scheduler.build("asp", work, args.instances, mb, hint=hint, trainer=train), args.repeats)

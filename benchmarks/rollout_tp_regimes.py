@@ -2,7 +2,8 @@
 
 Run: `.venv/bin/python benchmarks/rollout_tp_regimes.py [--seeds 5]` (a few minutes on 2 cores). Part 1 runs one
 generation step of 64 prompts x 8 samples (8B model on one node of 8 H100s) for several (median, cap) regimes,
-shorter to longer than the default, and prints adaptive TP (from the auto start) against every static TP. Part 2
+shorter to longer than the default, and prints adaptive TP (from the auto start) against the best static TP and the
+verl baseline (VeRL's TP 2, memory fraction and max_num_seqs, the batch split evenly). Part 2
 keeps the default workload and starts from a heterogeneous layout (the predicted-longest samples on a wide group,
 the rest on TP1/TP2 groups), with and without the planner's merges. Model-based estimates.
 """
@@ -17,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdraft.rollout import costmodel  # noqa: E402
-from specdraft.rollout.adaptive_tp import PlannerConfig, RemainingPredictor, bulk_tp  # noqa: E402
-from specdraft.rollout.generation import GenConfig, simulate_generation  # noqa: E402
+from specdraft.rollout import costmodel, verl  # noqa: E402
+from specdraft.rollout.adaptive_tp import PlannerConfig, RemainingPredictor  # noqa: E402
+from specdraft.rollout.generation import GenConfig, choose_start, simulate_generation  # noqa: E402
 from specdraft.rollout.workload import LengthModel, synthetic  # noqa: E402
 from specdraft.spec.load import builtin_layout_text, load_layout_text  # noqa: E402
 
@@ -38,23 +39,30 @@ def step(median: float, cap: int, seed: int):
     return synthetic(LengthModel(median=median, cap=cap), 1, 64, 8, 1024, seed, ERROR)[0]
 
 
-def regimes(cost, seeds: int) -> None:
-    print("| median, cap | best static | adaptive | adaptive vs best static | per-seed range |")
-    print("|---|---|---|---|---|")
+def regimes(cost, verl_cost, seeds: int) -> None:
+    print("| median, cap | best static | verl | adaptive | x best static | per seed | x verl | per seed |")
+    print("|---|---|---|---|---|---|---|---|")
     for median, cap in REGIMES:
-        best, ours, gains = [], [], []
+        best, base, ours, x_best, x_verl = [], [], [], [], []
         for seed in range(seeds):
             prompts = step(median, cap, seed)
             static = min(simulate_generation(GenConfig(cost=cost, gpus_per_node=8), prompts, tp).makespan_s
                          for tp in TPS)
-            start = bulk_tp(cost, TPS, prompts, 8)
+            even = GenConfig(cost=verl_cost, gpus_per_node=8, dispatch="even")
+            baseline = simulate_generation(even, prompts, verl.VERL_TP).makespan_s
             cfg = GenConfig(cost=cost, gpus_per_node=8, planner=planner(median, cap))
-            adaptive = simulate_generation(cfg, prompts, start).makespan_s
+            start, merges = choose_start(cfg, prompts, TPS)
+            adaptive = simulate_generation(cfg if merges else GenConfig(cost=cost, gpus_per_node=8), prompts,
+                                           start).makespan_s
             best.append(static)
+            base.append(baseline)
             ours.append(adaptive)
-            gains.append(adaptive / static - 1)
-        print(f"| {median}, {cap} | {statistics.fmean(best):.1f} s | {statistics.fmean(ours):.1f} s | "
-              f"{statistics.fmean(ours) / statistics.fmean(best) - 1:+.1%} | {min(gains):+.1%} .. {max(gains):+.1%} |")
+            x_best.append(adaptive / static)
+            x_verl.append(adaptive / baseline)
+        mean = statistics.fmean
+        print(f"| {median}, {cap} | {mean(best):.1f} s | {mean(base):.1f} s | {mean(ours):.1f} s | "
+              f"{mean(ours) / mean(best):.3f}x | {min(x_best):.3f}x .. {max(x_best):.3f}x | "
+              f"{mean(ours) / mean(base):.3f}x | {min(x_verl):.3f}x .. {max(x_verl):.3f}x |")
 
 
 def heterogeneous(cost, seeds: int) -> None:
@@ -90,7 +98,7 @@ def main() -> None:
     spec = load_layout_text(builtin_layout_text("qwen3-8b"), [], source="<built-in qwen3-8b>")
     cost = costmodel.from_spec(spec)
     start = time.perf_counter()
-    regimes(cost, args.seeds)
+    regimes(cost, costmodel.from_spec(verl.layout(spec)), args.seeds)
     heterogeneous(cost, args.seeds)
     print(f"\n{args.seeds} seeds, wall {time.perf_counter() - start:.0f} s")
 

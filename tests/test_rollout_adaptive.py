@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdraft.rollout import costmodel
-from specdraft.rollout.adaptive_tp import (PlannerConfig, RemainingPredictor, bulk_tp, merge_overhead, predict_makespan,
+from specdraft.rollout.adaptive_tp import (PlannerConfig, RemainingPredictor, merge_overhead, predict_makespan,
                                           reshard_bytes, run_requests)
-from specdraft.rollout.generation import GenConfig, simulate_generation
-from specdraft.rollout.workload import LengthModel, synthetic, uniform
-from specdraft.spec.load import builtin_layout_text, load_layout_text
+from specdraft.rollout.compare import SimulateOptions, run
+from specdraft.rollout.generation import GenConfig, choose_start, simulate_generation
+from specdraft.rollout.workload import LENGTH_PRESETS, LengthModel, synthetic, uniform
+from specdraft.spec.load import builtin_layout_text, load_layout, load_layout_text
 
+LAYOUTS = Path(__file__).parents[1] / "layouts"
 SPEC = load_layout_text(builtin_layout_text("qwen3-8b"), [], source="<built-in qwen3-8b>")
 COST = costmodel.from_spec(SPEC)
 
@@ -141,11 +145,21 @@ def test_a_heterogeneous_start_must_fill_the_node_widest_first():
             simulate_generation(GenConfig(cost=COST, gpus_per_node=8, start_groups=bad), prompts, 1)
 
 
-def test_the_bulk_starts_at_the_throughput_optimal_tp():
-    """The default 8B step: 64 samples per TP1 instance outrun every wider TP per GPU while all are busy."""
-    prompts = synthetic(LengthModel(cap=16384), 1, 64, 8, 1024, 0, 0.2)[0]
-    assert bulk_tp(COST, [1, 2, 4, 8], prompts, 8) == 1
-    assert bulk_tp(COST, [4], prompts, 8) == 4
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 1000), per=st.integers(4, 16))
+def test_the_start_is_the_dry_runs_best_and_exact_predictions_never_lose_to_a_static_tp(seed, per):
+    """choose_start dry-runs every candidate on the predicted lengths. With exact predictions the static dry runs
+    are the real runs, so the choice is at least as fast as every static TP (up to the adaptive dry runs' coarser
+    checks); a step without length skew, evenly divisible over every TP, never asks for merges."""
+    prompts = synthetic(LengthModel(median=1500, cap=8192), 1, per, 4, 512, seed, 0.0)[0]
+    cfg = GenConfig(cost=COST, gpus_per_node=8, planner=planner(sigma=0.05))
+    start, merges = choose_start(cfg, prompts, [1, 2, 4, 8])
+    chosen = simulate_generation(cfg if merges else GenConfig(cost=COST, gpus_per_node=8), prompts, start).makespan_s
+    static = min(simulate_generation(GenConfig(cost=COST, gpus_per_node=8), prompts, tp).makespan_s
+                 for tp in (1, 2, 4, 8))
+    assert chosen <= 1.01 * static, (start, merges, chosen, static)
+    flat = uniform(1, 16, 4, 512, 1500)[0]
+    assert choose_start(cfg, flat, [1, 2, 4, 8])[1] is False
 
 
 def _generation(seeds, **kw):
@@ -159,8 +173,8 @@ def _generation(seeds, **kw):
 
 
 def test_adaptive_beats_the_layouts_static_tp_and_every_static_tp():
-    """Seeds 0-2 of the default workload: >= 10% faster than the layout's static tp 1 (PAT's baseline) and >= 2%
-    faster than the best static TP in hindsight (5.5% over 20 seeds, docs/rollout.md); deferring merges helps."""
+    """Seeds 0-2 of the default workload, adaptive from TP1: >= 10% faster than the layout's static tp 1 (PAT's
+    baseline) and >= 2% faster than the best static TP in hindsight (docs/rollout.md); deferring merges helps."""
     without = _generation(range(3), defer_fractions=())
     for (static, adapt), (_, eager) in zip(_generation(range(3)), without):
         assert adapt <= 0.90 * static[1], (static, adapt)
@@ -168,9 +182,28 @@ def test_adaptive_beats_the_layouts_static_tp_and_every_static_tp():
         assert adapt <= eager, (adapt, eager)
 
 
-@pytest.mark.xfail(strict=True, reason="issue target not reached by the calibrated cost model: static TP4 gives up "
-                   "under 10% of bulk throughput and serves the fat tail 2-3x faster per sequence than TP1, so merging gains "
-                   "~5.5% (the best merge schedule in hindsight: 5.6%); docs/rollout.md")
-def test_adaptive_cuts_20_percent_against_the_best_static_tp():
-    for static, adapt in _generation(range(3)):
-        assert adapt <= 0.80 * min(static.values()), (static, adapt)
+def _targets(path: str, lengths: str, seeds: int) -> dict:
+    """`rollout simulate --adaptive-tp`'s generation report (the target keys) on seeds 0..seeds-1."""
+    median, sigma, correlation = LENGTH_PRESETS[lengths]
+    opts = SimulateOptions(seeds=seeds, steps=1, policies=(), adaptive_tp=True, lengths=lengths, median=median,
+                           sigma=sigma, correlation=correlation)
+    return run(load_layout(LAYOUTS / path), opts).data["generation"]
+
+
+def test_targets_on_the_default_workload():
+    """Seeds 0-3 of the default workload. Over 20 seeds (README) adaptive is 0.796x the verl baseline and 0.939x
+    the best static TP (targets 0.80x and 0.95x); these 4 seeds hold the best-static target and 0.85x verl (the
+    verl ratio varies 0.71-0.88x per seed: VeRL's even split is sometimes lucky)."""
+    gen = _targets("qwen3-8b.yaml", "long-tail", 4)
+    ad = gen["adaptive"]
+    assert ad["x_best_static"] <= 0.95 and ad["worst_seed_x"]["best_static"] <= 0.97, ad
+    assert ad["x_verl"] <= 0.85 and ad["worst_seed_x"]["verl"] <= 0.90, ad
+    assert gen["verl"]["tp"] == 2 and gen["verl"]["gpu_memory_utilization"] == 0.5
+
+
+def test_targets_on_the_paper_like_qwen3_14b_regime():
+    """Seeds 0-4 of qwen3-14b-pat with DeepScaleR-like lengths: at most 0.75x the verl baseline and never more than
+    1.01x the best static TP (20 seeds: 0.716x and 0.997x, README; per seed 0.59-0.82x verl)."""
+    ad = _targets("qwen3-14b-pat.yaml", "deepscaler", 5)["adaptive"]
+    assert ad["x_verl"] <= 0.75, ad
+    assert ad["x_best_static"] <= 1.01, ad

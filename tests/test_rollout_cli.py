@@ -41,7 +41,7 @@ def test_simulate_json_has_every_policy_metric_and_the_generation_comparison(tmp
               "rollout.num_prompts_per_step=16")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert set(data["policies"]) == {"fifo", "random", "sorted", "longest_first", "asp", "oracle"}
+    assert set(data["policies"]) == {"verl", "fifo", "random", "sorted", "longest_first", "asp", "oracle"}
     for rec in data["policies"].values():
         assert set(rec["iteration_time_s"]) == {"mean", "ci95"}
         assert set(rec["bubbles"]) == {"padding", "skewness", "sorting"}
@@ -49,8 +49,14 @@ def test_simulate_json_has_every_policy_metric_and_the_generation_comparison(tmp
             assert key in rec
         assert rec["max_policy_lag"] <= 1
     gen = data["generation"]
-    assert set(gen["static"]) == {"1", "2", "4", "8"} and gen["best_static_tp"] in (1, 2, 4, 8)
-    assert "makespan_s" in gen["adaptive"] and isinstance(gen["adaptive"]["switches"], list)
+    assert set(gen["static"]) == {"1", "2", "4", "8"} and gen["best_static_tp"]["tp"] in (1, 2, 4, 8)
+    # The issue's target keys, each with makespan_s as a mean and a spread over the seeds.
+    for rec in (gen["adaptive"], gen["verl"], gen["best_static_tp"], *gen["static"].values()):
+        assert {"mean", "ci95", "std", "min", "max"} <= set(rec["makespan_s"])
+    assert gen["verl"]["tp"] == 2 and gen["verl"]["max_num_seqs"] == 1024 and gen["verl"]["dispatch"] == "even"
+    ad = gen["adaptive"]
+    assert ad["x_verl"] == ad["makespan_s"]["mean"] / gen["verl"]["makespan_s"]["mean"]
+    assert ad["x_best_static"] <= 1.01 and isinstance(ad["switches"], list)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -68,7 +74,7 @@ def test_profile_csv_feeds_simulate_and_bad_rows_are_named(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "decode step ms at tp 8" in out.stdout
     assert "calibration against the shared notes' anchors" in out.stdout and "180 us" in out.stdout
-    assert csv.read_text().startswith("tp,batch,context,decode_s,spec_decode_s\n")
+    assert csv.read_text().startswith("tp,batch,context,decode_s,speculative_decode_s\n")
     sim = run("simulate", "--profile", str(csv), "--seeds", "1", "--steps", "1", "--format", "json",
               "rollout.num_prompts_per_step=16")
     assert sim.returncode == 0, sim.stderr
@@ -78,3 +84,15 @@ def test_profile_csv_feeds_simulate_and_bad_rows_are_named(tmp_path):
     csv.write_text("\n".join(lines) + "\n")
     bad = run("simulate", "--profile", str(csv), "--seeds", "1")
     assert bad.returncode == 2 and "line 6" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_length_presets_and_the_verl_tp_are_checked():
+    bad = run("simulate", "--lengths", "short", "--seeds", "1")
+    assert bad.returncode == 2 and "deepscaler" in bad.stderr and "Traceback" not in bad.stderr
+    odd = run("simulate", "--verl-tp", "3", "--seeds", "1")
+    assert odd.returncode == 2 and "--verl-tp 3" in odd.stderr and "Traceback" not in odd.stderr
+    out = run("simulate", "layouts/qwen3-14b-pat.yaml", "--lengths", "deepscaler", "--sigma", "0.5", "--seeds", "1",
+              "--steps", "1", "--format", "json", "rollout.num_prompts_per_step=8")
+    assert out.returncode == 0, out.stderr
+    work = json.loads(out.stdout)["workload"]
+    assert (work["lengths"], work["median"], work["sigma"], work["cap"]) == ("deepscaler", 2700, 0.5, 8192)

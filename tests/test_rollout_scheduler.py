@@ -5,16 +5,17 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdraft.rollout import costmodel, scheduler, trainer
+from specdraft.rollout import costmodel, dispatch, trainer
 from specdraft.rollout.asp import dp_layout
-from specdraft.rollout.scheduler import POLICIES, CostHint, build
+from specdraft.rollout.dispatch import CostHint
+from specdraft.rollout.scheduler import POLICIES, build
 from specdraft.rollout.workload import LengthModel, synthetic
 from specdraft.spec.load import builtin_layout_text, load_layout_text
 
 SPEC = load_layout_text(builtin_layout_text("qwen3-8b"), [], source="<built-in qwen3-8b>")
 COST = costmodel.from_spec(SPEC)
 TRAINER = trainer.from_spec(SPEC)
-HINT = scheduler.hint_from_cost(COST, 1, 64)
+HINT = dispatch.hint_from_cost(COST, 1, 64)
 
 
 @st.composite
@@ -59,7 +60,7 @@ def test_lpt_balances_predicted_cost_within_one_prompt(case):
     work, instances, _, _ = case
     step = work[0]
     loads = [0.0] * instances
-    placed = scheduler._lpt(step, loads, HINT)
+    placed = dispatch.lpt(step, loads, HINT)
     costs = [sum(HINT.prompt(p) for p in group) for group in placed]
     biggest = max(HINT.prompt(p) for p in step)
     assert max(costs) - min(costs) <= biggest * (1 + 1e-9)
@@ -90,3 +91,23 @@ def test_sorted_orders_shortest_first_and_asp_longest_first():
     asp = build("asp", work, 1, 4, hint=CostHint(), trainer=TRAINER)
     costs = [CostHint().prompt(p) for p in sorted(work[0], key=lambda p: asp.queues[0].index(p.pid))]
     assert costs == sorted(costs, reverse=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=cases())
+def test_verl_splits_each_step_into_equal_contiguous_shares(case):
+    """VeRL's split: per step, instance i takes the i-th contiguous share of the dataloader order; shares differ
+    by at most one prompt, whatever the lengths."""
+    work, instances, mb, _ = case
+    sched = build("verl", work, instances, mb)
+    cursor = [0] * instances
+    for step in work:
+        order = [p.pid for p in step]
+        shares = []
+        for i, queue in enumerate(sched.queues):
+            mine = [pid for pid in queue[cursor[i]:] if pid in set(order)]
+            cursor[i] += len(mine)
+            shares.append(mine)
+        assert [pid for share in shares for pid in share] == order
+        sizes = [len(share) for share in shares]
+        assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)

@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import functools
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdraft.errors import UserError
-from specdraft.rollout import costmodel, scheduler, trainer
+from specdraft.rollout import costmodel, dispatch, trainer
 from specdraft.rollout.compare import SimulateOptions, run
 from specdraft.rollout.scheduler import POLICIES, build
 from specdraft.rollout.simulator import SimConfig, plan_steps, simulate
 from specdraft.rollout.workload import LengthModel, from_file, load_history, synthetic, uniform
 from specdraft.spec.load import builtin_layout_text, load_layout_text
 
+LAYOUTS = Path(__file__).parents[1] / "layouts"
 SPEC = load_layout_text(builtin_layout_text("qwen3-8b"), [], source="<built-in qwen3-8b>")
 COST = costmodel.from_spec(SPEC)
 TRAINER = trainer.from_spec(SPEC)
-HINT = scheduler.hint_from_cost(COST, 1, 64)
+HINT = dispatch.hint_from_cost(COST, 1, 64)
 
 
 def sim(policy, work, instances, lag, colocated, seed=0, mb=2):
@@ -58,8 +60,10 @@ def test_tokens_are_conserved_and_the_lag_bound_holds(case, policy):
 @given(lag=st.integers(0, 2), colocated=st.booleans(), per_step=st.integers(1, 9), n=st.integers(1, 3),
        instances=st.integers(1, 4), length=st.integers(1, 3000), seed=st.integers(0, 99))
 def test_without_length_skew_every_policy_gives_the_same_result(lag, colocated, per_step, n, instances, length, seed):
+    """Every policy that deals prompts round the instances or by load; verl restarts its equal shares at instance 0
+    every step, so over several steps its first instances carry more (that is VeRL's split, tested below)."""
     work = uniform(lag + 2, per_step, n, 128, length)
-    results = [sim(policy, work, instances, lag, colocated, seed=seed) for policy in POLICIES]
+    results = [sim(policy, work, instances, lag, colocated, seed=seed) for policy in POLICIES if policy != "verl"]
     first = results[0]
     for other in results[1:]:
         for name in ("iteration_time_s", "makespan_s", "tokens_per_gpu_s", "trainer_idle_s", "mean_policy_lag"):
@@ -84,7 +88,7 @@ def _targets(overrides: tuple, seeds: int = 8) -> dict:
     n_inst = 8
     out = {p: [] for p in ("fifo", "sorted", "asp", "oracle")}
     cost, train = costmodel.from_spec(spec), trainer.from_spec(spec)
-    hint = scheduler.hint_from_cost(cost, 1, 64)
+    hint = dispatch.hint_from_cost(cost, 1, 64)
     for seed in range(seeds):
         work = synthetic(LengthModel(cap=16384), k + spec.rollout.max_policy_lag, 64, 8, 1024, seed, 0.2)
         for policy in out:
@@ -108,6 +112,23 @@ def test_asp_targets_on_the_default_long_tail_workload(overrides):
     assert _mean(it["asp"]) <= 0.85 * _mean(it["fifo"]), it
     assert all(a <= s for a, s in zip(it["asp"], it["sorted"])), it
     assert all(a <= 1.10 * o for a, o in zip(it["asp"], it["oracle"])), it
+    # Issue 17: within 0.03 of the oracle (both as a fraction of fifo's iteration time); 20 seeds: 0.019 / 0.017.
+    assert (_mean(it["asp"]) - _mean(it["oracle"])) / _mean(it["fifo"]) <= 0.03, it
+
+
+@pytest.mark.parametrize("path", ["llama3.1-8b-pat.yaml", "qwen3-14b-pat.yaml"])
+def test_asp_stays_near_the_oracle_in_the_paper_like_regimes(path):
+    """Seeds 0-2 of the synchronous paper-like layouts (DeepScaleR-like lengths): asp within 0.03 of the oracle,
+    never slower than fifo. Lag 0 leaves the trainer nothing to overlap, so the oracle itself gains only 6-15%."""
+    from specdraft.rollout.workload import LENGTH_PRESETS
+    from specdraft.spec.load import load_layout
+
+    median, sigma, correlation = LENGTH_PRESETS["deepscaler"]
+    opts = SimulateOptions(seeds=3, policies=("fifo", "asp", "oracle"), lengths="deepscaler", median=median,
+                           sigma=sigma, correlation=correlation)
+    pols = run(load_layout(LAYOUTS / path), opts).data["policies"]
+    assert pols["asp"]["vs_fifo"] - pols["oracle"]["vs_fifo"] <= 0.03, pols
+    assert pols["asp"]["vs_fifo"] <= 0.0, pols
 
 
 def test_workload_file_and_history(tmp_path):
@@ -138,3 +159,20 @@ def test_malformed_workload_lines_name_the_line(tmp_path, text, needle):
     path.write_text(text)
     with pytest.raises(UserError, match=needle):
         from_file(path, 1, 1, 1, 64, 100, seed=0)
+
+
+@settings(max_examples=15, deadline=None)
+@given(cap=st.integers(1, 12), per_step=st.integers(1, 6), n=st.integers(1, 4), instances=st.integers(1, 3),
+       seed=st.integers(0, 999))
+def test_an_instance_never_runs_more_than_max_num_seqs(cap, per_step, n, instances, seed):
+    from dataclasses import replace
+
+    from specdraft.rollout.simulator import Simulation
+
+    work = synthetic(LengthModel(median=300, sigma=1.0, cap=2048), 2, per_step, n, 64, seed, 0.3)
+    cfg = SimConfig(cost=replace(COST, max_num_seqs=cap), trainer=TRAINER, num_instances=instances, tp=1,
+                    max_policy_lag=1, colocated=False, trained_steps=1, warmup_steps=0)
+    sim = Simulation(cfg, work, build("fifo", work, instances, 2, hint=HINT, seed=seed, trainer=TRAINER))
+    out = sim.run()
+    assert max(inst.peak_batch for inst in sim.instances) <= cap
+    assert out.generated_tokens == pytest.approx(out.accounted_tokens, rel=1e-6, abs=1e-3)

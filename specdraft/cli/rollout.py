@@ -10,7 +10,6 @@ import typer
 
 from specdraft.cli.args import target_args, typer_app
 from specdraft.cli.boundary import console as _console
-from specdraft.rollout.workload import DEFAULT_CORRELATION, DEFAULT_MEDIAN, DEFAULT_SIGMA
 from specdraft.spec.bounds import MAX_LENGTH, MAX_SEEDS, MAX_SIM_STEPS, MAX_SIMULATED_SAMPLES
 
 rollout_app = typer_app("rollout", "Plan rollout instances, simulate the rollout schedulers and adaptive TP, "
@@ -34,7 +33,9 @@ def _spec(args):
 
 def _number(lo: float, hi: float):
     """A typer callback: the option must be a finite number in [lo, hi] (nan and inf pass click's FloatRange)."""
-    def check(value: float) -> float:
+    def check(value: float | None) -> float | None:
+        if value is None:  # not given: the preset's value stands
+            return value
         if not (math.isfinite(value) and lo <= value <= hi):
             raise typer.BadParameter(f"{value!r} is not a finite number in [{lo:g}, {hi:g}]")
         return value
@@ -114,12 +115,15 @@ def simulate_cmd(
     history: Optional[str] = typer.Option(None, "--history", help="JSONL of earlier lengths: predict by prompt id."),
     prediction_error: float = typer.Option(0.2, "--prediction-error", callback=_number(0, 10),
                                            help="Log-space std of the length predictor."),
-    median: float = typer.Option(DEFAULT_MEDIAN, "--median", callback=_number(1, MAX_LENGTH),
-                                 help="Median response length (synthetic workload)."),
-    sigma: float = typer.Option(DEFAULT_SIGMA, "--sigma", callback=_number(0, 10),
-                                help="Log-normal sigma (default: p99 = 10x the median)."),
-    correlation: float = typer.Option(DEFAULT_CORRELATION, "--correlation", callback=_number(0, 1),
-                                      help="Correlation of a prompt's samples' log-lengths."),
+    lengths: str = typer.Option("long-tail", "--lengths", help="Synthetic length preset: long-tail (median 3000) or "
+                                "deepscaler (DeepScaleR's 8K stage; docs/rollout.md). --median/--sigma/--correlation "
+                                "override it."),
+    median: Optional[float] = typer.Option(None, "--median", callback=_number(1, MAX_LENGTH),
+                                           help="Median response length (synthetic workload)."),
+    sigma: Optional[float] = typer.Option(None, "--sigma", callback=_number(0, 10),
+                                          help="Log-normal sigma (default: p99 = 10x the median)."),
+    correlation: Optional[float] = typer.Option(None, "--correlation", callback=_number(0, 1),
+                                                help="Correlation of a prompt's samples' log-lengths."),
     adaptive_tp: bool = typer.Option(False, "--adaptive-tp", help="Also compare static TPs with adaptive TP."),
     tp_overhead_scale: float = typer.Option(1.0, "--tp-overhead-scale", callback=_number(0, 1000),
                                             help="Scale the reconfiguration overhead."),
@@ -127,19 +131,29 @@ def simulate_cmd(
     check_every: int = typer.Option(64, "--check-every", min=1, max=1 << 20,
                                     help="Adaptive TP check-point period in decode steps."),
     tp_start: str = typer.Option("auto", "--tp-start", callback=_tp_size_or_auto,
-                                 help="Adaptive TP's starting TP: auto (throughput-optimal for the bulk) or a size."),
+                                 help="Adaptive TP's start: auto (the dry run on predicted lengths picks a TP and "
+                                      "whether to merge) or a TP size."),
+    verl_tp: int = typer.Option(2, "--verl-tp", min=1, max=1024, help="Static TP of the verl baseline (VeRL's "
+                                "default: 2)."),
     profile: Optional[str] = typer.Option(None, "--profile", help="Measured decode-step CSV replacing the cost model."),
     format: str = typer.Option("text", "--format", "-f", help="text (rich table) or json."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Write a PNG timeline (needs matplotlib)."),
     plot_tp: Optional[str] = typer.Option(None, "--plot-tp", help="With --adaptive-tp: write a PNG of static vs "
                                           "adaptive TP generation, switch points marked (needs matplotlib)."),
 ) -> None:
-    """Simulate fifo, random, sorted, longest_first, asp and the oracle side by side (model-based estimates)."""
+    """Simulate verl, fifo, random, sorted, longest_first, asp and the oracle side by side (model-based estimates)."""
+    from specdraft.errors import UserError
     from specdraft.rollout.compare import SimulateOptions, run
+    from specdraft.rollout.workload import LENGTH_PRESETS
 
     from specdraft.errors import UserError
 
     _format(format)
+    if lengths not in LENGTH_PRESETS:
+        raise UserError(f"--lengths {lengths!r} is not a preset", f"use one of {', '.join(LENGTH_PRESETS)}")
+    preset = dict(zip(("median", "sigma", "correlation"), LENGTH_PRESETS[lengths]))
+    given = {"median": median, "sigma": sigma, "correlation": correlation}
+    shape = {k: preset[k] if v is None else v for k, v in given.items()}
     if plot_tp and not adaptive_tp:
         raise UserError("--plot-tp draws the TP comparison, which needs --adaptive-tp", "add --adaptive-tp")
     _output(plot, "--plot")
@@ -153,10 +167,10 @@ def simulate_cmd(
         raise UserError(f"--steps {steps} x {samples:,} samples per step = {steps * samples:,} simulated samples per "
                         f"seed; the bound is {MAX_SIMULATED_SAMPLES:,}",
                         f"use --steps {max(1, MAX_SIMULATED_SAMPLES // samples)} or fewer")
-    opts = SimulateOptions(seeds=seeds, steps=steps, prediction_error=prediction_error, median=median, sigma=sigma,
-                           correlation=correlation, workload=workload, history=history, profile=profile,
-                           adaptive_tp=adaptive_tp, tp_overhead_scale=tp_overhead_scale, tp_predictor=tp_predictor,
-                           check_every_steps=check_every, tp_start=tp_start,
+    opts = SimulateOptions(seeds=seeds, steps=steps, prediction_error=prediction_error, lengths=lengths, **shape,
+                           workload=workload, history=history, profile=profile, adaptive_tp=adaptive_tp,
+                           tp_overhead_scale=tp_overhead_scale, tp_predictor=tp_predictor,
+                           check_every_steps=check_every, tp_start=tp_start, verl_tp=verl_tp,
                            timeline=plot is not None or plot_tp is not None)
     report = run(spec, opts)
     if plot:
@@ -264,7 +278,9 @@ def _print_simulation(console, data: dict) -> None:
     title = (f"rollout policies on {data['layout']}: {data['instances']} instances x tp {data['tp']}, "
              f"{'colocated' if data['colocated'] else 'dedicated'}, {data['seeds']} seeds x "
              f"{data['measured_steps']} steps, prediction error {data['prediction_error']:g} (model-based estimates)")
-    table = _table(title, ["metric", *[p + (" (upper bound)" if p == "oracle" else "") for p in pols]])
+    verl = data.get("verl")
+    marks = {"oracle": " (upper bound)", "verl": f" (tp {verl['tp']})" if verl else ""}
+    table = _table(title, ["metric", *[p + marks.get(p, "") for p in pols]])
 
     def row(name, fn):
         table.add_row(name, *[fn(rec) for rec in pols.values()])
@@ -282,16 +298,23 @@ def _print_simulation(console, data: dict) -> None:
     gen = data.get("generation")
     if not gen:
         return
-    t2 = _table("generation of one step: static TP vs adaptive TP (model-based)",
-                ["config", "makespan s", "vs best static"])
-    best = gen["static"][str(gen["best_static_tp"])]["makespan_s"]["mean"]
+    t2 = _table("generation of one step: the verl baseline, static TP and adaptive TP (model-based)",
+                ["config", "makespan s", "x verl", "x best static"])
+    best = gen["best_static_tp"]["makespan_s"]["mean"]
+    base = gen["verl"]["makespan_s"]["mean"]
+
+    def add(label, mk):
+        t2.add_row(label, f"{mk['mean']:.1f} ± {mk['ci95']:.1f}", f"{mk['mean'] / base:.3f}x",
+                   f"{mk['mean'] / best:.3f}x")
+
+    v = gen["verl"]
+    add(f"verl: static tp {v['tp']}, even split, memory {v['gpu_memory_utilization']:g}, max_num_seqs "
+        f"{v['max_num_seqs']}", v["makespan_s"])
     for tp, rec in gen["static"].items():
-        mk = rec["makespan_s"]
-        mark = " (best in hindsight)" if int(tp) == gen["best_static_tp"] else ""
-        t2.add_row(f"static tp {tp}{mark}", f"{mk['mean']:.1f} ± {mk['ci95']:.1f}", f"{mk['mean'] / best - 1:+.1%}")
+        add(f"static tp {tp}" + (" (best in hindsight)" if int(tp) == gen["best_static_tp"]["tp"] else ""),
+            rec["makespan_s"])
     ad = gen["adaptive"]
-    mk = ad["makespan_s"]
-    t2.add_row(f"adaptive from tp {ad['start_tp']}", f"{mk['mean']:.1f} ± {mk['ci95']:.1f}", f"{ad['vs_best_static']:+.1%}")
+    add(f"adaptive from tp {ad['start_tp']}", ad["makespan_s"])
     console.print(t2)
     console.print(f"adaptive: {ad['switches_per_run']:.1f} switches per run, {ad['overhead_s']:.2f} s overhead, "
                   f"{ad['vs_layout_tp']:+.1%} vs static tp {gen['layout_tp']}; speculation pays up to batch "
@@ -314,7 +337,7 @@ def _print_profile(console, name: str, rows: list[dict]) -> None:
         for batch in sorted({r["batch"] for r in rows if r["tp"] == tp}):
             cells = {r["context"]: r for r in rows if r["tp"] == tp and r["batch"] == batch}
             table.add_row(str(batch), *[
-                f"{cells[c]['decode_s'] * 1e3:.2f}" + (f" / {cells[c]['spec_decode_s'] * 1e3:.2f}"
-                                                       if cells[c]["spec_decode_s"] is not None else "")
+                f"{cells[c]['decode_s'] * 1e3:.2f}" + (f" / {cells[c]['speculative_decode_s'] * 1e3:.2f}"
+                                                       if cells[c]["speculative_decode_s"] is not None else "")
                 for c in contexts])
         console.print(table)

@@ -34,6 +34,7 @@ class EngineSettings:
     pipeline_parallel_size: int
     gpu_memory_utilization: float
     max_model_len: int
+    max_num_seqs: int
     dtype: str
     speculative_config: Optional[SpeculativeConfig]
 
@@ -48,6 +49,8 @@ class EngineSettings:
             out.append(f"gpu_memory_utilization = {self.gpu_memory_utilization}: must be in (0, 1]")
         if self.max_model_len < 1:
             out.append(f"max_model_len = {self.max_model_len}: must be >= 1")
+        if self.max_num_seqs < 1:
+            out.append(f"max_num_seqs = {self.max_num_seqs}: must be >= 1")
         if self.dtype not in ("bfloat16", "float16", "float32", "auto"):
             out.append(f"dtype = {self.dtype!r}: must be bfloat16, float16, float32 or auto")
         sc = self.speculative_config
@@ -81,6 +84,7 @@ def engine_settings(spec: LayoutSpec) -> EngineSettings:
         model=spec.model.path, tensor_parallel_size=r.tp, pipeline_parallel_size=1,
         gpu_memory_utilization=r.gpu_memory_utilization,
         max_model_len=max_model_len(spec),
+        max_num_seqs=r.max_num_seqs,
         dtype=_DTYPE[spec.training.dtype] if spec.training.dtype != "fp32" else "bfloat16",
         speculative_config=spec_cfg,
     )

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-from specdraft.rollout.costmodel import HBM_EFFICIENCY, KV_WATERMARK, MAX_NUM_SEQS
+from specdraft.rollout.costmodel import HBM_EFFICIENCY, KV_WATERMARK, steps_time, steps_within
 
 # Creating an NCCL communicator for a new group: an assumption (hundreds of ms within a node). PAT caches groups,
 # so the default charges it never (every aligned group is built at start-up); `groups_cached=False` charges it.
@@ -62,8 +62,6 @@ def run_requests(cost, tp: int, reqs: list[tuple[float, float]], horizon: float 
     far below the KV limit); the batch shrinks as they finish, and each phase between finishes is the closed-form
     affine step sum of costmodel.steps_time.
     """
-    from specdraft.rollout.costmodel import steps_time, steps_within
-
     items = sorted(reqs, key=lambda r: r[1])
     batch = len(items)
     ctx = sum(c for c, _ in items)
@@ -71,9 +69,9 @@ def run_requests(cost, tp: int, reqs: list[tuple[float, float]], horizon: float 
     t = 0.0
     for i, (c, rem) in enumerate(items):
         if rem > done:
-            spec = cost.use_speculation(tp, batch, ctx) if cost.speculative else False
-            a, b = cost.affine(tp, batch, spec, ctx)
-            e = cost.tokens_per_step(spec)
+            speculating = cost.use_speculation(tp, batch, ctx) if cost.speculative else False
+            a, b = cost.affine(tp, batch, speculating, ctx)
+            e = cost.tokens_per_step(speculating)
             phase = steps_time(a, b, ctx, batch * e, (rem - done) / e)
             if t + phase > horizon:
                 gained = done + e * steps_within(a, b, ctx, batch * e, horizon - t)
@@ -89,27 +87,6 @@ def run_requests(cost, tp: int, reqs: list[tuple[float, float]], horizon: float 
 def predict_makespan(cost, tp: int, reqs: list[tuple[float, float]]) -> float:
     """Seconds until the last of ``reqs`` (context tokens, predicted remaining tokens) finishes on a tp group."""
     return run_requests(cost, tp, reqs)[0] if reqs else 0.0
-
-
-def bulk_tp(cost, tps: list[int], prompts, gpus: int) -> int:
-    """The TP with the most predicted tokens/s per GPU while every instance is full: where adaptive TP starts.
-
-    Each instance of ``tp`` GPUs holds its share of the step's samples (up to max_num_seqs and its KV room) at the
-    token-weighted mean context of the predicted lengths, sum L (P + L/2) / sum L; the tail is the planner's job.
-    """
-    preds = [(p.prompt_len, x) for p in prompts for x in p.predicted]
-    if not preds or len(tps) == 1:
-        return tps[0]
-    ctx = sum(x * (pl + x / 2.0) for pl, x in preds) / max(sum(x for _, x in preds), 1.0)
-    best, best_rate = tps[0], -1.0
-    for tp in sorted(tps):
-        batch = min(MAX_NUM_SEQS, -(-len(preds) // max(gpus // tp, 1)))
-        batch = max(1, min(batch, int(cost.kv_capacity_tokens(tp) * (1.0 - KV_WATERMARK) / ctx)))
-        spec = cost.use_speculation(tp, batch, batch * ctx)
-        rate = batch * cost.tokens_per_step(spec) / cost.decode_step(tp, batch, batch * ctx, spec) / tp
-        if rate > best_rate * (1.0 + 1e-9):
-            best, best_rate = tp, rate
-    return best
 
 
 @dataclass
@@ -156,11 +133,12 @@ def merge_overhead(cost, old_tps: list[int], new_tp: int, reqs: list, *, groups_
     ov = Overhead(reshard_s=reshard_seconds(cost, old_tps, new_tp) * scale,
                   group_setup_s=0.0 if groups_cached else GROUP_SETUP_S * scale)
     per_token = cost.target.kv_bytes_per_token
+    floor = cost.prefill_floor_s() * scale  # no recompute is cheaper: skip pricing it when migrating beats this
     for rid, tp, ctx in reqs:
         if ctx <= 0:
             continue
         migrate = ctx * per_token * (1.0 - tp / new_tp) / cost.link_bw * scale
-        recompute = cost.prefill(new_tp, ctx) * scale
+        recompute = math.inf if migrate <= floor else cost.prefill(new_tp, ctx) * scale
         if migrate <= recompute:
             ov.moves.append((rid, "migrate", migrate))
             ov.kv_s += migrate
@@ -211,15 +189,11 @@ def plan_node(cfg: PlannerConfig, cost, groups: dict[int, object], offsets: dict
     if not freed or len(groups) == 1:
         return None
     cache: dict = {}
-
-    def group_reqs(g):
-        return group_requests(groups[g])
-
-    def remaining(items):
-        return [(req.prompt_len + gen, cfg.predictor.remaining(req.predicted, gen)) for req, gen, _ in items]
-
-    def pred(tp, items):
-        return predict_makespan(cost, tp, remaining(items))
+    # Per group, once per check: its requests, their (context, predicted remaining) and its predicted makespan.
+    reqs = {g: group_requests(inst) for g, inst in groups.items()}
+    rem = {g: [(req.prompt_len + gen, cfg.predictor.remaining(req.predicted, gen)) for req, gen, _ in items]
+           for g, items in reqs.items()}
+    alone = {g: predict_makespan(cost, groups[g].tp, rem[g]) for g in groups}
 
     def deferred(inside, size, merged):
         """Predicted makespan of merging later instead: each group runs on alone for d seconds, then merges."""
@@ -228,7 +202,7 @@ def plan_node(cfg: PlannerConfig, cost, groups: dict[int, object], offsets: dict
             d = frac * merged
             survivors = []
             for g in inside:
-                survivors += run_requests(cost, groups[g].tp, remaining(group_reqs(g)), d)[1]
+                survivors += run_requests(cost, groups[g].tp, rem[g], d)[1]
             best_later = min(best_later, d + predict_makespan(cost, size, survivors))
         return best_later
 
@@ -242,21 +216,20 @@ def plan_node(cfg: PlannerConfig, cost, groups: dict[int, object], offsets: dict
             return cache[key]
         inside = members(offset, size)
         if len(inside) == 1 and groups[inside[0]].tp == size:
-            g = inside[0]
-            out = (pred(size, group_reqs(g)), [(offset, size)])
+            out = (alone[inside[0]], [(offset, size)])
             cache[key] = out
             return out
         half = size // 2
         left, right = best(offset, half), best(offset + half, half)
         out = (max(left[0], right[0]), left[1] + right[1])
         if size <= cfg.max_tp and cfg.heads % size == 0 and freed.intersection(inside):
-            items = [it for g in inside for it in group_reqs(g)]
+            items = [it for g in inside for it in reqs[g]]
             ctx = sum(req.prompt_len + gen for req, gen, _ in items)
-            if len(items) <= MAX_NUM_SEQS and ctx <= cost.kv_capacity_tokens(size) * (1.0 - KV_WATERMARK):
+            if len(items) <= cost.max_num_seqs and ctx <= cost.kv_capacity_tokens(size) * (1.0 - KV_WATERMARK):
                 ov = merge_overhead(cost, [groups[g].tp for g in inside], size,
                                     [(req.rid, tp, req.prompt_len + gen) for req, gen, tp in items],
                                     groups_cached=cfg.groups_cached, scale=cfg.overhead_scale)
-                merged = ov.total_s + pred(size, items)
+                merged = ov.total_s + predict_makespan(cost, size, [r for g in inside for r in rem[g]])
                 # Merging now gives up the narrow groups' throughput at once; when merging a little later is
                 # predicted to finish sooner still, keep the groups as they are and look again at the next check.
                 if merged < out[0]:
@@ -265,7 +238,7 @@ def plan_node(cfg: PlannerConfig, cost, groups: dict[int, object], offsets: dict
         cache[key] = out
         return out
 
-    now = max(pred(groups[g].tp, group_reqs(g)) for g in groups)
+    now = max(alone.values())
     after, blocks = best(0, node_size)
     margin = max(cfg.margin_s, cfg.margin_fraction * now)
     if now - after <= margin:
@@ -275,7 +248,7 @@ def plan_node(cfg: PlannerConfig, cost, groups: dict[int, object], offsets: dict
         inside = members(offset, size)
         if len(inside) == 1 and groups[inside[0]].tp == size:
             continue
-        items = [it for g in inside for it in group_reqs(g)]
+        items = [it for g in inside for it in reqs[g]]
         ov = merge_overhead(cost, [groups[g].tp for g in inside], size,
                             [(req.rid, tp, req.prompt_len + gen) for req, gen, tp in items],
                             groups_cached=cfg.groups_cached, scale=cfg.overhead_scale)

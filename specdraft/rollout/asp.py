@@ -13,7 +13,7 @@ step only while the bound allows it (simulator.py enforces and records it).
 
 from __future__ import annotations
 
-from specdraft.rollout.scheduler import CostHint, Schedule, _chunks, _lpt
+from specdraft.rollout.dispatch import CostHint, Schedule, chunks, lpt
 from specdraft.rollout.workload import Prompt, Workload
 
 
@@ -44,7 +44,7 @@ def minibatches(step: list[Prompt], mb: int) -> list[list[Prompt]]:
     A minibatch can be trained only once its longest sample is done, so grouping by the longest sample lets the
     short minibatches reach the trainer early and one after another instead of all waiting for the tail.
     """
-    return _chunks(sorted(step, key=lambda p: -max(p.predicted)), mb)  # stable: ties keep dataloader order
+    return chunks(sorted(step, key=lambda p: -max(p.predicted)), mb)  # stable: ties keep dataloader order
 
 
 def asp_schedule(workload: Workload, instances: int, mb: int, *, hint: CostHint, trainer=None) -> Schedule:
@@ -53,7 +53,7 @@ def asp_schedule(workload: Workload, instances: int, mb: int, *, hint: CostHint,
     queues: list[list[int]] = [[] for _ in range(instances)]
     batches = []
     for step in workload:
-        for i, placed in enumerate(_lpt(step, loads, hint)):
+        for i, placed in enumerate(lpt(step, loads, hint)):
             queues[i].extend(p.pid for p in placed)
         batches.append([dp_layout(g, trainer) for g in minibatches(step, mb)])
     return Schedule("asp", queues, batches)

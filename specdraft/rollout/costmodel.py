@@ -9,6 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from specdraft.plan.memory import attention_params, draft_params, mlp_params
+from specdraft.rollout.instances import draft_kv_bytes_per_token, kv_bytes_per_token, max_model_len, model_params
+from specdraft.spec import derived
 from specdraft.spec.gpus import CATALOGUE
 from specdraft.spec.schema import LayoutSpec
 
@@ -33,11 +36,19 @@ GEMM_FLOOR_S = 5e-6
 # three small kernels (KV-cache write, paged decode attention, split-KV merge), each at the ~4 us every small kernel
 # costs in the same vidur profile (input_layernorm / post_attention_layernorm at <= 64 tokens: 4 us).
 ATTN_FLOOR_S = 12e-6
-# All-reduce: latency + ring traffic 2 (tp-1)/tp * bytes over NVLink. 1M fp16 elements then cost 34-38 us at TP2-8,
-# inside the measured 30-45 us (notes; vidur's network/h100_dgx/all_reduce.csv medians: 34-43 us).
-ALLREDUCE_LATENCY_S = 30e-6
-# vLLM's long-standing default cap on concurrently running sequences (EngineArgs.max_num_seqs = 256).
-MAX_NUM_SEQS = 256
+# All-reduce of a step's activations (tokens x hidden x 2 bytes: 8 KB for one token of an 8B model, 8 MB for 1024).
+# vLLM runs its custom all-reduce below 8 MiB (CustomAllreduce(max_size=8192 * 1024), TP 2, 4, 6 or 8 on NVLink) and
+# NCCL above. The custom kernel costs latency + bytes / bandwidth, per TP, fitted (least squares on relative error)
+# to the H100 latencies of vLLM's kernel in SGLang PR #2904 (sgl-kernel/tests/test_trt_reduce.py: float32 tensors of
+# 512 to 1M elements, i.e. 2 KB to 4 MB): TP2 9.5, 8.8, 8.7, 12.9, 17.7, 26.6 us; TP4 9.1, 8.5, 9.2, 20.6, 26.9,
+# 40.2 us; TP8 10.1, 9.3, 11.8, 24.1, 30.4, 45.0 us. The fit is within -17% .. +10% of every point (worst at 1 MB,
+# where the kernel switches from one-shot to two-shot). docs/rollout.md has the table.
+CUSTOM_ALLREDUCE = {2: (8.7e-6, 238e9), 4: (8.7e-6, 120e9), 8: (10.0e-6, 106e9)}  # tp -> (latency s, bytes/s)
+CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20
+# NCCL (8 MiB and more, other TP sizes, the LM head's logits gather): latency + ring traffic 2 (tp-1)/tp * bytes over
+# NVLink. 1M fp16 elements then cost 34-38 us at TP2-8, inside vidur's measured 34-43 us (the notes' 30-45 us;
+# network/h100_dgx/all_reduce.csv medians).
+NCCL_LATENCY_S = 30e-6
 # vLLM admits a request only while 1% of the KV blocks stay free (its watermark), which curbs preemption churn.
 KV_WATERMARK = 0.01
 ACT_BYTES = 2  # bf16 activations travel in the all-reduces and the logits gather
@@ -98,19 +109,31 @@ class CostModel:
     acceptance_rate: float
     speculative: bool
     max_model_len: int
-    _cache: dict = field(default_factory=dict, compare=False, repr=False)
+    max_num_seqs: int  # sequences one instance runs at once (rollout.max_num_seqs)
+    _cache: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     # ---- primitives ------------------------------------------------------------------------------------
-    def allreduce(self, tp: int, nbytes: float) -> float:
+    def nccl_allreduce(self, tp: int, nbytes: float) -> float:
         if tp <= 1:
             return 0.0
-        return ALLREDUCE_LATENCY_S + 2.0 * (tp - 1) / tp * nbytes / self.link_bw
+        return NCCL_LATENCY_S + 2.0 * (tp - 1) / tp * nbytes / self.link_bw
+
+    def allreduce(self, tp: int, nbytes: float) -> float:
+        """All-reduce of ``nbytes`` over a tp group, as vLLM runs it: its custom kernel below 8 MiB, else NCCL."""
+        nccl = self.nccl_allreduce(tp, nbytes)
+        custom = CUSTOM_ALLREDUCE.get(tp)
+        if custom is None or nbytes >= CUSTOM_ALLREDUCE_MAX_BYTES:
+            return nccl
+        latency, bandwidth = custom
+        # The line is fitted up to 4 MB, where the measured kernel is no slower than NCCL's ring (TP8: 45.0 vs 45.6
+        # us, TP4: 40.2 vs 44.0 us); extrapolated further it would overtake the ring, so the cheaper of the two.
+        return min(latency + nbytes / bandwidth, nccl)
 
     def gather(self, tp: int, nbytes: float) -> float:
-        """Gather of ``nbytes`` in total, 1/tp from each rank (the LM head's vocab-parallel logits)."""
+        """Gather of ``nbytes`` in total, 1/tp from each rank (the LM head's vocab-parallel logits, over NCCL)."""
         if tp <= 1:
             return 0.0
-        return ALLREDUCE_LATENCY_S + (tp - 1) / tp * nbytes / self.link_bw
+        return NCCL_LATENCY_S + (tp - 1) / tp * nbytes / self.link_bw
 
     def _gemm(self, params: float, weight_params: float, tokens: float, tp: int) -> float:
         """Roofline of one GEMM block without its floor: memory- or compute-bound, whichever is slower."""
@@ -144,49 +167,49 @@ class CostModel:
         return m.kv_bytes_per_token / self.kv_shards(tp, m) / (HBM_EFFICIENCY * self.hbm_bw)
 
     # ---- decode ----------------------------------------------------------------------------------------
-    def tokens_per_step(self, spec: bool) -> float:
+    def tokens_per_step(self, speculative: bool) -> float:
         """Expected tokens a running sequence gains per step (verify step with speculation)."""
-        return expected_accepted(self.acceptance_rate, self.num_speculative_tokens) if spec else 1.0
+        return expected_accepted(self.acceptance_rate, self.num_speculative_tokens) if speculative else 1.0
 
-    def affine(self, tp: int, batch: int, spec: bool, context: float | None = None) -> tuple[float, float]:
+    def affine(self, tp: int, batch: int, speculative: bool, context: float | None = None) -> tuple[float, float]:
         """(a, b): one step of ``batch`` running sequences costs a + b * (their total context tokens).
 
         ``context`` is unused here (the model is affine everywhere); a measured profile uses it to pick the local
         linear piece (profile.ProfileCost).
         """
-        key = (tp, batch, spec)
+        key = (tp, batch, speculative)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
         k = self.num_speculative_tokens
-        q = k + 1 if spec else 1  # query tokens per sequence in the target pass (the verify grows with k+1)
+        q = k + 1 if speculative else 1  # query tokens per sequence in the target pass (the verify grows with k+1)
         a = self.forward(self.target, batch * q, tp) + self.target.layers * ATTN_FLOOR_S
         b = self.kv_read_per_token(tp)
-        if spec and self.draft is not None:
+        if speculative and self.draft is not None:
             # k sequential draft forwards of one token per sequence; the draft's own KV is read each time.
             a += k * (self.forward(self.draft, batch, tp) + self.draft.layers * ATTN_FLOOR_S)
             b += k * self.kv_read_per_token(tp, self.draft)
         self._cache[key] = (a, b)
         return a, b
 
-    def decode_step(self, tp: int, batch: int, total_context: float, spec: bool) -> float:
-        a, b = self.affine(tp, batch, spec, total_context)
+    def decode_step(self, tp: int, batch: int, total_context: float, speculative: bool) -> float:
+        a, b = self.affine(tp, batch, speculative, total_context)
         return a + b * total_context
 
     def use_speculation(self, tp: int, batch: int, total_context: float) -> bool:
         """Speculate when it raises tokens per second at this batch (verify turns compute-bound at large batch)."""
         if not self.speculative or batch <= 0:
             return False
-        spec = self.tokens_per_step(True) / self.decode_step(tp, batch, total_context, True)
+        with_drafts = self.tokens_per_step(True) / self.decode_step(tp, batch, total_context, True)
         plain = 1.0 / self.decode_step(tp, batch, total_context, False)
-        return spec > plain
+        return with_drafts > plain
 
     def speculation_threshold(self, tp: int, mean_context: float) -> int:
-        """Largest batch (<= MAX_NUM_SEQS) at which speculation still pays, 0 when it never does."""
+        """Largest batch (<= max_num_seqs) at which speculation still pays, 0 when it never does."""
         if not self.speculative:
             return 0
         best = 0
-        for batch in range(1, MAX_NUM_SEQS + 1):
+        for batch in range(1, self.max_num_seqs + 1):
             if self.use_speculation(tp, batch, batch * mean_context):
                 best = batch
             elif best:
@@ -194,6 +217,10 @@ class CostModel:
         return best
 
     # ---- prefill ---------------------------------------------------------------------------------------
+    def prefill_floor_s(self) -> float:
+        """A lower bound on any `prefill`: every layer's fixed floors, which no TP or token count removes."""
+        return self.target.layers * (LAYER_FLOOR_S + ATTN_FLOOR_S)
+
     def prefill(self, tp: int, tokens: float) -> float:
         """Prefill (or KV recompute) of ``tokens`` context tokens of one sequence: GEMMs + causal attention."""
         if tokens <= 0:
@@ -225,12 +252,8 @@ class CostModel:
 
 
 def _shape(spec: LayoutSpec, *, draft: bool) -> ModelShape:
-    from specdraft.plan.memory import attention_params, draft_params, mlp_params
-    from specdraft.rollout.instances import kv_bytes_per_token, model_params
-
     m = spec.model
-    head_dim = m.kv_channels or m.hidden_size // m.num_attention_heads
-    kv_heads = m.num_query_groups or m.num_attention_heads
+    head_dim, kv_heads = derived.head_dim(m), derived.kv_heads(m)
     attn = attention_params(spec)
     common = dict(hidden=m.hidden_size, head_params=m.vocab_size * m.hidden_size, kv_heads=kv_heads,
                   attn_width=m.num_attention_heads * head_dim, vocab=m.vocab_size)
@@ -238,11 +261,11 @@ def _shape(spec: LayoutSpec, *, draft: bool) -> ModelShape:
         layers = spec.draft.num_layers
         # EAGLE-3 reads [embedding ; hidden] (2h) in its first layer and fuses three taps through `fc` (3h x h):
         # both are folded into the attention GEMM of the (usually single) draft layer.
-        num_taps = len(spec.draft.aux_layers) if spec.draft.aux_layers is not None else 3
+        num_taps = len(derived.aux_layers(spec))
         fold = (num_taps * m.hidden_size * m.hidden_size + m.hidden_size * m.num_attention_heads * head_dim) / layers
         mlp = mlp_params(m.hidden_size, m.ffn_hidden_size, m.swiglu)
         return ModelShape(layers=layers, attn_params=int(attn + fold), mlp_params=mlp, mlp_weight_params=mlp,
-                          total_params=draft_params(spec), kv_bytes_per_token=2 * layers * kv_heads * head_dim * 2,
+                          total_params=draft_params(spec), kv_bytes_per_token=draft_kv_bytes_per_token(spec),
                           **common)
     if m.num_experts:
         expert = mlp_params(m.hidden_size, m.moe_ffn_hidden_size or 0, m.swiglu)
@@ -255,8 +278,6 @@ def _shape(spec: LayoutSpec, *, draft: bool) -> ModelShape:
 
 def from_spec(spec: LayoutSpec, *, acceptance_rate: float | None = None) -> CostModel:
     """The cost model of the layout's rollout instances (model, GPU, speculation settings)."""
-    from specdraft.rollout.instances import max_model_len
-
     r = spec.rollout
     gpu = CATALOGUE[spec.cluster.gpu]
     speculative = r.speculative and spec.draft.enabled
@@ -265,10 +286,11 @@ def from_spec(spec: LayoutSpec, *, acceptance_rate: float | None = None) -> Cost
         draft=_shape(spec, draft=True) if speculative else None,
         hbm_bw=gpu.hbm_bw, peak_flops=gpu.peak_flops, link_bw=gpu.link_bw, hbm_bytes=gpu.hbm_bytes,
         gpu_memory_utilization=r.gpu_memory_utilization,
-        num_speculative_tokens=(r.num_speculative_tokens or spec.draft.ttt_steps) if speculative else 0,
+        num_speculative_tokens=derived.num_speculative_tokens(spec) if speculative else 0,
         acceptance_rate=r.acceptance_rate if acceptance_rate is None else acceptance_rate,
         speculative=speculative,
         max_model_len=max_model_len(spec),
+        max_num_seqs=r.max_num_seqs,
     )
 
 

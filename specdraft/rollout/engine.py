@@ -11,7 +11,7 @@ import math
 from collections import deque
 from typing import Callable
 
-from specdraft.rollout.costmodel import KV_WATERMARK, MAX_NUM_SEQS, steps_time, steps_within
+from specdraft.rollout.costmodel import KV_WATERMARK, steps_time, steps_within
 
 EPS = 1e-9
 
@@ -42,11 +42,11 @@ class Req:
 class Instance:
     """A tp-GPU instance. ``t`` is when it can next make decode progress (prefill and pauses push it forward)."""
 
-    def __init__(self, index: int, tp: int, cost, *, spec_mode: str = "auto", max_seqs: int = MAX_NUM_SEQS,
+    def __init__(self, index: int, tp: int, cost, *, speculative_mode: str = "auto",
                  capacity_tokens: int | None = None, prefix_cache: bool = True):
         self.index, self.tp, self.cost = index, tp, cost
-        self.spec_mode = spec_mode  # auto: speculate when the cost model says it pays; on; off
-        self.max_seqs = max_seqs
+        self.speculative_mode = speculative_mode  # auto: speculate when the cost model says it pays; on; off
+        self.max_seqs = cost.max_num_seqs  # vLLM max_num_seqs
         self.cap = capacity_tokens if capacity_tokens is not None else cost.kv_capacity_tokens(tp)
         self.prefix_cache = prefix_cache
         self.t = 0.0
@@ -57,7 +57,7 @@ class Instance:
         self.peak_batch = 0
         self.ksum = 0.0  # sum of (prompt_len - base) over running: total context = ksum + batch * progress
         self.queue: deque[Req] = deque()
-        self.spec = False
+        self.speculating = False
         self._prefilled: set[int] = set()  # prompts whose prefix sits in this instance's prefix cache
         self._order = 0
         self.tokens = 0.0  # tokens generated (for conservation checks)
@@ -73,14 +73,14 @@ class Instance:
 
     def _coeffs(self) -> tuple[float, float, float]:
         """(a, b, tokens per step) for the current batch, deciding speculation for this segment."""
-        if self.spec_mode == "on":
-            self.spec = self.cost.speculative
-        elif self.spec_mode == "off":
-            self.spec = False
+        if self.speculative_mode == "on":
+            self.speculating = self.cost.speculative
+        elif self.speculative_mode == "off":
+            self.speculating = False
         else:
-            self.spec = self.cost.use_speculation(self.tp, self.batch, self.context())
-        a, b = self.cost.affine(self.tp, self.batch, self.spec, self.context())
-        return a, b, self.cost.tokens_per_step(self.spec)
+            self.speculating = self.cost.use_speculation(self.tp, self.batch, self.context())
+        a, b = self.cost.affine(self.tp, self.batch, self.speculating, self.context())
+        return a, b, self.cost.tokens_per_step(self.speculating)
 
     # ---- time ------------------------------------------------------------------------------------------
     def next_event(self) -> float:

@@ -1,20 +1,25 @@
 """Synchronous generation of one RL step on a node's GPUs: static TP groups, or adaptive TP driven by the planner.
 
-Every sample is dispatched at t = 0 (longest-processing-time first over the groups, as asp does); the
-makespan is the last finish. With a planner, check-points every N decode steps may merge groups (adaptive_tp).
+Every sample is dispatched at t = 0 (longest-processing-time first over the groups, as asp does, or VeRL's equal
+shares); the makespan is the last finish. With a planner, check-points every N decode steps may merge groups
+(adaptive_tp); `choose_start` picks the start by dry runs on the predicted lengths.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from specdraft.rollout.adaptive_tp import Plan, PlannerConfig, group_requests, merge_overhead, plan_node
-from specdraft.rollout.costmodel import KV_WATERMARK, MAX_NUM_SEQS
+from specdraft.rollout.costmodel import KV_WATERMARK
+from specdraft.rollout.dispatch import even_shares, hint_from_cost, lpt
 from specdraft.rollout.engine import Instance, Req
-from specdraft.rollout.scheduler import _lpt, hint_from_cost
+from specdraft.rollout.events import WAKE, EventQueue
 from specdraft.rollout.workload import Prompt
+
+
+DRY_RUN_CHECK_FACTOR = 4  # choose_start's adaptive dry runs check this many times as rarely as the real run
 
 
 @dataclass(frozen=True)
@@ -22,7 +27,7 @@ class GenConfig:
     cost: object
     gpus_per_node: int
     num_nodes: int = 1
-    spec_mode: str = "auto"
+    speculative_mode: str = "auto"
     check_every_steps: int = 64  # check-point period, in decode steps of a lone sequence at the starting tp
     planner: PlannerConfig | None = None
     timeline: bool = False
@@ -34,6 +39,9 @@ class GenConfig:
     # (longest-processing-time first) on the others. Used to search such starts (benchmarks/rollout_tp_regimes.py).
     start_groups: tuple = ()
     wide_first: int = 0
+    # How the samples reach the groups: "lpt" (longest predicted processing time first, as asp) or "even" (VeRL's
+    # equal contiguous shares in dataloader order, the `verl` baseline).
+    dispatch: str = "lpt"
 
 
 @dataclass
@@ -66,23 +74,26 @@ class _Gen:
         for node in range(cfg.num_nodes):
             offset = 0
             for size in sizes:
-                self._add(Instance(self.next_id, size, cfg.cost, spec_mode=cfg.spec_mode), node, offset)
+                self._add(Instance(self.next_id, size, cfg.cost, speculative_mode=cfg.speculative_mode), node, offset)
                 offset += size
         self.reqs: list[Req] = []
         order = sorted(self.insts)
         hint = hint_from_cost(cfg.cost, tp, max(1, sum(len(p.lengths) for p in prompts) // max(len(order), 1)))
+        if cfg.dispatch not in ("lpt", "even"):
+            raise ValueError(f"dispatch {cfg.dispatch!r}: use lpt or even")
         if cfg.start_groups:
             self._place_by_sample(prompts, hint)
+        elif cfg.dispatch == "even":
+            samples = [(p, s) for p in prompts for s in range(len(p.lengths))]  # a prompt's n samples side by side
+            for gid, share in zip(order, even_shares(samples, len(order))):
+                for p, s in share:
+                    self._queue(gid, p, s)
         else:
-            for gid, group in zip(order, _lpt(prompts, [0.0] * len(order), hint)):
+            for gid, group in zip(order, lpt(prompts, [0.0] * len(order), hint)):
                 for p in group:
-                    for s, length in enumerate(p.lengths):
-                        req = Req(len(self.reqs), p.pid, s, p.step, p.prompt_len, length, p.predicted[s])
-                        self.reqs.append(req)
-                        self.insts[gid].queue.append(req)
-        self.events: list = []
-        self.seq = 0
-        self.stamp: dict[int, int] = {}
+                    for s in range(len(p.lengths)):
+                        self._queue(gid, p, s)
+        self.events = EventQueue()
         self.now = 0.0
         self.switches: list = []
         self.overhead = 0.0
@@ -90,6 +101,12 @@ class _Gen:
         self.finish_counts: dict[int, int] = {}
         self.timeline: list = []
         self.retired_tokens = 0.0
+        self.period = 0.0  # the planner's check-point period (seconds)
+
+    def _queue(self, gid: int, p: Prompt, s: int) -> None:
+        req = Req(len(self.reqs), p.pid, s, p.step, p.prompt_len, p.lengths[s], p.predicted[s])
+        self.reqs.append(req)
+        self.insts[gid].queue.append(req)
 
     def _place_by_sample(self, prompts: list[Prompt], hint) -> None:
         """The heterogeneous start's placement: the wide_first predicted-longest samples round-robin on the widest
@@ -115,18 +132,6 @@ class _Gen:
         self.insts[inst.index] = inst
         self.where[inst.index] = (node, offset)
 
-    def _push(self, t, kind, arg=None):
-        self.seq += 1
-        heapq.heappush(self.events, (t, self.seq, kind, arg))
-
-    def _reschedule(self, inst: Instance) -> None:
-        self.stamp[inst.index] = self.stamp.get(inst.index, 0) + 1
-        t = inst.next_event()
-        if inst.batch == 0 and inst.queue:
-            t = inst.t
-        if t < math.inf:
-            self._push(max(t, inst.t), "inst", (inst.index, self.stamp[inst.index]))
-
     def _collect(self, inst: Instance) -> None:
         for req in inst.collect(self.now):
             self.done += 1
@@ -141,39 +146,35 @@ class _Gen:
             gpus.extend([(inst.tp, inst.batch, inst.busy(self.now))] * inst.tp)
         self.timeline.append((self.now, gpus))
 
+    def _handle(self, t: float, kind: str, arg) -> None:
+        self.now = t
+        if kind == WAKE:
+            inst = self.insts[arg]
+            self._collect(inst)
+            self.events.wake(inst, self.now)
+        elif kind == "script":
+            self._scripted(arg)
+        else:
+            self._check()
+            if self.done < len(self.reqs):
+                self.events.push(t + self.period, "check")
+        self._snapshot()
+
     def run(self) -> GenResult:
         for inst in self.insts.values():
             inst.admit(0.0, lambda r: True, 0)
-            self._reschedule(inst)
+            self.events.wake(inst, self.now)
         cfg = self.cfg
-        period = 0.0
         if cfg.planner is not None:
             tp0 = next(iter(self.insts.values())).tp
             ctx = self.reqs[0].prompt_len if self.reqs else 1
-            period = cfg.check_every_steps * cfg.cost.decode_step(tp0, 1, ctx, cfg.cost.speculative)
-            self._push(period, "check")
+            self.period = cfg.check_every_steps * cfg.cost.decode_step(tp0, 1, ctx, cfg.cost.speculative)
+            self.events.push(self.period, "check")
         for t, tp in cfg.script:
-            self._push(t, "script", tp)
+            self.events.push(t, "script", tp)
         self._snapshot()
         total = len(self.reqs)
-        while self.events and self.done < total:
-            t, _, kind, arg = heapq.heappop(self.events)
-            if kind == "inst":
-                if arg[0] not in self.insts or arg[1] != self.stamp.get(arg[0]):
-                    continue
-                self.now = t
-                inst = self.insts[arg[0]]
-                self._collect(inst)
-                self._reschedule(inst)
-            elif kind == "script":
-                self.now = t
-                self._scripted(arg)
-            else:
-                self.now = t
-                self._check()
-                if self.done < total:
-                    self._push(t + period, "check")
-            self._snapshot()
+        self.events.run(self._handle, lambda: self.done >= total)
         if self.done < total:
             raise RuntimeError("generation simulation stalled with unfinished requests; this is a bug")
         return GenResult(
@@ -187,7 +188,7 @@ class _Gen:
         cfg = self.cfg
         for inst in list(self.insts.values()):
             self._collect(inst)
-            self._reschedule(inst)
+            self.events.wake(inst, self.now)
         for node in range(cfg.num_nodes):
             ids = [g for g, (n, _) in self.where.items() if n == node and g in self.insts]
             groups = {g: self.insts[g] for g in ids}
@@ -203,7 +204,7 @@ class _Gen:
         cost = self.cfg.cost
         for inst in list(self.insts.values()):
             self._collect(inst)
-            self._reschedule(inst)
+            self.events.wake(inst, self.now)
         for node in range(self.cfg.num_nodes):
             for offset in range(0, self.cfg.gpus_per_node, size):
                 inside = [g for g, (n, o) in self.where.items()
@@ -214,7 +215,7 @@ class _Gen:
                     continue  # scripted switches only merge
                 items = [it for g in inside for it in group_requests(self.insts[g])]
                 ctx = sum(req.prompt_len + gen for req, gen, _ in items)
-                if len(items) > MAX_NUM_SEQS or ctx > cost.kv_capacity_tokens(size) * (1.0 - KV_WATERMARK):
+                if len(items) > cost.max_num_seqs or ctx > cost.kv_capacity_tokens(size) * (1.0 - KV_WATERMARK):
                     continue  # the same limits the planner keeps: the merged group must hold every request
                 ov = merge_overhead(cost, [self.insts[g].tp for g in inside], size,
                                     [(req.rid, tp, req.prompt_len + gen) for req, gen, tp in items])
@@ -225,13 +226,14 @@ class _Gen:
         before = []
         for g in inside:
             inst = self.insts.pop(g)
+            self.events.retire(g)
             before.append({"gpus": [offset_gpu for offset_gpu in range(self.where[g][1], self.where[g][1] + inst.tp)],
                            "tp": inst.tp, "running": inst.batch})
             r, q = inst.drain(self.now)
             self.retired_tokens += inst.tokens
             running += r
             queued += q
-        merged = Instance(0, size, self.cfg.cost, spec_mode=self.cfg.spec_mode)
+        merged = Instance(0, size, self.cfg.cost, speculative_mode=self.cfg.speculative_mode)
         merged.t = self.now  # a new group starts its clock at the switch, not at 0
         self._add(merged, node, offset)
         merged.adopt(running, queued, 0)
@@ -249,9 +251,30 @@ class _Gen:
             "requests": [{"request": rid, "action": action, "seconds": sec} for rid, action, sec in ov.moves],
             "speculation_below_batch": self.cfg.cost.speculation_threshold(size, mean_ctx or 1.0),
         })
-        self._reschedule(merged)
+        self.events.wake(merged, self.now)
 
 
 def simulate_generation(cfg: GenConfig, prompts: list[Prompt], tp: int) -> GenResult:
     """Generate every sample of ``prompts`` on static tp groups (cfg.planner None) or adaptively."""
     return _Gen(cfg, prompts, tp).run()
+
+
+def choose_start(cfg: GenConfig, prompts: list[Prompt], tps: list[int]) -> tuple[int, bool]:
+    """(starting TP, whether to let the planner merge): the candidate whose dry run finishes first.
+
+    The dry run is this same simulation on the predicted lengths (each sample's length set to its prediction), so
+    it sees nothing the planner would not. Candidates: every TP static, and every TP with the planner's merges;
+    ties go to static, then to the narrower TP. Adaptive dry runs check DRY_RUN_CHECK_FACTOR times as rarely (the
+    cost is the planner's, once per check; docs/rollout.md's --check-every sweep moves nothing between 16 and 256
+    steps). The choice is as good as the predictions rank the candidates.
+    """
+    guess = [replace(p, lengths=[max(1, round(x)) for x in p.predicted]) for p in prompts]
+    static = replace(cfg, planner=None, timeline=False, script=())
+    adaptive = replace(cfg, timeline=False, script=(), check_every_steps=cfg.check_every_steps * DRY_RUN_CHECK_FACTOR)
+    runs = []
+    for tp in tps:
+        runs.append((simulate_generation(static, guess, tp).makespan_s, 0, tp))
+        if tp < max(tps):  # the widest TP has nothing left to merge into: its adaptive run is the static one
+            runs.append((simulate_generation(adaptive, guess, tp).makespan_s, 1, tp))
+    _, merges, tp = min(runs)
+    return tp, bool(merges)

@@ -71,7 +71,7 @@ def kv_budget(spec: LayoutSpec) -> KvBudget:
 
 
 def check_rollout(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
-    """Rollout rules: instances divide the GPUs, TP fits a node, the KV cache fits after the weights, lag >= 0."""
+    """Rollout rules: instances tile the GPUs, TP fits a node, counts and fractions in range, the KV cache fits."""
     r, c, m = spec.rollout, spec.cluster, spec.model
     errors: list[Problem] = []
     warnings: list[Problem] = []
@@ -109,6 +109,9 @@ def check_rollout(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
         err("rollout.num_speculative_tokens", r.num_speculative_tokens, "must be >= 1", "use null (= draft.ttt_steps)")
     if not 0 < r.gpu_memory_utilization <= 1:
         err("rollout.gpu_memory_utilization", r.gpu_memory_utilization, "must be in (0, 1]", "use 0.85")
+    if r.max_num_seqs < 1:
+        err("rollout.max_num_seqs", r.max_num_seqs, "must be >= 1 (the sequences one vLLM instance runs at once)",
+            "use 1024 (VeRL's default) or 256 (vLLM's)")
     if errors or c.gpu not in CATALOGUE:
         return errors, warnings
     budget = kv_budget(spec)

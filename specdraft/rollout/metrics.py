@@ -40,3 +40,13 @@ def summarize_policy(runs: list) -> dict:
 def relative(value: float, base: float) -> float:
     """value / base - 1 (negative = faster than the base)."""
     return value / base - 1.0 if base else math.nan
+
+
+def spread(values: list[float]) -> dict:
+    """`mean_ci` plus the spread over seeds: standard deviation, smallest and largest value."""
+    vals = [float(v) for v in values if not math.isnan(v)]
+    out = mean_ci(vals)
+    out["std"] = statistics.stdev(vals) if len(vals) > 1 else 0.0
+    out["min"] = min(vals) if vals else math.nan
+    out["max"] = max(vals) if vals else math.nan
+    return out

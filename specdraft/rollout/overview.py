@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from specdraft.errors import SpecError, UserError
+from specdraft.plan.compile import check
+from specdraft.rollout import costmodel, trainer
+from specdraft.rollout.instances import check_rollout, max_model_len, plan_rollout
 from specdraft.spec.schema import LayoutSpec
 
 BUILTIN = "qwen3-8b"
@@ -27,9 +30,6 @@ def load(path: str | None, overrides: list[str]) -> LayoutSpec:
 
 def _problems(spec: LayoutSpec):
     """The training rules (memory included) and the rollout rules, as `specdraft validate` reports them."""
-    from specdraft.plan.compile import check
-    from specdraft.rollout.instances import check_rollout
-
     errors, warnings = check(spec)
     r_errors, r_warnings = check_rollout(spec)
     return errors + r_errors, warnings + r_warnings
@@ -43,9 +43,6 @@ def training_notes(spec: LayoutSpec) -> list[str]:
 
 def plan_overview(spec: LayoutSpec) -> dict:
     """The plan's rollout section (as compile builds it) plus the cost model's view of one instance."""
-    from specdraft.rollout import costmodel, trainer
-    from specdraft.rollout.instances import max_model_len, plan_rollout
-
     plan = plan_rollout(spec)
     r = spec.rollout
     cost = costmodel.from_spec(spec)
@@ -53,10 +50,10 @@ def plan_overview(spec: LayoutSpec) -> dict:
     n = r.num_generations_per_prompt
     per_instance = max(1, r.num_prompts_per_step * n // plan.num_instances)
     ctx = r.prompt_length + min(r.max_response_length, 4096)
-    batch = min(per_instance, costmodel.MAX_NUM_SEQS)
-    spec_on = cost.use_speculation(r.tp, batch, batch * ctx)
-    step = cost.decode_step(r.tp, batch, batch * ctx, spec_on)
-    tokens = cost.tokens_per_step(spec_on)
+    batch = min(per_instance, cost.max_num_seqs)
+    speculating = cost.use_speculation(r.tp, batch, batch * ctx)
+    step = cost.decode_step(r.tp, batch, batch * ctx, speculating)
+    tokens = cost.tokens_per_step(speculating)
     mb = max(1, spec.training.global_batch_size // n) * n
     typical = [r.prompt_length + min(r.max_response_length, 3000)] * mb
     return {
@@ -69,7 +66,7 @@ def plan_overview(spec: LayoutSpec) -> dict:
         "typical": {
             "batch": batch,
             "context": ctx,
-            "speculating": spec_on,
+            "speculating": speculating,
             "decode_step_s": step,
             "tokens_per_s_per_gpu": batch * tokens / step / r.tp,
             "training_minibatch_s": train.minibatch(typical)[0],

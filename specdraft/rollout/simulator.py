@@ -8,13 +8,13 @@ colocated one waits for the whole step, then takes every GPU (in-flight KV is dr
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
 
 from specdraft.rollout.engine import EPS, Instance, Req
-from specdraft.rollout.scheduler import Schedule
+from specdraft.rollout.events import WAKE, EventQueue
+from specdraft.rollout.dispatch import Schedule
 from specdraft.rollout.workload import Workload
 
 
@@ -30,7 +30,7 @@ class SimConfig:
     colocated: bool
     trained_steps: int  # steps the trainer completes; the workload holds max_policy_lag more to keep rollout fed
     warmup_steps: int = 1  # steps before the measured window (pipeline fill); see `plan_steps`
-    spec_mode: str = "auto"
+    speculative_mode: str = "auto"
     timeline: bool = False  # record utilisation samples for --plot
 
 
@@ -70,7 +70,7 @@ class Simulation:
         self.cfg = cfg
         self.workload = workload
         self.prompts = {p.pid: p for step in workload for p in step}
-        self.instances = [Instance(i, cfg.tp, cfg.cost, spec_mode=cfg.spec_mode)
+        self.instances = [Instance(i, cfg.tp, cfg.cost, speculative_mode=cfg.speculative_mode)
                           for i in range(cfg.num_instances)]
         self.reqs: dict[tuple[int, int], Req] = {}
         rid = 0
@@ -93,9 +93,7 @@ class Simulation:
         self.trainer = _Trainer()
         self.trainer.left = [len(m) for m in schedule.minibatches]
         self.version = 0  # rollout weights version
-        self.events: list = []
-        self.seq = 0
-        self.stamp = [0] * cfg.num_instances  # lazy deletion of stale instance events
+        self.events = EventQueue()
         self.now = 0.0
         self.acc = {"skewness": 0.0, "sorting": 0.0, "padding": 0.0, "train_idle": 0.0}
         self.step_first: dict[int, float] = {}
@@ -105,19 +103,7 @@ class Simulation:
         self.training_until = -math.inf  # colocated: instances paused while the trainer holds the GPUs
         self.tl: dict = {"t": [], "util": [[] for _ in self.instances], "queue": [], "version": []}
 
-    # ---- event plumbing ------------------------------------------------------------------------------
-    def _push(self, t: float, kind: str, arg=None) -> None:
-        self.seq += 1
-        heapq.heappush(self.events, (t, self.seq, kind, arg))
-
-    def _reschedule(self, inst: Instance) -> None:
-        self.stamp[inst.index] += 1
-        t = inst.next_event()
-        if inst.batch == 0 and inst.t > self.now + EPS and inst.queue:
-            t = inst.t  # stalled with work queued: look again when the stall ends
-        if t < math.inf:
-            self._push(max(t, inst.t), "inst", (inst.index, self.stamp[inst.index]))
-
+    # ---- admission ---------------------------------------------------------------------------------
     def _allowed(self, req: Req) -> bool:
         return req.step <= self.version + self.cfg.max_policy_lag
 
@@ -126,7 +112,7 @@ class Simulation:
             return
         for req in inst.admit(max(self.now, inst.t), self._allowed, self.version):
             self.step_first.setdefault(req.step, self.now)
-        self._reschedule(inst)
+        self.events.wake(inst, self.now)
 
     # ---- accounting ----------------------------------------------------------------------------------
     def _account(self, t: float) -> None:
@@ -193,15 +179,15 @@ class Simulation:
                 # Training needs the HBM: in-flight requests lose their KV and recompute it on resume.
                 inst.evict(self.now)
                 inst.pause(self.now, duration)
-                self.stamp[inst.index] += 1
+                self.events.cancel(inst.index)
             tr.busy = True
-            self._push(self.now + duration, "trained", (tr.step, len(mine), pad))
+            self.events.push(self.now + duration, "trained", (tr.step, len(mine), pad))
             return
         key = mine[0]
         tr.ready.remove(key)
         t, pad = self._mb_cost(key)
         tr.busy = True
-        self._push(self.now + t, "trained", (tr.step, 1, pad))
+        self.events.push(self.now + t, "trained", (tr.step, 1, pad))
 
     def _mb_cost(self, key) -> tuple[float, float]:
         seqs = []
@@ -227,7 +213,7 @@ class Simulation:
                 sync = self.cfg.trainer.sync_s
                 for inst in self.instances:
                     inst.pause(self.now, sync)
-                self._push(self.now + sync, "synced", tr.step)
+                self.events.push(self.now + sync, "synced", tr.step)
         if self.cfg.colocated:
             for inst in self.instances:
                 self._admit(inst)
@@ -239,24 +225,23 @@ class Simulation:
             self._admit(inst)
 
     # ---- main loop -----------------------------------------------------------------------------------
+    def _handle(self, t: float, kind: str, arg) -> None:
+        self._account(t)
+        if kind == WAKE:
+            inst = self.instances[arg]
+            for req in inst.collect(self.now):
+                self._on_finish(req)
+            self._admit(inst)
+        elif kind == "trained":
+            self._on_trained(*arg)
+        elif kind == "synced":
+            self._set_version(arg)
+
     def run(self) -> RunResult:
         for inst in self.instances:
             self._admit(inst)
         tr = self.trainer
-        while self.events and tr.step < self.cfg.trained_steps:
-            t, _, kind, arg = heapq.heappop(self.events)
-            if kind == "inst" and arg[1] != self.stamp[arg[0]]:
-                continue
-            self._account(t)
-            if kind == "inst":
-                inst = self.instances[arg[0]]
-                for req in inst.collect(self.now):
-                    self._on_finish(req)
-                self._admit(inst)
-            elif kind == "trained":
-                self._on_trained(*arg)
-            elif kind == "synced":
-                self._set_version(arg)
+        self.events.run(self._handle, lambda: tr.step >= self.cfg.trained_steps)
         if tr.step < self.cfg.trained_steps:
             raise RuntimeError("rollout simulation stalled before the trainer finished; this is a bug")
         return self._result()

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdraft.plan.compile import num_microbatches, parallel_plan
+from specdraft.plan.memory import draft_params
+from specdraft.rollout.instances import model_params
+from specdraft.spec.derived import head_dim, world_size
 from specdraft.spec.gpus import CATALOGUE
 from specdraft.spec.schema import LayoutSpec
 
@@ -71,11 +75,6 @@ class TrainerModel:
 
 def from_spec(spec: LayoutSpec) -> TrainerModel:
     """The trainer of the layout: Megatron's tp x cp x pp x dp on the training GPUs."""
-    from specdraft.plan.compile import num_microbatches, parallel_plan
-    from specdraft.plan.memory import draft_params
-    from specdraft.rollout.instances import model_params
-    from specdraft.spec.derived import head_dim, world_size
-
     sizes = parallel_plan(spec)
     m = spec.model
     gpu = CATALOGUE[spec.cluster.gpu]

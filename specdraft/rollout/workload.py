@@ -21,6 +21,14 @@ DEFAULT_MEDIAN = 3000
 # How strongly the n samples of one prompt share their length (correlation of log-lengths). An assumption:
 # the notes only say samples of a prompt correlate; 0.6 leaves a sizeable within-prompt spread.
 DEFAULT_CORRELATION = 0.6
+# Length presets (`simulate --lengths`): (median, sigma, correlation). "deepscaler" is DeepScaleR's 8K stage: its
+# report (DeepScaleR-1.5B-Preview, agentica, Feb 2025) gives a mean response that fell from 5,500 to 3,500 tokens
+# while training at an 8K cap; with the notes' sigma (p99 = 10x the median) a median of 2,700 puts the capped mean at
+# 3,500 tokens and 13% of the samples at the cap (with rollout.max_response_length = 8192).
+LENGTH_PRESETS = {
+    "long-tail": (DEFAULT_MEDIAN, DEFAULT_SIGMA, DEFAULT_CORRELATION),
+    "deepscaler": (2700, DEFAULT_SIGMA, DEFAULT_CORRELATION),
+}
 
 
 @dataclass(frozen=True)

@@ -207,6 +207,8 @@ class RolloutSpec:
     """Fraction of HBM vLLM may use (weights + KV cache)."""
     max_model_len: Optional[int] = None
     """vLLM max_model_len; null = prompt_length + max_response_length."""
+    max_num_seqs: int = 1024
+    """vLLM max_num_seqs: sequences one instance runs at once (1024 is VeRL's rollout default; vLLM's own is 256)."""
 
 
 @dataclass(frozen=True, kw_only=True)
