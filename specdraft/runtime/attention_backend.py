@@ -22,9 +22,11 @@ BACKENDS = (*_KERNELS, REFERENCE)
 # (README, branch-attention benchmark); fused ops take only the dtypes listed.
 _ORDER = {"cuda": ("fused-cudnn", "fused-flash"), "cpu": ("fused-cpu-flash",)}
 _DTYPES = {"cuda": (torch.bfloat16, torch.float16), "cpu": (torch.float64, torch.float32, torch.bfloat16)}
-# Dense kernels take one call per run of equal-length sequences; beyond this many runs per call the varlen
-# kernel's single call wins on launch count, so cuDNN hands such batches to varlen flash when that passed its probe.
-MAX_DENSE_RUNS = 8
+# cuDNN builds an execution graph per new shape (several hundred ms: sgl-project/sglang#4650) and a dense kernel
+# needs one call per run of equal-length sequences. So cuDNN takes the calls whose sequences all share one length
+# (a fixed-shape training loop then hits torch's graph cache); mixed lengths go to varlen flash, which has neither
+# per-shape builds nor per-run calls, when it passed its probe.
+MAX_DENSE_RUNS = 1
 
 _instances: dict[str, object] = {}
 _verdicts: dict[tuple, str | None] = {}  # (name, device, dtype, head_dim) -> None if usable, else why not

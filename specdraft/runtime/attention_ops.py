@@ -18,8 +18,11 @@ def fold(x: torch.Tensor, hkv: int) -> torch.Tensor:
 
 
 def unfold(xf: torch.Tensor, steps: int, hkv: int, dtype) -> torch.Tensor:
-    """Inverse of fold, into a new (S, T, H, D) tensor of `dtype` (one pass)."""
+    """Inverse of fold: (T, Hf, D) -> (S, T, H, D) of `dtype`; a view when S == 1 (no conversion, contiguous),
+    else a new tensor written in one pass."""
     T, hf, D = xf.shape
+    if steps == 1 and xf.dtype == dtype and xf.is_contiguous():
+        return xf.view(1, T, hf, D)
     g = hf // (hkv * steps)
     out = torch.empty((steps, T, hkv * g, D), dtype=dtype, device=xf.device)
     out.view(steps, T, hkv, g, D).copy_(xf.view(T, hkv, steps, g, D).permute(2, 0, 1, 3, 4))

@@ -94,7 +94,7 @@ def trunk_backward(kernel, qf, kv, dof, of, lse, layout: Layout, ring, scale: fl
     accumulator follows one hop behind, reaching its owner after cp hops.
 
     qf, dof, of (T, Hf, D) input dtype; lse (T, Hf). Returns dqf (T, Hf, D) and dkv (2, T, Hkv, D) in acc_dtype."""
-    dq = torch.empty(qf.shape, dtype=acc_dtype, device=qf.device)
+    dq = _Grad(qf.shape, acc_dtype, qf.device)
     cur, carried, dkv = kv, None, None
     for step in range(ring.size):
         nxt = ring.shift(cur, "bwd") if step + 1 < ring.size else None
@@ -103,13 +103,15 @@ def trunk_backward(kernel, qf, kv, dof, of, lse, layout: Layout, ring, scale: fl
         alloc = torch.empty if own else torch.zeros
         dkv = alloc(kv.shape, dtype=acc_dtype, device=kv.device)  # (2, T, Hkv, D) for the held K/V
         if kernel.dense:
+            whole = own and len(layout.runs) == 1
             for r0, n, length in layout.runs:
                 qsel, ksel, causal = pattern(kind, length // 2)
                 rows = _run_view(r0, n, length, qsel)
                 keys = _run_view(r0, n, length, ksel)
-                grads = kernel.backward(rows(dof), rows(qf), keys(cur[0]), keys(cur[1]), rows(of), rows(lse), causal,
-                                        scale)
-                for target, grad in zip((rows(dq), keys(dkv[0]), keys(dkv[1])), grads):
+                dqb, dkb, dvb = kernel.backward(rows(dof), rows(qf), keys(cur[0]), keys(cur[1]), rows(of), rows(lse),
+                                                causal, scale)
+                dq.put(None if whole else rows, dqb, own)
+                for target, grad in ((keys(dkv[0]), dkb), (keys(dkv[1]), dvb)):
                     target.copy_(grad) if own else target.add_(grad)
         else:
             _varlen_backward(kernel, qf, cur, dof, of, lse, layout, kind, scale, dq, dkv)
@@ -119,21 +121,43 @@ def trunk_backward(kernel, qf, kv, dof, of, lse, layout: Layout, ring, scale: fl
             carried = ring.shift(dkv, "bwd")  # after the last step this hop delivers to the owner
         if nxt is not None:
             cur = nxt.wait()
-    return dq, (carried.wait() if carried is not None else dkv)
+    return dq.t, (carried.wait() if carried is not None else dkv)
 
 
-def _varlen_backward(kernel, qf, cur, dof, of, lse, layout: Layout, kind: str, scale: float, dq, dkv) -> None:
+class _Grad:
+    """The dq accumulator (T, Hf, D): a block covering every row at the own step is adopted without a copy (cp = 1,
+    one call); otherwise allocated once and assigned (own step) or added to (later steps)."""
+
+    def __init__(self, shape, dtype, device):
+        self.shape, self.dtype, self.device, self.t = shape, dtype, device, None
+
+    def put(self, select, grad, own: bool) -> None:
+        if self.t is None and select is None and own:
+            self.t = grad.reshape(self.shape).to(self.dtype)
+            return
+        if self.t is None:
+            self.t = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        if isinstance(select, torch.Tensor):  # gathered rows (varlen 'late' blocks)
+            self.t.index_add_(0, select, grad.to(self.dtype))
+            return
+        target = self.t if select is None else select(self.t)
+        target.copy_(grad) if own else target.add_(grad)
+
+
+def _varlen_backward(kernel, qf, cur, dof, of, lse, layout: Layout, kind: str, scale: float, dq: _Grad,
+                     dkv) -> None:
     vl, full = layout.varlen(), layout.max_len
     if kind == "own":
-        grads = kernel.backward(dof, qf, cur[0], cur[1], of, lse, vl["cu"], vl["cu"], full, full, True, scale)
-        for target, grad in zip((dq, dkv[0], dkv[1]), grads):
-            target.copy_(grad)
+        dqb, dkb, dvb = kernel.backward(dof, qf, cur[0], cur[1], of, lse, vl["cu"], vl["cu"], full, full, True, scale)
+        dq.put(None, dqb, True)
+        dkv[0].copy_(dkb)
+        dkv[1].copy_(dvb)
     elif kind == "early":
         first = vl["first"]
         k, v = (cur[i].index_select(0, first) for i in (0, 1))
         dqb, dkb, dvb = kernel.backward(dof, qf, k, v, of, lse, vl["cu"], vl["half_cu"], full, vl["max_half"], False,
                                         scale)
-        dq.add_(dqb)
+        dq.put(None, dqb, False)
         dkv[0].index_add_(0, first, dkb.to(dkv.dtype))
         dkv[1].index_add_(0, first, dvb.to(dkv.dtype))
     else:
@@ -141,7 +165,7 @@ def _varlen_backward(kernel, qf, cur, dof, of, lse, layout: Layout, kind: str, s
         q, do, o, lse2 = (x.index_select(0, second) for x in (qf, dof, of, lse))
         dqb, dkb, dvb = kernel.backward(do, q, cur[0], cur[1], o, lse2, vl["half_cu"], vl["cu"], vl["max_half"], full,
                                         False, scale)
-        dq.index_add_(0, second, dqb.to(dq.dtype))
+        dq.put(second, dqb, False)
         dkv[0].add_(dkb)
         dkv[1].add_(dvb)
 
