@@ -201,3 +201,21 @@ def test_probe_rejects_a_kernel_that_disagrees_with_the_reference(monkeypatch):
     monkeypatch.setitem(ab._instances, "fused-cpu-flash", Log2Lse())
     why = ab._probe("fused-cpu-flash", torch.device("cpu"), torch.float32, 8)
     assert why is not None and "differs from the reference" in why
+
+
+def test_cuda_order_cudnn_for_single_length_calls_else_varlen_flash(monkeypatch):
+    """The CUDA preference as choose() applies it, with the probe verdicts set by hand (no GPU here): cuDNN for a
+    call whose sequences share one length, varlen flash for mixed lengths, the reference when neither passed."""
+    monkeypatch.delenv(ab.ENV, raising=False)
+    cuda = torch.device("cuda")
+    verdicts = {("fused-cudnn", cuda, torch.bfloat16, 128): None, ("fused-flash", cuda, torch.bfloat16, 128): None}
+    monkeypatch.setattr(ab, "_verdicts", verdicts)
+    assert ab.choose(cuda, torch.bfloat16, 128, num_runs=1)[1] == "fused-cudnn"
+    assert ab.choose(cuda, torch.bfloat16, 128, num_runs=3)[1] == "fused-flash"
+    verdicts[("fused-flash", cuda, torch.bfloat16, 128)] = "fused-flash probe: out differs"
+    assert ab.choose(cuda, torch.bfloat16, 128, num_runs=3)[1] == "fused-cudnn"  # dense runs still beat the reference
+    verdicts[("fused-cudnn", cuda, torch.bfloat16, 128)] = "cuDNN is not available"
+    assert ab.choose(cuda, torch.bfloat16, 128)[1] == "reference"
+    assert ab.describe(cuda, torch.bfloat16, 128) == ("reference (fused-cudnn: cuDNN is not available; fused-flash: "
+                                                      "fused-flash probe: out differs)")
+    assert "takes torch.bfloat16, torch.float16, not torch.float32" in ab.verdict("fused-flash", cuda, torch.float32, 8)

@@ -75,10 +75,9 @@ def trunk_forward(kernel, qf, kv, layout: Layout, ring, scale: float, acc_dtype)
 
 def _varlen_forward(kernel, qf, cur, layout: Layout, kind: str, scale: float):
     """One varlen call for a ring step; the 'early' keys and 'late' queries are gathered halves."""
-    vl, cu, full = layout.varlen(), None, layout.max_len
+    vl, full = layout.varlen(), layout.max_len
     if kind == "own":
-        cu = vl["cu"]
-        o, lse = kernel.forward(qf, cur[0], cur[1], cu, cu, full, full, True, scale)
+        o, lse = kernel.forward(qf, cur[0], cur[1], vl["cu"], vl["cu"], full, full, True, scale)
         return o, lse, None
     if kind == "early":
         k, v = (cur[i].index_select(0, vl["first"]) for i in (0, 1))
@@ -172,7 +171,8 @@ def _varlen_backward(kernel, qf, cur, dof, of, lse, layout: Layout, kind: str, s
 
 # ----------------------------------------------------------------------------------------------- branch diagonal
 def _diagonal_views(q, k, v, skip: int, acc):
-    """(q5 (Hkv, T, J, G, D) view of the branch queries, kb/vb (Hkv, T, I, D), acc (T, Hf, ...) as (Hkv, T, J, G, ...))."""
+    """(q5: (Hkv, T, J, G, D) view of the branch queries; kb, vb: (Hkv, T, I, D); each (T, Hf, ...) tensor of acc
+    as (Hkv, T, J, G, ...))."""
     S, T, H, D = q.shape
     hkv = k.shape[2]
     g = H // hkv
