@@ -1,7 +1,6 @@
-"""Which branch-attention backend runs where: a fused kernel (attention_ops.py) when torch has its op, the dtype
-suits it and a probe call on the device matches the plain-torch reference; otherwise the reference itself.
-Owns the order of preference, the probe, the reasons for every rejection and the SPECDRAFT_ATTENTION_BACKEND
-override."""
+"""Which branch-attention backend runs where: a fused kernel (attention_ops.py) where torch has its op, the dtype
+suits it and a probe call matches the reference on the device, else the reference. Owns the order of preference,
+the probe, the reasons for each rejection and the SPECDRAFT_ATTENTION_BACKEND override."""
 
 from __future__ import annotations
 

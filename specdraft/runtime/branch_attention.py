@@ -1,7 +1,6 @@
-"""Context-parallel attention for EAGLE-3 TTT drafts: zigzag sharding, one zigzag ring over the trunk K/V for all
-TTT steps, and the branch (diagonal) keys merged rank-locally. Owns zigzag_shard/unshard, input validation, the
-ring's neighbours and byte counters, and branch_attention, which runs a fused kernel per block where one is usable
-(fused_attention.py) and the plain-torch reference (attention_reference.py) elsewhere."""
+"""Context-parallel attention for EAGLE-3 TTT drafts (one zigzag ring over the trunk K/V for all TTT steps, branch
+keys merged rank-locally): owns zigzag_shard/unshard, input validation, the ring's neighbours and byte counters,
+and branch_attention, which dispatches to the fused path (fused_attention.py) or the reference one."""
 
 from __future__ import annotations
 
