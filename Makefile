@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 # The stamp carries the hash of pyproject.toml, so `make install` reinstalls only when it changed.
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: install test demo bench slurm-up slurm-down clean
+.PHONY: install test demo bench gpu-check slurm-up slurm-down clean
 
 install: $(STAMP)
 
@@ -26,6 +26,13 @@ demo: install
 
 bench: install
 	$(PY) benchmarks/plan_speed.py
+
+# On a CUDA machine with torch preinstalled and no network (no venv, no install step): the wheels folder holds the
+# other dependencies; scripts/gpu-check.sh installs them and the project into a private site folder and runs
+# benchmarks/gpu_check.py. PYTHON defaults to python3 there, not the venv's python3.11.
+gpu-check:
+	@test -n "$(WHEELS)" || { echo "usage: make gpu-check WHEELS=DIR" >&2; exit 2; }
+	PYTHON=$(if $(filter command line,$(origin PYTHON)),$(PYTHON),python3) scripts/gpu-check.sh $(WHEELS)
 
 slurm-up:
 	scripts/local-slurm.sh up 4

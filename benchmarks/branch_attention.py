@@ -1,5 +1,7 @@
 """Benchmark of branch_attention (one zigzag ring pass for all TTT steps) against (a) all-gather K/V + dense masked
 attention and (b) one ring pass per TTT step: peak memory, bytes sent and forward+backward wall time per rank.
+`ring` is the plain-torch reference path, `fused` the default one (a fused kernel per block where one is usable:
+on CPU the flash-for-CPU op), and both are also timed alternately in the same processes (`fused/ring same proc`).
 
     .venv/bin/python benchmarks/branch_attention.py                      # CPU, gloo: cp 2 4, 8K/16K/32K tokens
     .venv/bin/python benchmarks/branch_attention.py --device cuda --backend nccl --cp 2 4 8 --tokens 32768 131072
@@ -29,6 +31,8 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.distributed, the house harness
 from tests.distributed import run_distributed  # noqa: E402
 
+from specdraft.runtime import attention_backend  # noqa: E402
+from specdraft.runtime import attention_reference as ref  # noqa: E402
 from specdraft.runtime import branch_attention as ba  # noqa: E402
 
 _GATHER = {"bytes": 0}
@@ -95,12 +99,12 @@ class _PerStepRing(torch.autograd.Function):
         cu_local = [c // ring.size for c in cu]
         outs, lses = [], []
         for j in range(S):
-            qh = ba.heads_first(q[j:j + 1], hkv, cdt, scale)  # (Hkv, T, G, D)
-            o, lse = ba.trunk_forward(qh, kv, cu_local, ring, ba._block_rows(H))
+            qh = ref.heads_first(q[j:j + 1], hkv, cdt, scale)  # (Hkv, T, G, D)
+            o, lse = ref.trunk_forward(qh, kv, cu_local, ring, ref.block_rows(H))
             if j:
-                ba.branch_forward(qh.view(hkv, T, 1, g, D), kb[:, :, :j], vb[:, :, :j], o.view(hkv, T, 1, g, D),
+                ref.branch_forward(qh.view(hkv, T, 1, g, D), kb[:, :, :j], vb[:, :, :j], o.view(hkv, T, 1, g, D),
                                   lse.view(hkv, T, 1, g), first_step=j)
-            outs.append(ba.heads_last(o, 1, q.dtype))
+            outs.append(ref.heads_last(o, 1, q.dtype))
             lses.append(lse)
         out = torch.cat(outs)
         ctx.save_for_backward(q, k, v, out, torch.stack(lses))
@@ -118,26 +122,28 @@ class _PerStepRing(torch.autograd.Function):
         dkb, dvb = torch.zeros_like(kb, dtype=lses.dtype), torch.zeros_like(vb, dtype=lses.dtype)
         for j in range(S):
             prod = dout[j:j + 1].to(lses.dtype) * out[j:j + 1].to(lses.dtype)
-            delta = ba.heads_first(prod.sum(-1, keepdim=True), hkv)[..., 0]
-            qh = ba.heads_first(q[j:j + 1], hkv, lses.dtype, ctx.scale)
-            doh = ba.heads_first(dout[j:j + 1], hkv, lses.dtype)
-            dqh, dkv_j = ba.trunk_backward(qh, kv, doh, lses[j], delta, ctx.cu_local, ctx.ring, ba._block_rows(H))
+            delta = ref.heads_first(prod.sum(-1, keepdim=True), hkv)[..., 0]
+            qh = ref.heads_first(q[j:j + 1], hkv, lses.dtype, ctx.scale)
+            doh = ref.heads_first(dout[j:j + 1], hkv, lses.dtype)
+            dqh, dkv_j = ref.trunk_backward(qh, kv, doh, lses[j], delta, ctx.cu_local, ctx.ring, ref.block_rows(H))
             dkv = dkv + dkv_j
             if j:
                 five = (hkv, T, 1, g, D)
-                dq5, dk_j, dv_j = ba.branch_backward(qh.view(five), kb[:, :, :j], vb[:, :, :j], doh.view(five),
+                dq5, dk_j, dv_j = ref.branch_backward(qh.view(five), kb[:, :, :j], vb[:, :, :j], doh.view(five),
                                                      lses[j].view(five[:-1]), delta.view(five[:-1]), first_step=j)
                 dqh.view(five).add_(dq5)
                 dkb[:, :, :j] += dk_j
                 dvb[:, :, :j] += dv_j
-            dq[j] = ba.heads_last(dqh.mul_(ctx.scale), 1, q.dtype)[0]
+            dq[j] = ref.heads_last(dqh.mul_(ctx.scale), 1, q.dtype)[0]
         dk = torch.cat([dkv[0].transpose(0, 1)[None], dkb.permute(2, 1, 0, 3)]).to(k.dtype)
         dv = torch.cat([dkv[1].transpose(0, 1)[None], dvb.permute(2, 1, 0, 3)]).to(v.dtype)
         return dq, dk, dv, None, None, None
 
 
 METHODS = {
-    "ring": lambda q, k, v, cu, group, scale: ba.branch_attention(q, k, v, torch.tensor(cu), group, scale),
+    "ring": lambda q, k, v, cu, group, scale: ba.branch_attention(q, k, v, torch.tensor(cu), group, scale,
+                                                                  backend="reference"),
+    "fused": lambda q, k, v, cu, group, scale: ba.branch_attention(q, k, v, torch.tensor(cu), group, scale),
     "a_allgather": allgather_dense,
     "b_per_step": lambda q, k, v, cu, group, scale: _PerStepRing.apply(q, k, v, cu, ba._Ring(group), scale),
 }
@@ -193,12 +199,26 @@ def _worker(rank, world, cfg):
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
     sent = ba.bytes_sent()
-    return {"peak": peak, "sent": sent["fwd"] + sent["bwd"] + _GATHER["bytes"], "time": min(times), "cpu": min(cpu)}
+    result = {"peak": peak, "sent": sent["fwd"] + sent["bwd"] + _GATHER["bytes"], "time": min(times), "cpu": min(cpu)}
+    if cfg["method"] == "fused":  # after its peak is taken: fused and the reference alternately, same processes
+        same = {m: [] for m in ("fused", "ring")}
+        for _ in range(cfg["repeat"]):
+            for m in same:
+                q.grad = k.grad = v.grad = None
+                dist.barrier()
+                t0 = time.perf_counter()
+                METHODS[m](q, k, v, cu, group, scale).backward(dout)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                same[m].append(time.perf_counter() - t0)
+        result["same"] = min(same["fused"]) / min(same["ring"])
+        result["backend"] = attention_backend.describe(device, dtype, cfg["head_dim"])
+    return result
 
 
 def _measure(cfg, timeout):
     per_rank = run_distributed(_worker, cfg["cp"], cfg, timeout=timeout, backend=cfg["backend"])
-    return {key: max(r[key] for r in per_rank) for key in per_rank[0]}
+    return {key: max(r[key] for r in per_rank) for key in per_rank[0]}  # max over ranks (a name: all equal)
 
 
 def main(argv=None):
@@ -218,20 +238,26 @@ def main(argv=None):
     args = p.parse_args(argv)
     print(f"S={args.steps} H={args.heads} Hkv={args.kv_heads} D={args.head_dim} {args.dtype} seq_len={args.seq_len} "
           f"device={args.device} backend={args.backend} repeat={args.repeat}; per rank (max over ranks); "
-          f"x/a, x/b = this row / baseline a, b")
+          f"x/a, x/b, x/ring = this row / baseline a, b, the reference ring; same proc = fused/ring wall time, "
+          f"timed alternately in the same processes")
     cols = ["cp", "tokens", "method", "peak MiB", "sent MiB", "wall s", "cpu s", "mem/a", "mem/b", "sent/a",
-            "sent/b", "wall/a", "wall/b", "cpu/a", "cpu/b"]
+            "sent/b", "wall/a", "wall/b", "cpu/a", "cpu/b", "mem/ring", "wall/ring", "cpu/ring", "same proc"]
     print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
+    fused_backend = None
     for cp in args.cp:
         for tokens in args.tokens:
             base = dict(vars(args), cp=cp, tokens=tokens)
             r = {m: _measure(dict(base, method=m), args.timeout) for m in METHODS}
-            for m in ("a_allgather", "b_per_step", "ring"):
+            fused_backend = r["fused"]["backend"]
+            for m in ("a_allgather", "b_per_step", "ring", "fused"):
                 fig = [f"{r[m]['peak'] / 2**20:.1f}", f"{r[m]['sent'] / 2**20:.1f}", f"{r[m]['time']:.2f}",
                        f"{r[m]['cpu']:.2f}"]
                 ratios = [f"{r[m][key] / r[b][key]:.2f}" if r[b][key] else "-"
                           for key in ("peak", "sent", "time", "cpu") for b in ("a_allgather", "b_per_step")]
+                ratios += [f"{r[m][key] / r['ring'][key]:.2f}" for key in ("peak", "time", "cpu")]
+                ratios.append(f"{r[m]['same']:.2f}" if "same" in r[m] else "-")
                 print(f"| {cp} | {tokens} | {m} | " + " | ".join(fig + ratios) + " |", flush=True)
+    print(f"fused backend: {fused_backend}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """branch_attention and zigzag sharding against a dense float64 reference with an explicit EAGLE-3 TTT mask,
-at cp 1 (in-process), 2 and 4 (one spawned gloo world each, many cases inside), plus input validation."""
+at cp 1 (in-process), 2 and 4 (one spawned gloo world each, many cases inside), plus input validation. Every case
+runs both the plain-torch reference path and the fused CPU-flash path, forward and backward."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import torch.distributed as dist
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
+from specdraft.runtime import attention_reference as ref_kernels
 from specdraft.runtime import branch_attention as ba
 from tests.distributed import run_distributed
+
+BACKENDS = ("reference", "fused-cpu-flash")
 
 
 def dense_attention(q, k, v, cu, scale=None):
@@ -53,8 +57,8 @@ def _sq(a, ref):
 
 
 def _check_cases(rank, world, cases, group_ranks=None):
-    """Per case: squared errors of this rank's out/dq/dk/dv shards against the float64 reference (see _sq) for the
-    ring in float64 and float32, and for a plain dense float32 implementation (the yardstick for the float32 ring)."""
+    """Per case: squared errors of this rank's out/dq/dk/dv shards against the float64 reference (see _sq) for each
+    backend in float64 and float32, and for a plain dense float32 implementation (the yardstick for float32)."""
     group = None
     if world > 1:
         group = dist.group.WORLD
@@ -63,13 +67,13 @@ def _check_cases(rank, world, cases, group_ranks=None):
             group = sub if rank in ranks else group
     cp = 1 if group is None else dist.get_world_size(group)
     cp_rank = 0 if group is None else dist.get_rank(group)
-    report, default_tile = [], ba.TILE_ELEMENTS
+    report, default_tile = [], ref_kernels.TILE_ELEMENTS
     try:
         for case in cases:
-            ba.TILE_ELEMENTS = case["tile"] or default_tile
+            ref_kernels.TILE_ELEMENTS = case["tile"] or default_tile
             report.append(_check_case(case, group, cp, cp_rank))
     finally:  # the cp=1 test runs in the pytest process itself
-        ba.TILE_ELEMENTS = default_tile
+        ref_kernels.TILE_ELEMENTS = default_tile
     return report
 
 
@@ -83,8 +87,8 @@ def _check_case(case, group, cp, cp_rank):
     def dense(q, k, v):
         return dense_attention(q, k, v, cu, case["scale"])
 
-    def ring(q, k, v):
-        return ba.branch_attention(q, k, v, cu_t, cp_group=group, softmax_scale=case["scale"])
+    def ring(q, k, v, backend):
+        return ba.branch_attention(q, k, v, cu_t, cp_group=group, softmax_scale=case["scale"], backend=backend)
 
     def mine(x):
         return ba.zigzag_shard(x, cu_t, cp, cp_rank, dim=1)
@@ -93,18 +97,20 @@ def _check_case(case, group, cp, cp_rank):
     dense32 = _out_and_grads(dense, *(x.float() for x in full))
     shard = [mine(x) for x in full]
     errs = {"dense32": [_sq(mine(d), mine(r)) for d, r in zip(dense32, ref)]}
-    for name, dtype in (("ring64", torch.float64), ("ring32", torch.float32)):
-        got = _out_and_grads(ring, *(x.to(dtype) for x in shard))
-        assert all(g.dtype == dtype for g in got)
-        errs[name] = [_sq(g, mine(r)) for g, r in zip(got, ref)]
     # The sequential TTT form: q holds only the newest step, k/v all of them (one ring pass per step).
     q, k, v, dout = full
     last_dout = torch.zeros_like(dout)
     last_dout[-1] = dout[-1]
     ref_last = _out_and_grads(dense, q, k, v, last_dout)
-    got = _out_and_grads(ring, mine(q)[-1:], mine(k), mine(v), mine(last_dout)[-1:])
-    want = [mine(ref_last[0])[-1:], mine(ref_last[1])[-1:], mine(ref_last[2]), mine(ref_last[3])]
-    errs["last64"] = [_sq(g, w) for g, w in zip(got, want)]
+    want_last = [mine(ref_last[0])[-1:], mine(ref_last[1])[-1:], mine(ref_last[2]), mine(ref_last[3])]
+    for backend in BACKENDS:
+        for suffix, dtype in (("64", torch.float64), ("32", torch.float32)):
+            got = _out_and_grads(lambda q, k, v: ring(q, k, v, backend), *(x.to(dtype) for x in shard))
+            assert all(g.dtype == dtype for g in got)
+            errs[backend + suffix] = [_sq(g, mine(r)) for g, r in zip(got, ref)]
+        got = _out_and_grads(lambda q, k, v: ring(q, k, v, backend), mine(q)[-1:], mine(k), mine(v),
+                             mine(last_dout)[-1:])
+        errs[backend + "-last64"] = [_sq(g, w) for g, w in zip(got, want_last)]
     return errs
 
 
@@ -165,14 +171,14 @@ def _cases(cp, n_drawn):
 
 
 def _assert_report(cases, reports):
-    """Float64: every case, rank and tensor within 1e-6 relative. Float32: the ring's relative error, pooled over
-    all cases and ranks per tensor, at most 2x that of dense float32 (per-case ratios of ~1e-7 errors on a few
-    hundred elements are rounding noise; pooled, the ratio measures the merge's real precision cost)."""
-    pooled = {name: [[0.0, 0.0] for _ in range(4)] for name in ("ring32", "dense32")}
+    """Float64: every backend, case, rank and tensor within 1e-6 relative. Float32: each backend's relative error,
+    pooled over all cases and ranks per tensor, at most 2x that of dense float32 (per-case ratios of ~1e-7 errors on
+    a few hundred elements are rounding noise; pooled, the ratio measures the merge's real precision cost)."""
+    pooled = {name: [[0.0, 0.0] for _ in range(4)] for name in (*(b + "32" for b in BACKENDS), "dense32")}
     for rank, report in enumerate(reports):
         for case, errs in zip(cases, report):
             for i, what in enumerate(("out", "dq", "dk", "dv")):
-                for name in ("ring64", "last64"):
+                for name in (n for b in BACKENDS for n in (b + "64", b + "-last64")):
                     err, norm = errs[name][i]
                     assert math.sqrt(err / max(norm, 1e-300)) < 1e-6, (
                         f"float64 {name} relative error {math.sqrt(err / norm):.3g} at rank {rank}, {what}, "
@@ -180,14 +186,20 @@ def _assert_report(cases, reports):
                 for name in pooled:
                     pooled[name][i][0] += errs[name][i][0]
                     pooled[name][i][1] += errs[name][i][1]
-    for i, what in enumerate(("out", "dq", "dk", "dv")):
-        ring, dense = (math.sqrt(pooled[n][i][0] / pooled[n][i][1]) for n in ("ring32", "dense32"))
-        assert ring <= 2 * dense, f"float32 {what}: ring relative error {ring:.3g} > 2x dense float32 {dense:.3g}"
+    for backend in BACKENDS:
+        for i, what in enumerate(("out", "dq", "dk", "dv")):
+            ring, dense = (math.sqrt(pooled[n][i][0] / pooled[n][i][1]) for n in (backend + "32", "dense32"))
+            assert ring <= 2 * dense, (f"float32 {what}: {backend} relative error {ring:.3g} > 2x dense float32 "
+                                       f"{dense:.3g}")
 
 
 def test_cp1_local_matches_dense_reference():
+    from tests.test_fused_attention import one_thread  # the spawned ranks of the other tests run one thread too
+
     cases = _cases(1, 12)
-    _assert_report(cases, [_check_cases(0, 1, cases)])
+    with one_thread():
+        report = _check_cases(0, 1, cases)
+    _assert_report(cases, [report])
 
 
 @pytest.mark.dist

@@ -1,9 +1,11 @@
-"""BranchCoreAttention inside a tiny megatron GPTModel (local spec, fp32, CPU, gloo): cp=2 logits and parameter
-grads equal a cp=1 model running megatron's own DotProductAttention, in sbhd and packed THD."""
+"""BranchCoreAttention inside a tiny megatron GPTModel (local spec, fp32, CPU, gloo): at cp=1 and cp=2, on the
+fused kernel and on the reference path, logits and parameter grads equal a cp=1 model running megatron's own
+DotProductAttention, in sbhd and packed THD; and the choice of the target's core attention."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -60,9 +62,8 @@ def _gather(x):
 
 
 def _worker(rank, world):
-    from megatron.core.packed_seq_params import PackedSeqParams
-
-    from specdraft.runtime import cpu_compat
+    from specdraft.runtime import attention_backend, cpu_compat
+    from specdraft.runtime.core_attention import BranchCoreAttention, select_core_attention
 
     cpu_compat.apply()
     gen = torch.Generator().manual_seed(1)
@@ -83,22 +84,38 @@ def _worker(rank, world):
         thd_ref_grad = thd_ref_grad + grad
     thd_ref = torch.cat(thd_ref, 1)
 
-    # cp = 2 with BranchCoreAttention, same weights.
-    model = _model(world, ours=True)
+    spec = select_core_attention("cpu", torch.float32, 8).layer_spec()  # what target.py builds on CPU
+    assert spec.submodules.self_attention.submodules.core_attention is BranchCoreAttention
+    data, refs = (tokens, weights, thd_tokens, thd_weights, cu), (ref_logits, ref_grad, thd_ref, thd_ref_grad)
+    errors = {}
+    for backend, cp in (("fused-cpu-flash", 1), ("fused-cpu-flash", world), ("reference", world)):
+        os.environ[attention_backend.ENV] = backend
+        for what, e in _ours(cp, rank, state, data, refs).items():
+            errors[f"{backend} cp{cp} {what}"] = e
+    return errors
+
+
+def _ours(cp, rank, state, data, refs):
+    """BranchCoreAttention at `cp` (cp = 1: every rank alone), same weights, against the cp = 1 references."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    tokens, weights, thd_tokens, thd_weights, cu = data
+    ref_logits, ref_grad, thd_ref, thd_ref_grad = refs
+    model = _model(cp, ours=True)
     model.load_state_dict(state, strict=True)
     cu_b = torch.tensor([0, SEQ])
-    shard = [ba.zigzag_shard(x, cu_b, world, rank, dim=1) for x in (tokens, weights)]
+    shard = [ba.zigzag_shard(x, cu_b, cp, rank % cp, dim=1) for x in (tokens, weights)]
     logits, grad = _logits_and_grad(model, *shard)
-    dist.all_reduce(grad)  # each rank holds the gradient of its own tokens' share of the loss
-    logits = ba.zigzag_unshard(_gather(logits), cu_b, world, dim=1)
-
     packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu,
                              cu_seqlens_kv_padded=cu, max_seqlen_q=max(THD_LENGTHS),
                              max_seqlen_kv=max(THD_LENGTHS))
-    shard = [ba.zigzag_shard(x, cu, world, rank, dim=1) for x in (thd_tokens, thd_weights)]
-    thd_logits, thd_grad = _logits_and_grad(model, *shard, packed_seq_params=packed)
-    dist.all_reduce(thd_grad)
-    thd_logits = ba.zigzag_unshard(_gather(thd_logits), cu, world, dim=1)
+    thd_shard = [ba.zigzag_shard(x, cu, cp, rank % cp, dim=1) for x in (thd_tokens, thd_weights)]
+    thd_logits, thd_grad = _logits_and_grad(model, *thd_shard, packed_seq_params=packed)
+    if cp > 1:  # each rank holds the gradient of its own tokens' share of the loss
+        dist.all_reduce(grad)
+        dist.all_reduce(thd_grad)
+        logits = ba.zigzag_unshard(_gather(logits), cu_b, cp, dim=1)
+        thd_logits = ba.zigzag_unshard(_gather(thd_logits), cu, cp, dim=1)
 
     def err(a, b):
         return ((a - b).abs().max() / b.abs().max()).item()
@@ -109,8 +126,9 @@ def _worker(rank, world):
 
 @pytest.mark.dist
 @pytest.mark.timeout(120)
-def test_gpt_cp2_with_branch_core_attention_matches_cp1_megatron_attention():
+def test_gpt_with_branch_core_attention_at_cp1_and_cp2_matches_megatron_attention():
     for rank, errs in enumerate(run_distributed(_worker, 2, timeout=100)):
+        assert len(errs) == 12
         for what, e in errs.items():
             assert e < 1e-5, f"rank {rank}: {what} relative error {e:.3g}"
 
@@ -129,3 +147,17 @@ def test_rejects_unsupported_configuration():
     q = torch.randn(4, 1, 2, 8)
     with pytest.raises(ValueError, match="attention_bias"):
         module(q, q, q, None, attention_bias=torch.zeros(1))
+
+
+def test_core_attention_choice(monkeypatch):
+    from specdraft.runtime.core_attention import select_core_attention
+
+    monkeypatch.delenv("SPECDRAFT_ATTENTION_BACKEND", raising=False)
+    monkeypatch.delenv("SPECDRAFT_CORE_ATTENTION", raising=False)
+    assert select_core_attention("cpu", torch.float32, 16).name == "fused-cpu-flash"  # TE needs CUDA: never here
+    assert select_core_attention("cpu", torch.float16, 16).name == "reference"
+    with pytest.raises(ValueError, match="core attention te needs TransformerEngine on a CUDA device"):
+        select_core_attention("cpu", torch.float32, 16, choice="te")
+    monkeypatch.setenv("SPECDRAFT_CORE_ATTENTION", "flex")
+    with pytest.raises(ValueError, match="core attention 'flex' is unknown"):
+        select_core_attention("cpu", torch.float32, 16)

@@ -1,11 +1,65 @@
 """Megatron core-attention adapter: causal self-attention through branch_attention (one TTT step), so the local
-layer spec runs at context parallel > 1 without TransformerEngine, in sbhd and in packed THD."""
+layer spec runs at any context parallel size without TransformerEngine, in sbhd and in packed THD, on the fused
+kernel where one is usable. Also owns the choice of the target's core attention (TE's layer spec or this one)."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+from dataclasses import dataclass
+
 import torch
 
+from specdraft.runtime import attention_backend
 from specdraft.runtime.branch_attention import branch_attention
+
+ENV = "SPECDRAFT_CORE_ATTENTION"  # auto | te | specdraft
+
+
+@dataclass(frozen=True)
+class CoreAttentionChoice:
+    """The target's core attention: `name` is 'te' or a branch-attention backend name (attention_backend.BACKENDS);
+    `detail` says why (the backends passed over, or that TransformerEngine was found)."""
+
+    name: str
+    detail: str
+
+    def layer_spec(self):
+        """The megatron GPT layer spec that realises this choice."""
+        from megatron.core.models.gpt import gpt_layer_specs
+
+        if self.name == "te":
+            return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
+        spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+        spec.submodules.self_attention.submodules.core_attention = BranchCoreAttention
+        return spec
+
+
+def select_core_attention(device, dtype: torch.dtype, head_dim: int, choice: str | None = None) -> CoreAttentionChoice:
+    """TransformerEngine's layer spec where TE is importable on CUDA ('auto'), else specdraft's local spec with
+    BranchCoreAttention on the backend attention_backend picks. `choice` (else $SPECDRAFT_CORE_ATTENTION):
+    auto | te | specdraft; asking for te where it cannot run raises ValueError."""
+    device = torch.device(device)
+    want = choice or os.environ.get(ENV) or "auto"
+    if want not in ("auto", "te", "specdraft"):
+        raise ValueError(f"core attention {want!r} is unknown; use auto, te or specdraft (${ENV})")
+    te_here = device.type == "cuda" and importlib.util.find_spec("transformer_engine") is not None
+    if want == "te" and not te_here:
+        raise ValueError(f"core attention te needs TransformerEngine on a CUDA device; here device={device}, "
+                         f"transformer_engine {'found' if importlib.util.find_spec('transformer_engine') else 'absent'}"
+                         f" (set ${ENV}=auto or specdraft)")
+    if te_here and want != "specdraft":
+        return CoreAttentionChoice("te", "TransformerEngine's layer spec (TEDotProductAttention)")
+    detail = attention_backend.describe(device, dtype, head_dim)
+    return CoreAttentionChoice(detail.split(" ", 1)[0], detail)
+
+
+def attention_summary(device, dtype: torch.dtype, head_dim: int, draft: bool) -> str:
+    """One line for the run's metrics: the target's core attention and (with a draft) the draft's backend."""
+    target = select_core_attention(device, dtype, head_dim).name
+    if not draft:
+        return f"target={target}"
+    return f"target={target} draft={attention_backend.describe(device, dtype, head_dim).split(' ', 1)[0]}"
 
 
 def _mask_type_name(mask_type) -> str:

@@ -45,6 +45,7 @@ class StepMetrics:
             "tap_bytes": int(tap_bytes),
             "step_time_s": round(float(times[0]), 6),
             "draft_time_s": round(float(times[1]), 6),
+            "attention": t.attention,
         }
         self.last = record
         if self.ctx.global_rank == 0:

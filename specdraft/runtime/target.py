@@ -56,15 +56,12 @@ def transformer_config(plan: LaunchPlan, dtype: torch.dtype):
     )
 
 
-def layer_spec():
-    """The local GPT layer spec with specdraft's ring attention as core attention."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+def layer_spec(device, dtype: torch.dtype, head_dim: int):
+    """The GPT layer spec of the target's core attention: specdraft's ring attention on the local spec (fused
+    kernel where usable), or TE's spec where TransformerEngine is importable (core_attention.select_core_attention)."""
+    from specdraft.runtime.core_attention import select_core_attention
 
-    from specdraft.runtime.core_attention import BranchCoreAttention
-
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
-    spec.submodules.self_attention.submodules.core_attention = BranchCoreAttention
-    return spec
+    return select_core_attention(device, dtype, head_dim).layer_spec()
 
 
 def build_chunks(plan: LaunchPlan, pp_rank: int, device: torch.device, dtype: torch.dtype, seed: int) -> list:
@@ -77,8 +74,8 @@ def build_chunks(plan: LaunchPlan, pp_rank: int, device: torch.device, dtype: to
     for v, chunk in enumerate(plan.stages[pp_rank].chunks):
         first = pp_rank == 0 and v == 0
         last = pp_rank == par.pp - 1 and v == par.num_chunks - 1
-        model = GPTModel(config=config, transformer_layer_spec=layer_spec(), vocab_size=m.vocab_size,
-                         max_sequence_length=m.seq_length, pre_process=first, post_process=last,
+        model = GPTModel(config=config, transformer_layer_spec=layer_spec(device, dtype, m.head_dim),
+                         vocab_size=m.vocab_size, max_sequence_length=m.seq_length, pre_process=first, post_process=last,
                          share_embeddings_and_output_weights=False, position_embedding_type="rope",
                          vp_stage=v if par.vpp else None)
         model.to(device)

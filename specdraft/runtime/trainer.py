@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from specdraft.runtime.batches import global_counts, make_microbatch
 from specdraft.runtime.context import RankContext
+from specdraft.runtime.core_attention import attention_summary
 from specdraft.runtime.data import MarkovData
 from specdraft.runtime.draft import Eagle3Draft, draft_shape
 from specdraft.runtime.halo import gather_shifted
@@ -45,6 +46,8 @@ class CoTrainer:
         self.seed = t.seed
         torch.manual_seed(self.seed)
         self.chunks = build_chunks(plan, self.pp_rank, self.device, self.dtype, self.seed)
+        # which attention kernels run (for metrics.jsonl); the draft shares the target's head_dim
+        self.attention = attention_summary(self.device, self.dtype, m.head_dim, plan.draft.enabled)
         self.is_last = self.pp_rank == par.pp - 1
         self.optimizer = torch.optim.AdamW([p for c in self.chunks for p in c.parameters()], lr=t.lr)
         self.data = MarkovData(vocab_size=m.vocab_size, row_tokens=self.row_tokens, pad_multiple=par.pad_multiple,
