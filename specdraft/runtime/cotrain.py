@@ -16,20 +16,32 @@ from specdraft.runtime.context import RankContext
 
 
 def run(ctx: RankContext) -> dict:
-    from specdraft.runtime import cpu_compat
+    from specdraft.runtime import checkpoint, cpu_compat, preempt
     from specdraft.runtime.metrics import StepMetrics
     from specdraft.runtime.trainer import CoTrainer
 
     cpu_compat.apply()
     trainer = CoTrainer(ctx)
+    start, resumed = checkpoint.restore(ctx, trainer)
     metrics = StepMetrics(ctx, trainer)
     step = make_step(trainer)
-    for index in range(ctx.steps):
-        started = time.perf_counter()
-        step(index)
-        metrics.record(index, time.perf_counter() - started)
+    vote = preempt.StopVote(trainer.device)
+    interval = ctx.plan.spec.training.save_interval
+    saved = None
+    with preempt.graceful():
+        for index in range(start, ctx.steps):
+            started = time.perf_counter()
+            step(index)
+            metrics.record(index, time.perf_counter() - started)
+            done = index + 1
+            stop = vote.agreed()
+            if stop is not None or (interval and (done % interval == 0 or done == ctx.steps)):
+                saved = checkpoint.save(ctx, trainer, done)
+            if stop is not None:
+                return {"steps": done, "final": metrics.last, **resumed,
+                        **preempt.stopped(ctx.global_rank, ctx.plan, stop, done, saved)}
     dist.barrier()
-    return {"steps": ctx.steps, "final": metrics.last}
+    return {"steps": ctx.steps, "final": metrics.last, **resumed, "checkpoint": str(saved) if saved else None}
 
 
 def make_step(trainer):

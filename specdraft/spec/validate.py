@@ -108,6 +108,7 @@ def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
              "set training.dtype=fp32 for local CPU layouts")
 
     _slurm_rules(spec, err)
+    _checkpoint_rules(spec, err)
     return errors, warnings
 
 
@@ -369,3 +370,16 @@ def _option_name(arg: str) -> str:
     if arg.startswith("--"):
         return arg.split("=", 1)[0]
     return arg[:2]
+
+
+def _checkpoint_rules(spec: LayoutSpec, err) -> None:
+    """Checkpointing and requeue counts (runtime/checkpoint.py, runtime/preempt.py)."""
+    t, s = spec.training, spec.slurm
+    if t.save_interval < 0:
+        err("training.save_interval", t.save_interval, "must be >= 0 (steps between checkpoints; 0 turns them off)",
+            "use 0, or e.g. 100")
+    if t.keep_checkpoints < 1:
+        err("training.keep_checkpoints", t.keep_checkpoints, "must be >= 1 (a resume needs at least one)",
+            "use 2: the newest and the one before, should the newest be damaged")
+    if s.max_requeues < 0:
+        err("slurm.max_requeues", s.max_requeues, "must be >= 0 (0 never requeues)", "use 0, or e.g. 3")
