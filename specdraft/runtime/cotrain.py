@@ -2,17 +2,22 @@
 the EAGLE-3 draft trains online on the draft stage from taps that TapChannel delivers.
 
 The draft runs inside the last stage's loss function when it sits on the last stage (its backward then rides the
-schedule's own backward), else after the schedule. Either way the schedule itself is untouched.
+schedule's own backward), else after the schedule. Either way the schedule itself is untouched. Around the steps:
+a resume loads a checkpoint first (checkpoint.py), every training.save_interval steps one is saved, and a stop
+signal is agreed on at each step boundary (preempt.py).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from functools import partial
 
 import torch.distributed as dist
 
 from specdraft.runtime.context import RankContext
+
+PAUSE_ENV = "SPECDRAFT_STEP_PAUSE_S"  # tests: seconds to idle after each step, so a run outlasts a Slurm time limit
 
 
 def run(ctx: RankContext) -> dict:
@@ -33,6 +38,7 @@ def run(ctx: RankContext) -> dict:
             started = time.perf_counter()
             step(index)
             metrics.record(index, time.perf_counter() - started)
+            time.sleep(float(os.environ.get(PAUSE_ENV, "0")))
             done = index + 1
             stop = vote.agreed()
             if stop is not None or (interval and (done % interval == 0 or done == ctx.steps)):
