@@ -129,7 +129,8 @@ def test_requeue_is_bounded_and_a_requeued_job_resumes_on_its_own(plan):
     assert preempt.request_requeue(plan, {}) == {"requeued": False, "restarts": 0,
                                                   "reason": "not running under Slurm (no SLURM_JOB_ID)"}
     spent = preempt.request_requeue(plan, {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "3"})
-    assert not spent["requeued"] and spent["reason"] == "slurm.max_requeues=3 reached (this job was restarted 3 time(s))"
+    assert not spent["requeued"]
+    assert spent["reason"] == "slurm.max_requeues=3 reached (this job was restarted 3 time(s))"
     assert preempt.resume_mode_from_env({"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1"}) == "auto"
     assert preempt.resume_mode_from_env({"SLURM_JOB_ID": "7"}) is None
     assert preempt.resume_mode_from_env({"SLURM_RESTART_COUNT": "2"}) is None

@@ -121,7 +121,7 @@ class Eagle3Draft(nn.Module):
         children = [(f"{name}.{i}.{child_name}", child) for name, module in self.named_children()
                     if isinstance(module, nn.ModuleList) for i, layer in enumerate(module)
                     for child_name, child in layer.named_children()]
-        children += [(name, module) for name, module in self.named_children() if not isinstance(module, nn.ModuleList)]
+        children += [(name, m) for name, m in self.named_children() if not isinstance(m, nn.ModuleList)]
         out: dict = {}
         for name, module in children:
             out.update(sharded_state_dict_default(module, f"{prefix}{name}.", sharded_offsets, metadata, tp_group))

@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         tail = ([str(err)] if isinstance(err, ResumeError) else [f"{plan_path}: {err}"]
                 if isinstance(err, (PlanFormatError, SpecdraftError)) else traceback.format_exc().splitlines()[-30:])
         # A rank asked to stop whose peers are gone fails in the next collective: that, too, is not its fault.
-        terminated = isinstance(err, (Terminated, KeyboardInterrupt)) or preempt.requested() is not None
+        terminated = isinstance(err, (Terminated, KeyboardInterrupt)) or preempt.terminating()
         record.update(ok=False, terminated=terminated, error="\n".join(tail), error_type=type(err).__name__,
                       failed_at=time.time(), finished_at=time.time())
         print("\n".join(tail), file=sys.stderr, flush=True)

@@ -42,6 +42,11 @@ def requested() -> int | None:
     return _received[0] if _received else None
 
 
+def terminating() -> bool:
+    """SIGTERM arrived: a collective that fails now most likely lost a peer that was stopped too."""
+    return signal.SIGTERM in _received
+
+
 @contextlib.contextmanager
 def graceful():
     """The training loop: a SIGTERM is a request to stop at the next step boundary, not an exception mid-step.
@@ -86,6 +91,8 @@ def stopped(rank: int, plan, signum: int, step: int, checkpoint) -> dict:
         print(f"[specdraft] preempted after step {step}: "
               f"{'requeued' if requeue['requeued'] else 'not requeued'} ({requeue['reason']})", flush=True)
     dist.barrier()
+    # Saved and agreed: the SIGTERM Slurm sends after a requeue must not turn the orderly exit into an error.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return {"preempted": {"signal": signal.Signals(signum).name, "step": step, "checkpoint": str(checkpoint),
                           "requeue": requeue}}
 
