@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from specdraft.plan.model import LaunchPlan, RankPlacement
 
@@ -38,6 +39,11 @@ class RankContext:
     """Optimizer steps to run: `specdraft launch --steps`, else the plan's training.train_iters."""
     workload: str
     """The registered workload name being run (e.g. "selftest", "cotrain")."""
+    resume: Optional[str] = None
+    """None: start at step 0; "newest" (--resume): this run folder's newest complete checkpoint; "from"
+    (--resume-from): the checkpoint folder `resume_from`; "auto" (a requeued Slurm job): the newest, else step 0."""
+    resume_from: Optional[Path] = None
+    """The checkpoint folder of --resume-from (any run, any layout of the same model shape)."""
 
     @property
     def coords(self) -> RankPlacement:

@@ -2,11 +2,14 @@
 the EAGLE-3 draft trains online on the draft stage from taps that TapChannel delivers.
 
 The draft runs inside the last stage's loss function when it sits on the last stage (its backward then rides the
-schedule's own backward), else after the schedule. Either way the schedule itself is untouched.
+schedule's own backward), else after the schedule. Either way the schedule itself is untouched. Around the steps:
+a resume loads a checkpoint first (checkpoint.py), every training.save_interval steps one is saved, and a stop
+signal is agreed on at each step boundary (preempt.py).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from functools import partial
 
@@ -14,22 +17,37 @@ import torch.distributed as dist
 
 from specdraft.runtime.context import RankContext
 
+PAUSE_ENV = "SPECDRAFT_STEP_PAUSE_S"  # tests: seconds to idle after each step, so a run outlasts a Slurm time limit
+
 
 def run(ctx: RankContext) -> dict:
-    from specdraft.runtime import cpu_compat
+    from specdraft.runtime import checkpoint, cpu_compat, preempt
     from specdraft.runtime.metrics import StepMetrics
     from specdraft.runtime.trainer import CoTrainer
 
     cpu_compat.apply()
     trainer = CoTrainer(ctx)
+    start, resumed = checkpoint.restore(ctx, trainer)
     metrics = StepMetrics(ctx, trainer)
     step = make_step(trainer)
-    for index in range(ctx.steps):
-        started = time.perf_counter()
-        step(index)
-        metrics.record(index, time.perf_counter() - started)
+    vote = preempt.StopVote(trainer.device)
+    interval = ctx.plan.spec.training.save_interval
+    saved = None
+    with preempt.graceful():
+        for index in range(start, ctx.steps):
+            started = time.perf_counter()
+            step(index)
+            metrics.record(index, time.perf_counter() - started)
+            time.sleep(float(os.environ.get(PAUSE_ENV, "0")))
+            done = index + 1
+            stop = vote.agreed()
+            if stop is not None or (interval and (done % interval == 0 or done == ctx.steps)):
+                saved = checkpoint.save(ctx, trainer, done)
+            if stop is not None:
+                return {"steps": done, "final": metrics.last, **resumed,
+                        **preempt.stopped(ctx.global_rank, ctx.plan, stop, done, saved)}
     dist.barrier()
-    return {"steps": ctx.steps, "final": metrics.last}
+    return {"steps": ctx.steps, "final": metrics.last, **resumed, "checkpoint": str(saved) if saved else None}
 
 
 def make_step(trainer):

@@ -3,8 +3,11 @@
 `apply()` is a no-op when CUDA is available: on GPU nothing is patched. On CPU it redirects exactly these
 (file:line in megatron/core, verified in shared/notes/megatron-cpu.md):
 1. `torch.cuda.current_device()` -> "cpu" device. Hit by GlobalMemoryBuffer.get_tensor (utils.py:631), RoPE's
-   inv_freq move (rotary_pos_embedding.py:162) and the pipeline's receive buffers (p2p_communication.py:313,321).
-2. `torch.cuda.synchronize()` -> no-op (p2p_communication.py:398, after batched P2P).
+   inv_freq move (rotary_pos_embedding.py:162), the pipeline's receive buffers (p2p_communication.py:313,321) and
+   dist_checkpointing's save (strategies/state_dict_saver.py:252, save_state_dict_async_finalize's failure flag).
+2. `torch.cuda.synchronize()` -> no-op (p2p_communication.py:398, after batched P2P; and dist_checkpointing's
+   strategies/filesystem_async.py:230, FileSystemWriterAsync.preload_tensors). With (1) and (2), checkpoints
+   save and load on gloo (runtime/checkpoint.py).
 3. `CudaRNGStatesTracker.fork` -> a context that just yields: it wraps every attention forward even with
    dropout 0 (dot_product_attention.py:217) and would read CUDA RNG state.
 4. The schedules' `torch.zeros(..., device="cuda")` token counters (schedules.py:596,983,2138) -> CPU tensors.

@@ -109,6 +109,24 @@ class Eagle3Draft(nn.Module):
         self.norm = nn.RMSNorm(shape.hidden)
         self.lm_head = _column(config, shape.hidden, shape.vocab)
 
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
+        """dist_checkpointing's view of the draft: megatron's Column/RowParallelLinear shard themselves over tp (the
+        global tensor is the same at any tp); fc and the norms are replicated, written once (tp rank 0, dp-cp 0).
+        Keys are the parameters' own names, so a draft saved at one layout loads into any other."""
+        from megatron.core import parallel_state as ps
+        from megatron.core.transformer.utils import sharded_state_dict_default
+
+        # Without the TP group, megatron would give every TP rank replica id 0 for the replicated tensors.
+        tp_group = ps.get_tensor_model_parallel_group()
+        children = [(f"{name}.{i}.{child_name}", child) for name, module in self.named_children()
+                    if isinstance(module, nn.ModuleList) for i, layer in enumerate(module)
+                    for child_name, child in layer.named_children()]
+        children += [(name, m) for name, m in self.named_children() if not isinstance(m, nn.ModuleList)]
+        out: dict = {}
+        for name, module in children:
+            out.update(sharded_state_dict_default(module, f"{prefix}{name}.", sharded_offsets, metadata, tp_group))
+        return out
+
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """(rows, h) -> (rows, vocab/tp) vocab-parallel logits."""
         return self.lm_head(self.norm(hidden))[0]

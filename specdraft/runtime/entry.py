@@ -1,6 +1,9 @@
-"""The payload on every rank: `python -m specdraft.runtime.entry RUN_DIR/plan.json [--workload W] [--steps N]`.
+"""The payload on every rank: `python -m specdraft.runtime.entry RUN_DIR/plan.json [--workload W] [--steps N]
+[--resume | --resume-from CHECKPOINT]`.
 
 Env -> checks against the plan -> torch.distributed + megatron groups -> workload -> results/rank-NNNNN.json.
+Exit codes: 0 ok, 1 failed, 2 a refused resume (the user's to fix), 75 preempted after saving (preempt.py),
+143 terminated by a signal.
 """
 
 from __future__ import annotations
@@ -9,7 +12,6 @@ import argparse
 import datetime
 import json
 import os
-import signal
 import socket
 import sys
 import time
@@ -20,7 +22,10 @@ from pathlib import Path
 from specdraft.errors import SpecdraftError
 from specdraft.plan.codec import PlanFormatError
 from specdraft.plan.model import LaunchPlan
+from specdraft.runtime import preempt
+from specdraft.runtime.checkpoint_files import ResumeError
 from specdraft.runtime.context import RankContext
+from specdraft.runtime.preempt import Terminated
 
 # name -> "module:function"; imported only when chosen, so a missing module fails only the workload that needs it.
 WORKLOADS = {
@@ -29,10 +34,6 @@ WORKLOADS = {
 }
 FAULT_ENV = "SPECDRAFT_FAULT_RANK"  # test-only: this rank raises just before the workload (a real fault)
 TIMEOUT_ENV = "SPECDRAFT_DIST_TIMEOUT_S"
-
-
-class Terminated(BaseException):
-    """SIGTERM arrived (another rank failed, or the run was cancelled): recorded, not blamed on this rank."""
 
 
 class WorkloadUnavailable(RuntimeError):
@@ -160,18 +161,19 @@ def write_result(run_dir: Path, rank: int, record: dict) -> Path:
     return atomic_write_text(run_dir / "results" / f"rank-{rank:05d}.json", json.dumps(record, sort_keys=True) + "\n")
 
 
-def _on_sigterm(signum, frame):
-    raise Terminated(f"terminated by signal {signal.Signals(signum).name}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdraft.runtime.entry", description=__doc__.splitlines()[0])
     parser.add_argument("plan", help="RUN_DIR/plan.json; results go next to it")
     parser.add_argument("--workload", default="selftest", choices=sorted(WORKLOADS))
     parser.add_argument("--steps", type=int, default=None)
+    resume = parser.add_mutually_exclusive_group()
+    resume.add_argument("--resume", action="store_true",
+                        help="continue from the newest complete checkpoint in the run folder (same spec)")
+    resume.add_argument("--resume-from", type=Path, default=None, metavar="CHECKPOINT",
+                        help="continue from this checkpoint folder (any run or layout of the same model shape)")
     args = parser.parse_args(argv)
 
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    preempt.install()
     started = time.time()
     plan_path = Path(args.plan).absolute()
     run_dir = plan_path.parent
@@ -194,29 +196,36 @@ def main(argv: list[str] | None = None) -> int:
         init_megatron(plan, rank, world_size, backend, float(os.environ.get(TIMEOUT_ENV, "300")))
         record["megatron"] = check_megatron_ranks(plan, rank)
         steps = args.steps if args.steps is not None else plan.spec.training.train_iters
+        mode = ("from" if args.resume_from is not None else "newest" if args.resume
+                else preempt.resume_mode_from_env(os.environ))
         ctx = RankContext(plan=plan, run_dir=run_dir, global_rank=rank, local_rank=local_rank, world_size=world_size,
-                          node=node, device=device, backend=backend, steps=steps, workload=args.workload)
+                          node=node, device=device, backend=backend, steps=steps, workload=args.workload,
+                          resume=mode, resume_from=args.resume_from)
         fault = os.environ.get(FAULT_ENV)
         if fault is not None and fault.strip() == str(rank):
             raise RuntimeError(f"injected fault on rank {rank} ({FAULT_ENV}={fault})")
         out = workload(ctx) or {}
         record.update(out)
         failed = [c for c in record.get("checks", []) if not c["passed"]]
-        record.update(ok=not failed, error=None, terminated=False, finished_at=time.time())
+        preempted = record.get("preempted")
+        record.update(ok=not failed and not preempted, error=None, terminated=bool(preempted),
+                      finished_at=time.time())
         if failed:
             record["error"] = "failed checks: " + "; ".join(
                 f"{c['name']} got {c.get('value')} expected {c.get('expected')}" for c in failed)
         record["elapsed_s"] = round(record["finished_at"] - started, 3)
         write_result(run_dir, rank, record)
-        print(f"[specdraft] rank {rank}: {args.workload} {'ok' if not failed else 'FAILED: ' + record['error']}",
-              flush=True)
+        outcome = ("FAILED: " + record["error"] if failed else "ok" if not preempted else
+                   f"preempted ({preempted['signal']}) after step {preempted['step']}: {preempted['checkpoint']}")
+        print(f"[specdraft] rank {rank}: {args.workload} {outcome}", flush=True)
         _teardown()
-        return 0 if not failed else 1
+        return 1 if failed else preempt.PREEMPTED_EXIT if preempted else 0
     except BaseException as err:  # noqa: BLE001 - recorded in the result file and re-signalled by the exit code
         # A plan this version cannot read is the user's to fix: one line, no traceback.
-        tail = ([f"{plan_path}: {err}"] if isinstance(err, (PlanFormatError, SpecdraftError))
-                else traceback.format_exc().splitlines()[-30:])
-        terminated = isinstance(err, (Terminated, KeyboardInterrupt))
+        tail = ([str(err)] if isinstance(err, ResumeError) else [f"{plan_path}: {err}"]
+                if isinstance(err, (PlanFormatError, SpecdraftError)) else traceback.format_exc().splitlines()[-30:])
+        # A rank asked to stop whose peers are gone fails in the next collective: that, too, is not its fault.
+        terminated = isinstance(err, (Terminated, KeyboardInterrupt)) or preempt.terminating()
         record.update(ok=False, terminated=terminated, error="\n".join(tail), error_type=type(err).__name__,
                       failed_at=time.time(), finished_at=time.time())
         print("\n".join(tail), file=sys.stderr, flush=True)
@@ -225,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                 write_result(run_dir, rank, record)
             except OSError as werr:
                 print(f"[specdraft] could not write the result file: {werr}", file=sys.stderr, flush=True)
-        return 143 if terminated else 1
+        return 143 if terminated else 2 if isinstance(err, ResumeError) else 1
 
 
 def _teardown() -> None:

@@ -149,6 +149,10 @@ class TrainingSpec:
     """Gradient-norm clip of the policy; 0 disables it."""
     seed: int = 1234
     """Seed for initialisation and the synthetic data the runtime generates."""
+    save_interval: int = 0
+    """Steps between checkpoints in RUN_DIR/checkpoints (and after the last step); 0 = off. USR2/SIGTERM save too."""
+    keep_checkpoints: int = 2
+    """Complete checkpoints kept in RUN_DIR/checkpoints; older ones go once a newer one is complete (>= 1)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,6 +177,8 @@ class SlurmSpec:
     """Extra environment variables exported in the job script."""
     extra_sbatch_args: list[str] = field(default_factory=list)
     """Extra `#SBATCH` arguments, e.g. ["--exclusive", "--constraint=h100"]."""
+    max_requeues: int = 3
+    """Self-requeues after the time-limit warning (USR2), each resuming from the checkpoint saved then; 0 = never."""
 
 
 @dataclass(frozen=True, kw_only=True)

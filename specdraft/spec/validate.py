@@ -121,6 +121,7 @@ def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
     _precision_rules(spec, err)
 
     _slurm_rules(spec, err)
+    _checkpoint_rules(spec, err)
     return errors, warnings
 
 
@@ -396,3 +397,16 @@ def _is_slurm_time(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _checkpoint_rules(spec: LayoutSpec, err) -> None:
+    """Checkpointing and requeue counts (runtime/checkpoint.py, runtime/preempt.py)."""
+    t, s = spec.training, spec.slurm
+    if t.save_interval < 0:
+        err("training.save_interval", t.save_interval, "must be >= 0 (steps between checkpoints; 0 turns them off)",
+            "use 0, or e.g. 100")
+    if t.keep_checkpoints < 1:
+        err("training.keep_checkpoints", t.keep_checkpoints, "must be >= 1 (a resume needs at least one)",
+            "use 2: the newest and the one before, should the newest be damaged")
+    if s.max_requeues < 0:
+        err("slurm.max_requeues", s.max_requeues, "must be >= 0 (0 never requeues)", "use 0, or e.g. 3")
