@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from specdraft.assemble import compile
 from specdraft.errors import SpecError
-from specdraft.runtime import checkpoint_files as files
+from specdraft.plan import checkpoints as files
 from specdraft.runtime import preempt
 from specdraft.spec.load import load_layout
 

@@ -16,7 +16,7 @@ import signal
 
 import pytest
 
-from specdraft.runtime.checkpoint_files import MARKER
+from specdraft.plan.checkpoints import MARKER
 from specdraft.runtime.preempt import PREEMPTED_EXIT
 from tests.rank_procs import RankRun, metrics, result, without_timing, write_plan
 

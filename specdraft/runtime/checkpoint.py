@@ -6,7 +6,7 @@ optimizers (exp_avg and exp_avg_sq as ShardedTensors keyed and partitioned exact
 reshard with it; the step count, shared by every parameter, in the common part), the data position (the step
 index: data.py derives every batch from it) and every RNG state (torch CPU, CUDA and megatron's CUDA RNG tracker
 where present; per global rank, restored only under the same layout). The learning rate is constant (no schedule
-to save). On-disk layout, markers and the choice of checkpoint: checkpoint_files.py.
+to save). On-disk layout, markers and the choice of checkpoint: plan/checkpoints.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from specdraft.runtime import checkpoint_files as files
+from specdraft.plan import checkpoints as files
 from specdraft.runtime.context import RankContext
 
 ADAM_STATE = ("exp_avg", "exp_avg_sq")  # AdamW's per-parameter tensors (amsgrad off); "step" is shared

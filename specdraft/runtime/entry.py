@@ -23,7 +23,7 @@ from specdraft.errors import SpecdraftError
 from specdraft.plan.codec import PlanFormatError
 from specdraft.plan.model import LaunchPlan
 from specdraft.runtime import preempt
-from specdraft.runtime.checkpoint_files import ResumeError
+from specdraft.plan.checkpoints import ResumeError
 from specdraft.runtime.context import RankContext
 from specdraft.runtime.preempt import Terminated
 

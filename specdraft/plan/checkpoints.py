@@ -1,5 +1,6 @@
-"""Checkpoint folders on disk, without torch: RUN_DIR/checkpoints/step-N/, the completion marker that makes one
-count, which checkpoint a resume uses (and what it refuses), pruning, and metrics.jsonl rewritten to a checkpoint.
+"""Checkpoint folders on disk (no torch), read by the runtime and the launcher alike: RUN_DIR/checkpoints/step-N/,
+the completion marker that makes one count, which checkpoint a resume uses (and what it refuses), pruning, and
+metrics.jsonl rewritten to a checkpoint.
 
 `step-N` holds the state after N completed steps (the resumed run's first step has index N). The marker,
 `specdraft-checkpoint.json`, is written atomically by rank 0 after every rank finished writing; it records the
