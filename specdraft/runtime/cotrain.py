@@ -29,7 +29,7 @@ def run(ctx: RankContext) -> dict:
         step(index)
         metrics.record(index, time.perf_counter() - started)
     dist.barrier()
-    return {"steps": ctx.steps, "final": metrics.last}
+    return {"steps": ctx.steps, "final": metrics.last, "memory": trainer.state_bytes()}
 
 
 def make_step(trainer):

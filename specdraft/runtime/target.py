@@ -20,13 +20,9 @@ INIT_STD = 0.02
 def transformer_config(plan: LaunchPlan, dtype: torch.dtype):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    from specdraft.runtime import moe
+
     m, par, p = plan.model, plan.parallel, plan.spec.parallel
-    if m.num_experts:
-        raise ValueError("the co-training runtime builds dense models only; this layout has model.num_experts set "
-                         "(MoE layouts plan, validate and render, but specdraft's runtime does not run them yet)")
-    if par.sequence_parallel and not torch.cuda.is_available():
-        raise ValueError("sequence_parallel needs TransformerEngine norms (GPU); set parallel.sequence_parallel=false "
-                         "for CPU runs")
     # perform_initialization stays on: megatron tags TP-sharded parameters (partition_dim) only while it
     # initialises them, and init_parameters needs those tags; its values are then overwritten.
     return TransformerConfig(
@@ -47,18 +43,37 @@ def transformer_config(plan: LaunchPlan, dtype: torch.dtype):
         # On gloo, batched P2P can match two irecvs from one peer (pp=2 interleaved: prev == next) out of order,
         # which silently swapped later microbatches' activations; individual isend/irecv keep posting order.
         batch_p2p_comm=torch.cuda.is_available(),
+        **moe.config_kwargs(plan),
     )
 
 
-def layer_spec():
-    """The local GPT layer spec with specdraft's ring attention as core attention."""
+def layer_spec(num_experts: int | None = None):
+    """The local GPT layer spec with specdraft's ring attention as core attention, megatron's MoE layer (router,
+    token dispatcher, SequentialMLP experts) as the MLP when ``num_experts`` is set, and norms that also run
+    under sequence parallelism."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from specdraft.runtime.core_attention import BranchCoreAttention
+    from specdraft.runtime.norms import RMSNorm
 
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    if num_experts:
+        from specdraft.runtime import moe
+
+        moe.without_transformer_engine()
+    spec = get_gpt_layer_local_spec(num_experts=num_experts, normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = BranchCoreAttention
+    spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = RMSNorm
     return spec
+
+
+def block_spec(num_experts: int | None, num_layers: int):
+    """One chunk's block: ``num_layers`` layers of `layer_spec` and its final norm (GPTModel would otherwise
+    build the final norm from megatron's default, which refuses sequence parallelism on CPU)."""
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+    from specdraft.runtime.norms import RMSNorm
+
+    return TransformerBlockSubmodules(layer_specs=[layer_spec(num_experts)] * num_layers, layer_norm=RMSNorm)
 
 
 def build_chunks(plan: LaunchPlan, pp_rank: int, device: torch.device, dtype: torch.dtype, seed: int) -> list:
@@ -71,7 +86,8 @@ def build_chunks(plan: LaunchPlan, pp_rank: int, device: torch.device, dtype: to
     for v, chunk in enumerate(plan.stages[pp_rank].chunks):
         first = pp_rank == 0 and v == 0
         last = pp_rank == par.pp - 1 and v == par.num_chunks - 1
-        model = GPTModel(config=config, transformer_layer_spec=layer_spec(), vocab_size=m.vocab_size,
+        model = GPTModel(config=config, transformer_layer_spec=block_spec(m.num_experts, chunk.num_layers),
+                         vocab_size=m.vocab_size,
                          max_sequence_length=m.seq_length, pre_process=first, post_process=last,
                          share_embeddings_and_output_weights=False, position_embedding_type="rope",
                          vp_stage=v if par.vpp else None)
@@ -94,29 +110,36 @@ def init_parameters(model: torch.nn.Module, offset: int, tp: int, seed: int) -> 
     """N(0, 0.02) weights from a generator seeded by the parameter's global name; norms to 1.
 
     The full tensor is drawn and this TP rank's slice taken, so the values do not depend on tp, pp or vpp.
-    SwiGLU's fused fc1 is [gate; up] per TP shard, so its full tensor is split as two halves.
+    SwiGLU's fused fc1 is [gate; up] per TP shard, so its full tensor is split as two halves. An MoE expert's
+    parameter is named by its global expert index and split over etp instead (moe.expert_parameter).
     """
     from megatron.core import parallel_state as ps
 
+    from specdraft.runtime import moe
+
     tp_rank = ps.get_tensor_model_parallel_rank() if tp > 1 else 0
+    local_experts = moe.num_local_experts(model) if hasattr(model, "config") else 0
     for name, param in model.named_parameters():
         gname = global_name(name, offset)
         if "norm" in gname:
             param.fill_(1.0)
             continue
+        shards, rank = tp, tp_rank
+        if moe.is_expert(gname):
+            gname, shards, rank = moe.expert_parameter(gname, local_experts)
         sharded = getattr(param, "tensor_model_parallel", False)
         dim = getattr(param, "partition_dim", 0) if sharded else 0
         shape = list(param.shape)
         if sharded:
-            shape[dim] *= tp
+            shape[dim] *= shards
         g = torch.Generator().manual_seed(seed ^ zlib.crc32(gname.encode()))
         full = torch.randn(shape, generator=g) * INIT_STD
-        if sharded and tp > 1:
-            if gname.endswith("linear_fc1.weight") and param.shape[0] * tp == shape[0] and _gated(model):
+        if sharded and shards > 1:
+            if gname.endswith("linear_fc1.weight") and param.shape[0] * shards == shape[0] and _gated(model):
                 gate, up = full.chunk(2, dim=0)
-                full = torch.cat([gate.chunk(tp, dim=0)[tp_rank], up.chunk(tp, dim=0)[tp_rank]], dim=0)
+                full = torch.cat([gate.chunk(shards, dim=0)[rank], up.chunk(shards, dim=0)[rank]], dim=0)
             else:
-                full = full.chunk(tp, dim=dim)[tp_rank]
+                full = full.chunk(shards, dim=dim)[rank]
         param.copy_(full.to(param.dtype))
 
 
