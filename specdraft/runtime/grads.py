@@ -1,11 +1,6 @@
-"""Gradients across ranks: which group each parameter's grad is summed over, and the global grad norm that
-counts every shard exactly once (dense, sequence-parallel and MoE expert parameters alike).
-
-Losses are normalised over the global batch, so grads are *summed* (never averaged) over the ranks that saw
-other tokens of the same parameter: dp x cp for dense parameters, the expert data-parallel group for experts
-(megatron's get_expert_data_parallel_group: the ranks holding the same expert shard), and additionally tp for
-parameters that see only this TP rank's 1/tp of the tokens under sequence parallelism (norms, the MoE router).
-"""
+"""The target's gradients across ranks: each summed over the ranks that hold the same parameter and saw other
+tokens (dense: dp x cp; experts: expert dp; sequence-parallel norms and router: also tp), and the global grad norm
+that counts every shard exactly once. Summed, never averaged: the losses are normalised over the global batch."""
 
 from __future__ import annotations
 
@@ -39,7 +34,9 @@ class TargetParams:
 
 
 def reduce_target_grads(params: TargetParams, sequence_parallel: bool) -> None:
-    """Sum each grad over the ranks that hold the same parameter and saw other tokens."""
+    """Sum each grad over the ranks that hold the same parameter and saw other tokens: dense ones over dp x cp,
+    experts over megatron's expert data-parallel group (the ranks holding the same expert shard), and parameters
+    tagged `sequence_parallel` (norms, the MoE router) also over tp, since each TP rank saw 1/tp of the tokens."""
     from megatron.core import parallel_state as ps
 
     dense = [p for p in params.dense if p.grad is not None]
