@@ -66,6 +66,7 @@ def valid_layouts(draw, max_world: int = 512, moe: bool | None = None) -> Layout
         if options:
             ep, etp = draw(st.sampled_from(options))
             experts = ep * draw(st.sampled_from([1, 2]))
+            sp = sp or tp > 1  # Megatron requires sequence parallelism for MoE with tp > 1 (validation refuses it)
     if num_layers >= 8 and draw(st.booleans()):
         aux = None
     else:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.memory_accuracy import assert_memory_matches_plan
+
 pytestmark = pytest.mark.dist
 STEPS = 3
 COMMON = ["training.warmup_steps=0", "--workload", "cotrain", "--steps", str(STEPS), "--executor", "local"]
@@ -55,3 +57,4 @@ def test_losses_match_the_single_process_run(name, reference, specdraft_cli, tmp
         assert got["draft_loss"] == pytest.approx(want["draft_loss"], rel=2e-4, abs=1e-6), (name, got["step"])
         assert len(got["acceptance"]) == len(want["acceptance"]) == 3
     assert reference[-1]["target_loss"] < reference[0]["target_loss"], "the target trains"
+    assert_memory_matches_plan(tmp_path / name)  # the plan's weights, grads and optimizer bytes per rank

@@ -40,6 +40,7 @@ def test_shipped_layouts_are_valid_and_fit(layout):
     (["parallel.first_stage_layers=3", "parallel.last_stage_layers=3"], "parallel.first_stage_layers", "must equal model.num_layers"),
     (["parallel.vpp=3"], "parallel.vpp", "multiple of vpp"),
     (["parallel.ep=2"], "parallel.ep", "needs an MoE model"),
+    (["model.moe_aux_loss_coeff=0.01"], "model.moe_aux_loss_coeff", "needs an MoE model"),
     (["parallel.cp_comm_type=a2a+p2p"], "parallel.hierarchical_cp_sizes", "product is cp"),
     (["draft.aux_layers=[1,1,9]"], "draft.aux_layers", "out of range"),
     (["draft.ttt_steps=0"], "draft.ttt_steps", ">= 1"),
@@ -57,6 +58,16 @@ def test_rule_reports_path_value_rule_and_fix(overrides, path, needle):
     matching = [p for p in found[path] if needle in p.rule]
     assert matching, [p.rule for p in found[path]]
     assert all(p.fix for p in matching), "every problem carries a fix"
+
+
+def test_moe_rules_name_the_field_value_rule_and_fix():
+    moe = Path(__file__).parents[1] / "layouts" / "mixtral-tiny-cpu.yaml"
+    found = errors_for(["parallel.sequence_parallel=false", "model.moe_aux_loss_coeff=-0.1"], layout=moe)
+    [sp] = found["parallel.sequence_parallel"]
+    assert "MoE model with tp > 1 (tp = 2) needs sequence parallelism" in sp.rule
+    assert sp.fix == "set parallel.sequence_parallel=true"
+    [coeff] = found["model.moe_aux_loss_coeff"]
+    assert coeff.value == -0.1 and ">= 0" in coeff.rule and "router_aux_loss_coef" in coeff.fix
 
 
 def test_tp_fix_lists_valid_sizes():

@@ -37,6 +37,13 @@ def layer_params(spec: LayoutSpec) -> tuple[int, int]:
     return attention_params(spec) + mlp_params(m.hidden_size, m.ffn_hidden_size, m.swiglu), 0
 
 
+def replicated_params(spec: LayoutSpec) -> int:
+    """The part of `layer_params`' dense count that every TP rank holds whole: the layer's two norms and, in an
+    MoE layer, the router (num_experts x hidden); the other matrices are split over tp."""
+    m = spec.model
+    return 2 * m.hidden_size + (m.hidden_size * m.num_experts if m.num_experts else 0)
+
+
 def draft_params(spec: LayoutSpec) -> int:
     """EAGLE-3 draft: fc over the concatenated taps, its decoder layer(s) (dense, the target's shape), LM head.
 
@@ -134,7 +141,9 @@ def _stage_states(spec: LayoutSpec, layers: int, first: bool, last: bool, dp: in
     dense, expert = layer_params(spec)
     embed = m.vocab_size * m.hidden_size
     dense_params = layers * dense + (embed if first else 0) + (embed if last and (not m.tie_embeddings or p.pp > 1) else 0)
-    dense_local = dense_params / p.tp
+    # Norms and routers are TP-replicated; the last stage also holds the final norm.
+    replicated = layers * replicated_params(spec) + (m.hidden_size if last else 0)
+    dense_local = (dense_params - layers * replicated_params(spec)) / p.tp + replicated
     expert_local = layers * expert / (etp(p) * p.ep)
     opt_shard_dense = dp * p.cp if t.distributed_optimizer else 1
     opt_shard_expert = edp if t.distributed_optimizer else 1

@@ -54,7 +54,11 @@ def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
         args.append("--untie-embeddings-and-output-weights")
     if m.num_experts:
         args += ["--num-experts", str(m.num_experts), "--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size),
-                 "--moe-router-topk", str(m.moe_router_topk)]
+                 "--moe-router-topk", str(m.moe_router_topk),
+                 # What specdraft's runtime runs: the all-to-all dispatcher and this load-balancing coefficient.
+                 "--moe-token-dispatcher-type", "alltoall", "--moe-aux-loss-coeff", repr(m.moe_aux_loss_coeff)]
+        if m.moe_router_topk == 1:
+            args.append("--moe-router-pre-softmax")  # megatron-core refuses top-1 softmax routing without it
     args += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", m.path]
     args += ["--micro-batch-size", str(t.micro_batch_size), "--global-batch-size", str(t.global_batch_size)]
     if t.dtype == "fp8":

@@ -24,14 +24,23 @@ class CoreAttentionChoice:
     name: str
     detail: str
 
-    def layer_spec(self):
-        """The megatron GPT layer spec that realises this choice."""
+    def layer_spec(self, num_experts: int | None = None):
+        """The megatron GPT layer spec that realises this choice, with megatron's MoE layer (router, token
+        dispatcher, SequentialMLP experts) as the MLP when ``num_experts`` is set."""
         from megatron.core.models.gpt import gpt_layer_specs
 
         if self.name == "te":
-            return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
-        spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+            return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(num_experts=num_experts)
+        from specdraft.runtime.norms import RMSNorm
+
+        if num_experts:
+            from specdraft.runtime import moe
+
+            moe.without_transformer_engine()
+        spec = gpt_layer_specs.get_gpt_layer_local_spec(num_experts=num_experts, normalization="RMSNorm")
         spec.submodules.self_attention.submodules.core_attention = BranchCoreAttention
+        # Norms that also run under sequence parallelism (megatron's torch norm refuses it).
+        spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = RMSNorm
         return spec
 
 

@@ -47,7 +47,8 @@ def run(ctx: RankContext) -> dict:
                 return {"steps": done, "final": metrics.last, **resumed,
                         **preempt.stopped(ctx.global_rank, ctx.plan, stop, done, saved)}
     dist.barrier()
-    return {"steps": ctx.steps, "final": metrics.last, **resumed, "checkpoint": str(saved) if saved else None}
+    return {"steps": ctx.steps, "final": metrics.last, **resumed, "checkpoint": str(saved) if saved else None,
+            "memory": trainer.state_bytes()}
 
 
 def make_step(trainer):

@@ -15,6 +15,14 @@
    replaced where rotary_pos_embedding.py imported it by name. Only matters for cp > 1 in sbhd.
 6. `get_default_causal_mask` (transformer/utils.py:35, device="cuda") -> a CPU mask, also where
    fusions/fused_softmax.py imported it by name (else the redirect depends on import order).
+7. MoE all-to-all token dispatcher: its constructor makes a `torch.cuda.Stream()` for device-to-host copies
+   (transformer/moe/token_dispatcher.py:445) and `_maybe_dtoh_and_synchronize` (token_dispatcher.py:862) copies
+   the split sizes on that stream and waits on a CUDA event. On CPU the metadata already is in host memory: no
+   stream, and the split sizes become numpy arrays exactly as the GPU path leaves them.
+8. Uneven all-gather and reduce-scatter (tensor_parallel/mappings.py:150 and :193: `torch.distributed.all_gather`
+   / `reduce_scatter` over lists of different lengths, which NCCL accepts and gloo refuses). The MoE all-to-all
+   dispatcher uses them over the expert-TP group when etp > 1 (token_dispatcher.py:696,779): on CPU every part is
+   padded to the longest, gathered or reduce-scattered evenly, and trimmed.
 """
 
 from __future__ import annotations
@@ -61,8 +69,80 @@ def apply() -> bool:
     cpu_mask = functools.lru_cache()(lambda sq: torch.triu(torch.ones(sq, sq, device="cpu"), diagonal=1).bool())
     tf_utils.get_default_causal_mask = cpu_mask  # (6)
     fused_softmax.get_default_causal_mask = cpu_mask
+
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+    MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = _NO_STREAM  # (7) a set stream skips torch.cuda.Stream()
+    MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize = _dtoh_on_host
+
+    from megatron.core.tensor_parallel import mappings
+
+    mappings._gather_along_first_dim = _even_gather(mappings._gather_along_first_dim)  # (8)
+    mappings._reduce_scatter_along_first_dim = _even_reduce_scatter(mappings._reduce_scatter_along_first_dim)
     _APPLIED = True
     return True
+
+
+_NO_STREAM = object()  # never used as a stream: _dtoh_on_host replaces the only method that would
+
+
+def _dtoh_on_host(self, point, tokens_per_expert=None):
+    """(7) The all-to-all dispatcher's device-to-host step without CUDA streams or events."""
+    import torch
+
+    if not self.drop_and_pad and point == self.cuda_dtoh_point:
+        for name in ("input_splits", "output_splits", "output_splits_tp"):
+            value = getattr(self, name)
+            if torch.is_tensor(value):
+                setattr(self, name, value.numpy())
+    return tokens_per_expert
+
+
+def _uneven(sizes) -> list[int] | None:
+    """The split sizes as ints when they differ (the case gloo cannot do), else None."""
+    if sizes is None:
+        return None
+    sizes = [int(n) for n in sizes]
+    return sizes if len(set(sizes)) > 1 else None
+
+
+def _even_gather(original):
+    """(8) `_gather_along_first_dim` with uneven `output_split_sizes` as one even all-gather of padded parts."""
+    import torch
+    import torch.distributed as dist
+
+    def gather(input_, group, output_split_sizes=None, use_global_buffer=False):
+        sizes = _uneven(output_split_sizes)
+        if sizes is None or group.size() == 1:
+            return original(input_, group, output_split_sizes, use_global_buffer)
+        padded = input_.new_zeros((max(sizes), *input_.shape[1:]))  # (longest, ...)
+        padded[: input_.shape[0]] = input_
+        parts = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(parts, padded, group=group)
+        return torch.cat([part[:n] for part, n in zip(parts, sizes)])
+
+    return gather
+
+
+def _even_reduce_scatter(original):
+    """(8) `_reduce_scatter_along_first_dim` with uneven `input_split_sizes` as an even one over padded parts."""
+    import torch
+    import torch.distributed as dist
+
+    def reduce_scatter(input_, group, input_split_sizes=None, use_global_buffer=False):
+        sizes = _uneven(input_split_sizes)
+        if sizes is None or group.size() == 1:
+            return original(input_, group, input_split_sizes, use_global_buffer)
+        parts = []
+        for chunk in torch.split(input_, sizes, dim=0):  # (n_r, ...) -> (longest, ...)
+            padded = chunk.new_zeros((max(sizes), *chunk.shape[1:]))
+            padded[: chunk.shape[0]] = chunk
+            parts.append(padded)
+        output = torch.empty_like(parts[0])
+        dist.reduce_scatter(output, parts, group=group)
+        return output[: sizes[group.rank()]]
+
+    return reduce_scatter
 
 
 class _TorchWithCpuZeros:

@@ -3,6 +3,8 @@
 `acceptance[j]` is the fraction of valid positions where the draft's top-1 at TTT step j equals the target's
 top-1; `accept_len` is the mean number of tokens one verify step would accept: 1 (the target's own token) plus
 the run of leading TTT steps whose top-1 matched, averaged over positions (see draft.accept_length).
+`moe_aux_loss` (MoE targets with model.moe_aux_loss_coeff > 0) is megatron's load-balancing loss without its
+coefficient, per MoE layer and microbatch: 1.0 when the router spreads tokens evenly.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import torch
 import torch.distributed as dist
 
+from specdraft.runtime import moe
 from specdraft.runtime.context import RankContext
 
 
@@ -27,14 +30,15 @@ class StepMetrics:
         s, steps = t.stats, t.steps_ttt
         # On the trainer's device: NCCL reduces only device tensors.
         vector = torch.tensor([s["target_sum"], *s["kl"], *s["match"], s["accepted"], s["positions"],
-                               float(t.channel.bytes_sent)], dtype=torch.float64, device=t.device)
+                               float(t.channel.bytes_sent), moe.take_aux_loss()], dtype=torch.float64,
+                              device=t.device)
         dist.all_reduce(vector)
         times = torch.tensor([step_time, s["draft_s"]], dtype=torch.float64, device=t.device)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)
         t.channel.bytes_sent = t.channel.bytes_received = 0
         vector, times = vector.cpu(), times.cpu()
         kl, match = vector[1:1 + steps], vector[1 + steps:1 + 2 * steps]
-        accepted, positions, tap_bytes = vector[1 + 2 * steps:].tolist()
+        accepted, positions, tap_bytes, aux = vector[1 + 2 * steps:].tolist()
         n = torch.tensor(t.n_draft, dtype=torch.float64).clamp(min=1)
         record = {
             "step": step,
@@ -43,6 +47,7 @@ class StepMetrics:
             "acceptance": [round(float(x), 6) for x in match / n] if t.cotraining else [],
             "accept_len": round(accepted / positions, 6) if positions else None,
             "tap_bytes": int(tap_bytes),
+            "moe_aux_loss": self._per_layer_and_microbatch(aux),
             "step_time_s": round(float(times[0]), 6),
             "draft_time_s": round(float(times[1]), 6),
             "attention": t.attention,
@@ -57,3 +62,10 @@ class StepMetrics:
                   f"acceptance [{accept}] accept_len {record['accept_len']} {record['step_time_s']:.2f}s",
                   flush=True)
         return record
+
+    def _per_layer_and_microbatch(self, aux_sum: float) -> float | None:
+        plan = self.ctx.plan
+        if not plan.model.num_experts or not plan.spec.model.moe_aux_loss_coeff:
+            return None
+        microbatches = plan.num_microbatches * plan.parallel.dp
+        return aux_sum / (microbatches * plan.model.num_layers)

@@ -12,7 +12,7 @@ import zlib
 import torch
 import torch.nn.functional as F
 
-from specdraft.plan.model import LaunchPlan
+from specdraft.plan.model import LaunchPlan, ModelShape
 
 INIT_STD = 0.02
 
@@ -20,17 +20,13 @@ INIT_STD = 0.02
 def transformer_config(plan: LaunchPlan, dtype: torch.dtype):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    from specdraft.runtime import moe
+
     m, par, p = plan.model, plan.parallel, plan.spec.parallel
-    if m.num_experts:
-        raise ValueError("the co-training runtime builds dense models only; this layout has model.num_experts set "
-                         "(MoE layouts plan, validate and render, but specdraft's runtime does not run them yet)")
     if plan.spec.training.dtype == "fp8":
         raise ValueError("training.dtype=fp8 needs TransformerEngine's FP8 GEMMs, but specdraft's runtime builds "
                          "megatron's local (non-TE) layers; an fp8 layout plans and renders for Megatron-LM "
                          "(`specdraft render --to megatron`), and runs here with training.dtype=bf16")
-    if par.sequence_parallel and not torch.cuda.is_available():
-        raise ValueError("sequence_parallel needs TransformerEngine norms (GPU); set parallel.sequence_parallel=false "
-                         "for CPU runs")
     # perform_initialization stays on: megatron tags TP-sharded parameters (partition_dim) only while it
     # initialises them, and init_parameters needs those tags; its values are then overwritten.
     return TransformerConfig(
@@ -53,15 +49,24 @@ def transformer_config(plan: LaunchPlan, dtype: torch.dtype):
         # On gloo, batched P2P can match two irecvs from one peer (pp=2 interleaved: prev == next) out of order,
         # which silently swapped later microbatches' activations; individual isend/irecv keep posting order.
         batch_p2p_comm=torch.cuda.is_available(),
+        **moe.config_kwargs(plan),
     )
 
 
-def layer_spec(device, dtype: torch.dtype, head_dim: int):
-    """The GPT layer spec of the target's core attention: specdraft's ring attention on the local spec (fused
-    kernel where usable), or TE's spec where TransformerEngine is importable (core_attention.select_core_attention)."""
-    from specdraft.runtime.core_attention import select_core_attention
+def block_spec(device, dtype: torch.dtype, model: ModelShape, num_layers: int):
+    """One chunk's block: ``num_layers`` layers of the chosen core attention's layer spec
+    (core_attention.select_core_attention) and, on the local spec, its final norm (GPTModel would otherwise build
+    megatron's default norm, which refuses sequence parallelism on CPU). TE's spec brings its own norms."""
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
-    return select_core_attention(device, dtype, head_dim).layer_spec()
+    from specdraft.runtime.core_attention import select_core_attention
+    from specdraft.runtime.norms import RMSNorm
+
+    choice = select_core_attention(device, dtype, model.head_dim)
+    layer = choice.layer_spec(model.num_experts)
+    if choice.name == "te":
+        return layer
+    return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=RMSNorm)
 
 
 def build_chunks(plan: LaunchPlan, pp_rank: int, device: torch.device, dtype: torch.dtype, seed: int) -> list:
@@ -74,7 +79,7 @@ def build_chunks(plan: LaunchPlan, pp_rank: int, device: torch.device, dtype: to
     for v, chunk in enumerate(plan.stages[pp_rank].chunks):
         first = pp_rank == 0 and v == 0
         last = pp_rank == par.pp - 1 and v == par.num_chunks - 1
-        model = GPTModel(config=config, transformer_layer_spec=layer_spec(device, dtype, m.head_dim),
+        model = GPTModel(config=config, transformer_layer_spec=block_spec(device, dtype, m, chunk.num_layers),
                          vocab_size=m.vocab_size, max_sequence_length=m.seq_length, pre_process=first, post_process=last,
                          share_embeddings_and_output_weights=False, position_embedding_type="rope",
                          vp_stage=v if par.vpp else None)
@@ -97,29 +102,36 @@ def init_parameters(model: torch.nn.Module, offset: int, tp: int, seed: int) -> 
     """N(0, 0.02) weights from a generator seeded by the parameter's global name; norms to 1.
 
     The full tensor is drawn and this TP rank's slice taken, so the values do not depend on tp, pp or vpp.
-    SwiGLU's fused fc1 is [gate; up] per TP shard, so its full tensor is split as two halves.
+    SwiGLU's fused fc1 is [gate; up] per TP shard, so its full tensor is split as two halves. An MoE expert's
+    parameter is named by its global expert index and split over etp instead (moe.expert_parameter).
     """
     from megatron.core import parallel_state as ps
 
+    from specdraft.runtime import moe
+
     tp_rank = ps.get_tensor_model_parallel_rank() if tp > 1 else 0
+    local_experts = moe.num_local_experts(model) if hasattr(model, "config") else 0
     for name, param in model.named_parameters():
         gname = global_name(name, offset)
         if "norm" in gname:
             param.fill_(1.0)
             continue
+        shards, rank = tp, tp_rank
+        if moe.is_expert(gname):
+            gname, shards, rank = moe.expert_parameter(gname, local_experts)
         sharded = getattr(param, "tensor_model_parallel", False)
         dim = getattr(param, "partition_dim", 0) if sharded else 0
         shape = list(param.shape)
         if sharded:
-            shape[dim] *= tp
+            shape[dim] *= shards
         g = torch.Generator().manual_seed(seed ^ zlib.crc32(gname.encode()))
         full = torch.randn(shape, generator=g) * INIT_STD
-        if sharded and tp > 1:
-            if gname.endswith("linear_fc1.weight") and param.shape[0] * tp == shape[0] and _gated(model):
+        if sharded and shards > 1:
+            if gname.endswith("linear_fc1.weight") and param.shape[0] * shards == shape[0] and _gated(model):
                 gate, up = full.chunk(2, dim=0)
-                full = torch.cat([gate.chunk(tp, dim=0)[tp_rank], up.chunk(tp, dim=0)[tp_rank]], dim=0)
+                full = torch.cat([gate.chunk(shards, dim=0)[rank], up.chunk(shards, dim=0)[rank]], dim=0)
             else:
-                full = full.chunk(tp, dim=dim)[tp_rank]
+                full = full.chunk(shards, dim=dim)[rank]
         param.copy_(full.to(param.dtype))
 
 

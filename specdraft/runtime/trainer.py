@@ -15,6 +15,7 @@ from specdraft.runtime.context import RankContext
 from specdraft.runtime.core_attention import attention_summary
 from specdraft.runtime.data import MarkovData
 from specdraft.runtime.draft import Eagle3Draft, draft_shape
+from specdraft.runtime.grads import TargetParams, all_reduce_grads, clip_grads, reduce_target_grads, target_grad_norm
 from specdraft.runtime.halo import gather_shifted
 from specdraft.runtime.tapchannel import TapChannel
 from specdraft.runtime.target import build_chunks, init_parameters, transformer_config
@@ -49,6 +50,8 @@ class CoTrainer:
         # which attention kernels run (for metrics.jsonl); the draft shares the target's head_dim
         self.attention = attention_summary(self.device, self.dtype, m.head_dim, plan.draft.enabled)
         self.is_last = self.pp_rank == par.pp - 1
+        self.target_params = TargetParams.of(self.chunks)
+        self.grad_bytes = 0  # the target's grads at the last optimizer step (state_bytes)
         self.optimizer = torch.optim.AdamW([p for c in self.chunks for p in c.parameters()], lr=t.lr)
         self.data = MarkovData(vocab_size=m.vocab_size, row_tokens=self.row_tokens, pad_multiple=par.pad_multiple,
                                seed=self.seed)
@@ -112,11 +115,14 @@ class CoTrainer:
         """Stage 0: embeddings of the tokens x_{p+1+j} the draft's TTT steps read (each distinct token once)."""
         if not self.cotraining or (not self.sends_embedding and "embedding" not in self.channel.local_taps):
             return
-        emb = model.embedding.word_embeddings(mb.emb_ids[None])[0]  # (n,) -> (n, h)
-        if self.sequence_parallel:  # like the hidden taps, each TP rank ships 1/tp of the rows (padded)
-            per = -(-emb.shape[0] // self.tp)
-            padded = F.pad(emb, (0, 0, 0, per * self.tp - emb.shape[0]))
-            emb = padded.chunk(self.tp)[self.ps.get_tensor_model_parallel_rank()]
+        if self.sequence_parallel:
+            # Like the hidden taps, each TP rank ships 1/tp of the rows (padded): the embedding itself
+            # reduce-scatters its output over tp under sequence parallelism, (1, n_pad) -> (n_pad/tp, 1, h).
+            per = -(-len(mb.emb_ids) // self.tp)
+            ids = F.pad(mb.emb_ids, (0, per * self.tp - len(mb.emb_ids)))
+            emb = model.embedding.word_embeddings(ids[None])[:, 0]
+        else:
+            emb = model.embedding.word_embeddings(mb.emb_ids[None])[0]  # (n,) -> (n, h)
         self.channel.put(0, "embedding", emb.to(self.dtype))
 
     def loss(self, chunk: int, mb, output: torch.Tensor):
@@ -190,22 +196,31 @@ class CoTrainer:
             (self.loss_weight * self.run_draft(mb)).backward()
 
     def optimizer_steps(self) -> None:
-        """All-reduce grads over data x context ranks, clip (globally for the target), step both optimizers."""
+        """Sum the target's grads over the ranks sharing each parameter (grads.py: dense over dp x cp, experts
+        over expert dp), clip by the global norm; the draft's over dp x cp; step both optimizers."""
         ps = self.ps
-        params = [p for c in self.chunks for p in c.parameters() if p.grad is not None]
-        dp_cp = ps.get_data_parallel_group(with_context_parallel=True)
-        _all_reduce_grads(params, dp_cp)
+        reduce_target_grads(self.target_params, self.sequence_parallel)
+        self.grad_bytes = sum(p.grad.nbytes for p in self.target_params.all() if p.grad is not None)
         if self.clip > 0:
-            _clip(params, self._grad_norm(params, ps.get_model_parallel_group()), self.clip)
+            params = [p for p in self.target_params.all() if p.grad is not None]
+            clip_grads(params, target_grad_norm(self.target_params, self.device), self.clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.draft is not None and self.cotraining:
             draft_params = [p for p in self.draft.parameters() if p.grad is not None]
-            _all_reduce_grads(draft_params, dp_cp)
+            all_reduce_grads(draft_params, ps.get_data_parallel_group(with_context_parallel=True))
             if self.draft_clip > 0:
-                _clip(draft_params, self._grad_norm(draft_params, self.tp_group), self.draft_clip)
+                clip_grads(draft_params, self._grad_norm(draft_params, self.tp_group), self.draft_clip)
             self.draft_optimizer.step()
             self.draft_optimizer.zero_grad(set_to_none=True)
+
+    def state_bytes(self) -> dict:
+        """What this rank holds for the target, measured (plan.memory estimates the same three per stage)."""
+        params = self.target_params.all()
+        optimizer = sum(t.nbytes for state in self.optimizer.state.values() for t in state.values()
+                        if torch.is_tensor(t))
+        return {"weights": sum(p.nbytes for p in params), "grads": self.grad_bytes,
+                "optimizer": optimizer, "num_params": sum(p.numel() for p in params)}
 
     def _grad_norm(self, params, group) -> float:
         """Global L2 norm: TP-sharded grads summed over ``group``, replicated ones counted once."""
@@ -216,21 +231,3 @@ class CoTrainer:
         if group is not None:
             dist.all_reduce(total, group=group)
         return float(total.sqrt())
-
-
-def _all_reduce_grads(params, group) -> None:
-    if dist.get_world_size(group) > 1 and params:
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat, group=group)
-        offset = 0
-        for p in params:
-            n = p.grad.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
-            offset += n
-
-
-def _clip(params, norm: float, max_norm: float) -> None:
-    if norm > max_norm:
-        for p in params:
-            p.grad.mul_(max_norm / (norm + 1e-6))
-

@@ -37,6 +37,8 @@ class ModelSpec:
     """Hidden size of each expert's MLP (HF moe_intermediate_size); required when num_experts is set."""
     moe_router_topk: int = 2
     """Experts each token is routed to (HF num_experts_per_tok)."""
+    moe_aux_loss_coeff: float = 0.0
+    """Load-balancing (aux) loss coefficient of the MoE router (--moe-aux-loss-coeff; HF router_aux_loss_coef); 0 turns it off."""
     swiglu: bool = True
     """Gated (SwiGLU) MLP with three weight matrices; false for a plain two-matrix MLP."""
     tie_embeddings: bool = False

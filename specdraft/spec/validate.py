@@ -71,6 +71,12 @@ def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
         if not 1 <= m.moe_router_topk <= max(m.num_experts, 1):
             err("model.moe_router_topk", m.moe_router_topk, f"must be in 1..num_experts ({m.num_experts})",
                 "take it from HF num_experts_per_tok")
+    if m.moe_aux_loss_coeff < 0:
+        err("model.moe_aux_loss_coeff", m.moe_aux_loss_coeff, "must be >= 0 (0 turns the load-balancing loss off)",
+            "take it from HF router_aux_loss_coef (Mixtral: 0.001), or use 0")
+    elif m.moe_aux_loss_coeff and m.num_experts is None:
+        err("model.moe_aux_loss_coeff", m.moe_aux_loss_coeff, "the router's load-balancing loss needs an MoE model "
+            "(model.num_experts)", "set model.moe_aux_loss_coeff=0 or model.num_experts")
 
     if c.num_nodes < 1:
         err("cluster.num_nodes", c.num_nodes, "must be >= 1", "set the number of nodes in the allocation")
@@ -203,6 +209,11 @@ def _parallel_rules(spec: LayoutSpec, err, warn) -> None:
         elif p.ep * expert_tp > c.gpus_per_node:
             warn("parallel.ep", p.ep, f"expert parallelism x etp ({p.ep * expert_tp}) spans nodes; "
                  "its all-to-all crosses the inter-node network", f"keep ep*etp <= {c.gpus_per_node}")
+        if p.tp > 1 and not p.sequence_parallel:
+            # Megatron-LM's validate_args asserts it, and megatron-core's MoELayer refuses to train without it
+            # (transformer/moe/moe_layer.py:381): TP ranks would feed the experts the same tokens twice.
+            err("parallel.sequence_parallel", False, f"an MoE model with tp > 1 (tp = {p.tp}) needs sequence "
+                "parallelism, as Megatron requires", "set parallel.sequence_parallel=true")
 
     if p.order == "tp-cp-ep-pp-dp" and p.pp > 1 and expert_tp * p.ep != p.tp * p.cp:
         # initialize_model_parallel asserts this for dense models too (etp defaults to tp, ep to 1).
