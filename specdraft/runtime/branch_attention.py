@@ -28,6 +28,23 @@ def bytes_sent() -> dict[str, int]:
 
 
 # ---------------------------------------------------------------------------------------------------- validation
+_HOST = "_specdraft_host_values"
+
+
+def with_host_values(tensor: torch.Tensor) -> torch.Tensor:
+    """Remember ``tensor``'s values (cu_seqlens, made once per microbatch) on the tensor itself, so `host_values`
+    reads them without a device-to-host sync in every attention call and halo shift of a CUDA step. The tensor
+    must not be changed in place afterwards."""
+    setattr(tensor, _HOST, tuple(tensor.tolist()))
+    return tensor
+
+
+def host_values(tensor: torch.Tensor) -> list[int]:
+    """``tensor.tolist()``, from the copy `with_host_values` kept when there is one."""
+    kept = getattr(tensor, _HOST, None)
+    return list(kept) if kept is not None else tensor.tolist()
+
+
 def _bounds(cu_seqlens, multiple: int) -> list[int]:
     """cu_seqlens as Python ints after checking it is 1-D, integer, starts at 0, strictly increasing, and every
     length is a multiple of `multiple` (= 2 * cp_size). One host sync; the tile loop needs the lengths anyway."""
@@ -36,7 +53,7 @@ def _bounds(cu_seqlens, multiple: int) -> list[int]:
         raise ValueError(f"cu_seqlens must be a 1-D integer tensor [0, len0, len0+len1, ...]; got {got}")
     if cu_seqlens.is_floating_point() or cu_seqlens.is_complex() or cu_seqlens.dtype == torch.bool:
         raise ValueError(f"cu_seqlens must have an integer dtype (int32/int64); got {cu_seqlens.dtype}")
-    cu = cu_seqlens.tolist()
+    cu = host_values(cu_seqlens)
     if len(cu) < 2 or cu[0] != 0:
         raise ValueError(f"cu_seqlens must start at 0 and hold at least one sequence; got {cu[:4]}")
     for b, (start, end) in enumerate(zip(cu, cu[1:])):

@@ -2,11 +2,13 @@
 
 What a checkpoint holds, each rank writing only its shards: the target chunks (`model.sharded_state_dict()`: keyed by
 global layer and parameter name, with TP partition info), the draft (Eagle3Draft.sharded_state_dict), both AdamW
-optimizers (exp_avg and exp_avg_sq as ShardedTensors keyed and partitioned exactly like their parameter, so they
-reshard with it; the step count, shared by every parameter, in the common part), the data position (the step
-index: data.py derives every batch from it) and every RNG state (torch CPU, CUDA and megatron's CUDA RNG tracker
-where present; per global rank, restored only under the same layout). The learning rate is constant (no schedule
-to save). On-disk layout, markers and the choice of checkpoint: plan/checkpoints.py.
+optimizers (exp_avg, exp_avg_sq and, for bf16/fp16 parameters, the fp32 main weight as ShardedTensors keyed and
+partitioned exactly like their parameter, so they reshard with it; under the distributed optimizer each is written
+by the rank that owns it; the step count, shared by every parameter, and the fp16 loss scale in the common part),
+the data position (the step index: data.py derives every batch from it) and every RNG state (torch CPU; on a CUDA
+device also CUDA's and megatron's CUDA RNG tracker; per global rank, restored only under the same layout). The
+learning rate is constant (no schedule to save). On-disk layout, markers and the choice of checkpoint:
+plan/checkpoints.py.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from specdraft.plan import checkpoints as files
 from specdraft.runtime.context import RankContext
 
 ADAM_STATE = ("exp_avg", "exp_avg_sq")  # AdamW's per-parameter tensors (amsgrad off); "step" is shared
+MAIN = "fp32_param"  # the fp32 main weight of a bf16/fp16 parameter (megatron's name for it)
 
 
 @contextlib.contextmanager
@@ -55,32 +58,51 @@ def _prefixed(sharded: dict, prefix: str) -> dict:
     return sharded
 
 
-def _optimizer_sharded(optimizer: torch.optim.Optimizer, model_sharded: dict, prefix: str) -> dict:
-    """exp_avg/exp_avg_sq of every parameter as a ShardedTensor shaped and keyed like the parameter itself.
+def _optimizer_sharded(opt, model_sharded: dict, prefix: str, mains: bool = True) -> dict:
+    """exp_avg/exp_avg_sq (and the fp32 main weight) of every parameter this rank steps (precision.MainOptimizer's
+    `owned`) as ShardedTensors shaped and keyed like the parameter itself.
 
     The parameter -> ShardedTensor match is by identity (the model's sharded dict holds the Parameters), the way
     megatron-core's own optimizers do it (dist_checkpointing.optimizer); SwiGLU's fused fc1 comes through its
-    ShardedTensorFactory, which splits gate and up again so the state reshards across tp like the weight.
+    ShardedTensorFactory, which splits gate and up again so the state reshards across tp like the weight. A state
+    the distributed optimizer sharded exists only on its owner, which writes it as the main replica.
     """
+    from dataclasses import replace
+
     from megatron.core.dist_checkpointing.optimizer import (get_param_id_to_sharded_param_map,
                                                             make_sharded_optimizer_tensor)
 
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    by_id = get_param_id_to_sharded_param_map(model_sharded, params)
-    missing = [i for i in range(len(params)) if i not in by_id]
+    if opt.optimizer is None:
+        return {}
+    by_id = get_param_id_to_sharded_param_map(model_sharded, opt.owned)
+    missing = [i for i in range(len(opt.owned)) if i not in by_id]
     if missing:
         raise RuntimeError(f"{len(missing)} optimizer parameter(s) have no entry in the model's sharded state dict "
-                           f"(first: shape {tuple(params[missing[0]].shape)}); they could not be checkpointed")
+                           f"(first: shape {tuple(opt.owned[missing[0]].shape)}); they could not be checkpointed")
     out = {}
-    for i, param in enumerate(params):
-        state = optimizer.state[param]
+    for i, (param, main) in enumerate(zip(opt.owned, opt.main)):
+        model = by_id[i]
+        if opt.is_sharded(param):
+            model = replace(model, replica_id=_owner_replica(model.replica_id))
+        state = opt.optimizer.state[main]
         for name in ADAM_STATE:
-            out[f"{name}.{i}"] = make_sharded_optimizer_tensor(by_id[i], state[name], prefix=f"{prefix}{name}")
+            out[f"{name}.{i}"] = make_sharded_optimizer_tensor(model, state[name], prefix=f"{prefix}{name}")
+        if main is not param and mains:
+            out[f"{MAIN}.{i}"] = make_sharded_optimizer_tensor(model, main.data, prefix=f"{prefix}{MAIN}")
     return out
 
 
-def optimizer_step(optimizer: torch.optim.Optimizer) -> int:
-    """AdamW's step count, which every parameter shares here (0 before the first step)."""
+def _owner_replica(replica_id):
+    """The model tensor's replica id with its data-parallel coordinate (the last one, megatron's dp x cp or expert
+    dp rank) set to 0: the owner writes the main replica; the other ranks of the group hold no copy at all."""
+    return (*replica_id[:-1], 0) if isinstance(replica_id, tuple) else 0
+
+
+def optimizer_step(opt) -> int:
+    """AdamW's step count, which every parameter shares here (0 before the first step or with nothing owned)."""
+    optimizer = opt.optimizer if opt is not None else None
+    if optimizer is None:
+        return 0
     steps = {float(s["step"]) for s in optimizer.state.values() if "step" in s}
     if len(steps) > 1:
         raise RuntimeError(f"the optimizer's parameters are at different steps {sorted(steps)}; a checkpoint "
@@ -90,34 +112,38 @@ def optimizer_step(optimizer: torch.optim.Optimizer) -> int:
     return int(steps.pop()) if steps else 0
 
 
-def _init_optimizer_state(optimizer: torch.optim.Optimizer, step: int) -> None:
-    """Fresh state tensors for loading into, with AdamW's own step representation (a float32 scalar tensor)."""
-    for group in optimizer.param_groups:
+def _init_optimizer_state(opt, step: int) -> None:
+    """Fresh state tensors for loading into, with AdamW's own step representation (a float32 scalar tensor, on the
+    parameter's device for the fused CUDA AdamW)."""
+    if opt.optimizer is None:
+        return
+    for group in opt.optimizer.param_groups:
         for param in group["params"]:
-            optimizer.state[param] = {"step": torch.tensor(float(step), dtype=torch.float32),
-                                      **{name: torch.zeros_like(param) for name in ADAM_STATE}}
+            where = param.device if group.get("fused") or group.get("capturable") else "cpu"
+            opt.optimizer.state[param] = {"step": torch.tensor(float(step), dtype=torch.float32, device=where),
+                                          **{name: torch.zeros_like(param) for name in ADAM_STATE}}
 
 
-def _rng_state() -> dict:
-    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
-
+def _rng_state(device: torch.device) -> dict:
     state = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
+    if device.type == "cuda":  # megatron's tracker holds states only after model_parallel_cuda_manual_seed (GPU)
+        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+        state["cuda"] = torch.cuda.get_rng_state(device)
         state["tracker"] = get_cuda_rng_tracker().get_states()
     return state
 
 
-def _set_rng_state(state: dict) -> None:
-    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
-
+def _set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
-    if torch.cuda.is_available() and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"])
+    if device.type == "cuda" and "cuda" in state:
+        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+        torch.cuda.set_rng_state(state["cuda"], device)
         get_cuda_rng_tracker().set_states(state["tracker"])
 
 
-def sharded_state(trainer, *, rng: bool, draft_optimizer: bool) -> dict:
+def sharded_state(trainer, *, rng: bool, draft_optimizer: bool, mains: bool = True) -> dict:
     """This rank's part of the checkpoint as a sharded state dict (the template to load into, too)."""
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
@@ -127,14 +153,15 @@ def sharded_state(trainer, *, rng: bool, draft_optimizer: bool) -> dict:
         sd = _prefixed(chunk.sharded_state_dict(prefix=""), "target.")
         out["target"][f"chunk{v}"] = sd
         target_all[f"chunk{v}"] = sd
-    out["target_optimizer"] = _optimizer_sharded(trainer.optimizer, target_all, "optimizer.")
+    out["target_optimizer"] = _optimizer_sharded(trainer.optimizer, target_all, "optimizer.", mains)
     if trainer.draft is not None:
         out["draft"] = _prefixed(trainer.draft.sharded_state_dict(prefix=""), "draft.")
         if draft_optimizer:
-            out["draft_optimizer"] = _optimizer_sharded(trainer.draft_optimizer, out["draft"], "optimizer.")
+            out["draft_optimizer"] = _optimizer_sharded(trainer.draft_optimizer, out["draft"], "optimizer.",
+                                                        mains)
     if rng:
         rank, world = dist.get_rank(), dist.get_world_size()
-        out["rng"] = ShardedObject("rng_state", _rng_state(), (world,), (rank,), replica_id=0)
+        out["rng"] = ShardedObject("rng_state", _rng_state(trainer.device), (world,), (rank,), replica_id=0)
     return out
 
 
@@ -153,7 +180,8 @@ def save(ctx: RankContext, trainer, step: int) -> Path:
     dist.all_reduce(steps, op=dist.ReduceOp.MAX)  # the draft's step lives only on the draft's ranks
     target_step, draft_step = (int(x) for x in steps.tolist())
     meta = {**files.describe(ctx.plan), "step": step, "target_optimizer_step": target_step,
-            "draft_optimizer_step": draft_step}
+            "draft_optimizer_step": draft_step, "main_weights": trainer.precision.main_weights,
+            "loss_scale": trainer.loss_scaler.state() if trainer.loss_scaler is not None else None}
     if ctx.global_rank == 0:
         if folder.exists():  # a leftover of an abandoned future (a resume from an older step): replace it
             files.remove(folder)
@@ -179,10 +207,12 @@ def _load(trainer, folder: Path, meta: dict, rng: bool) -> None:
     from megatron.core import dist_checkpointing
 
     draft_optimizer = trainer.draft is not None and meta["draft_optimizer_step"] > 0
+    # fp32 main weights come from the checkpoint when it has them (a bf16/fp16 run), else from the loaded weights.
+    mains = bool(meta.get("main_weights"))
     _init_optimizer_state(trainer.optimizer, meta["target_optimizer_step"])
     if draft_optimizer:
         _init_optimizer_state(trainer.draft_optimizer, meta["draft_optimizer_step"])
-    template = sharded_state(trainer, rng=rng, draft_optimizer=draft_optimizer)
+    template = sharded_state(trainer, rng=rng, draft_optimizer=draft_optimizer, mains=mains)
     with _quiet_writer():
         loaded = dist_checkpointing.load(template, str(folder))
     for v, chunk in enumerate(trainer.chunks):
@@ -193,16 +223,24 @@ def _load(trainer, folder: Path, meta: dict, rng: bool) -> None:
         if draft_optimizer:
             _copy_optimizer(trainer.draft_optimizer, loaded["draft_optimizer"])
         else:
-            trainer.draft_optimizer.state.clear()
+            trainer.draft_optimizer.optimizer.state.clear()
+            _copy_optimizer(trainer.draft_optimizer, {})
+    if trainer.loss_scaler is not None and meta.get("loss_scale"):
+        trainer.loss_scaler.load(meta["loss_scale"])
     if rng:
-        _set_rng_state(loaded["rng"])
+        _set_rng_state(loaded["rng"], trainer.device)
 
 
-def _copy_optimizer(optimizer: torch.optim.Optimizer, loaded: dict) -> None:
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    for i, param in enumerate(params):
+@torch.no_grad()
+def _copy_optimizer(opt, loaded: dict) -> None:
+    """AdamW state (and fp32 main weights) from ``loaded``; a main weight the checkpoint lacks is the parameter's
+    loaded value."""
+    for i, (param, main) in enumerate(zip(opt.owned, opt.main)):
         for name in ADAM_STATE:
-            optimizer.state[param][name].copy_(loaded[f"{name}.{i}"])
+            if f"{name}.{i}" in loaded:
+                opt.optimizer.state[main][name].copy_(loaded[f"{name}.{i}"])
+        if main is not param:
+            main.copy_(loaded[f"{MAIN}.{i}"] if f"{MAIN}.{i}" in loaded else param)
 
 
 def restore(ctx: RankContext, trainer) -> tuple[int, dict]:

@@ -13,6 +13,7 @@ import os
 import time
 from functools import partial
 
+import torch
 import torch.distributed as dist
 
 from specdraft.runtime.context import RankContext
@@ -25,7 +26,7 @@ def run(ctx: RankContext) -> dict:
     from specdraft.runtime.metrics import StepMetrics
     from specdraft.runtime.trainer import CoTrainer
 
-    cpu_compat.apply()
+    cpu_compat.apply(ctx.device)
     trainer = CoTrainer(ctx)
     start, resumed = checkpoint.restore(ctx, trainer)
     metrics = StepMetrics(ctx, trainer)
@@ -72,6 +73,8 @@ def make_step(trainer):
         trainer.draft_after_schedule()
         trainer.channel.end_step()
         trainer.optimizer_steps()
+        if trainer.device.type == "cuda":
+            torch.cuda.synchronize(trainer.device)  # step_time_s is the device's time, not the time to queue it
 
     return step
 

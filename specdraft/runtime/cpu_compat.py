@@ -1,6 +1,8 @@
 """The one place where megatron-core 0.16's torch.cuda calls are redirected so it runs on CPU with gloo.
 
-`apply()` is a no-op when CUDA is available: on GPU nothing is patched. On CPU it redirects exactly these
+`apply(device)` is a no-op for a CUDA device: on GPU nothing is patched (there megatron's own CUDA paths run:
+`tensor_parallel.model_parallel_cuda_manual_seed` is called by runtime.entry instead of (3)). For a CPU run, even
+on a machine that has CUDA, it redirects exactly these
 (file:line in megatron/core, verified in shared/notes/megatron-cpu.md):
 1. `torch.cuda.current_device()` -> "cpu" device. Hit by GlobalMemoryBuffer.get_tensor (utils.py:631), RoPE's
    inv_freq move (rotary_pos_embedding.py:162), the pipeline's receive buffers (p2p_communication.py:313,321) and
@@ -23,6 +25,10 @@
    / `reduce_scatter` over lists of different lengths, which NCCL accepts and gloo refuses). The MoE all-to-all
    dispatcher uses them over the expert-TP group when etp > 1 (token_dispatcher.py:696,779): on CPU every part is
    padded to the longest, gathered or reduce-scattered evenly, and trimmed.
+9. Tied embeddings over pp > 1: `LanguageModule.setup_embeddings_and_output_layer` moves the last stage's copy of
+   the embedding with `.cuda()` before its start-up all-reduce over the embedding group (language_module.py:241-244).
+   On CPU `_is_in_embd_group` answers False, which skips only that all-reduce: target.init_parameters draws both
+   copies from the embedding's global name anyway (and on GPU overwrites what the all-reduce produced).
 """
 
 from __future__ import annotations
@@ -33,12 +39,13 @@ import functools
 _APPLIED = False
 
 
-def apply() -> bool:
-    """Redirect the CUDA calls above when CUDA is absent; return True when patches are active. Idempotent."""
+def apply(device=None) -> bool:
+    """Redirect the CUDA calls above for a CPU run (``device`` "cpu"; None: when torch sees no CUDA); return True
+    when patches are active. Idempotent."""
     global _APPLIED
     import torch
 
-    if torch.cuda.is_available():
+    if (torch.device(device).type == "cuda") if device is not None else torch.cuda.is_available():
         return False
     if _APPLIED:
         return True
@@ -79,6 +86,10 @@ def apply() -> bool:
 
     mappings._gather_along_first_dim = _even_gather(mappings._gather_along_first_dim)  # (8)
     mappings._reduce_scatter_along_first_dim = _even_reduce_scatter(mappings._reduce_scatter_along_first_dim)
+
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    LanguageModule._is_in_embd_group = lambda self: False  # (9)
     _APPLIED = True
     return True
 

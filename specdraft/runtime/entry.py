@@ -114,6 +114,12 @@ def init_megatron(plan: LaunchPlan, rank: int, world_size: int, backend: str, ti
         # On gloo the default groups already are gloo groups; duplicates would only double the set-up time.
         create_gloo_process_groups=backend != "gloo",
     )
+    if backend == "nccl":
+        # megatron's GPU weight init and its layers' forks draw from the CUDA RNG tracker, which only this call fills
+        # ("cuda rng state model-parallel-rng is not added" otherwise); on CPU cpu_compat makes the forks no-ops.
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(plan.spec.training.seed)
 
 
 def check_megatron_ranks(plan: LaunchPlan, rank: int) -> dict:
@@ -144,7 +150,14 @@ def _device(plan: LaunchPlan, local_rank: int) -> tuple[str, str]:
     if not torch.cuda.is_available():
         raise ValueError(f"the plan is for {gpu} GPUs but torch.cuda.is_available() is False on "
                          f"{socket.gethostname()}; use a CUDA build of torch, or cluster.gpu=cpu for a CPU run")
+    # Before NCCL's init: every communicator this rank creates binds to its own GPU.
     torch.cuda.set_device(local_rank)
+    # A failed or timed-out NCCL collective tears the rank down (torch's default since 2.2, set here so it does not
+    # depend on the torch version); srun --kill-on-bad-exit and the local launcher then stop its peers.
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    # fp32 means fp32: no TF32 matmuls (torch's default for matmul, not for cuDNN); bf16/fp16 runs are unaffected.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     return f"cuda:{local_rank}", "nccl"
 
 

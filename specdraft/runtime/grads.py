@@ -1,6 +1,7 @@
-"""The target's gradients across ranks: each summed over the ranks that hold the same parameter and saw other
-tokens (dense: dp x cp; experts: expert dp; sequence-parallel norms and router: also tp), and the global grad norm
-that counts every shard exactly once. Summed, never averaged: the losses are normalised over the global batch."""
+"""The gradients across ranks: each summed over the ranks that hold the same parameter and saw other tokens (dense:
+dp x cp; experts: expert dp; sequence-parallel norms and router: also tp; a tied embedding: first and last stage),
+and the global grad norm that counts every shard exactly once. Summed, never averaged: the losses are normalised
+over the global batch."""
 
 from __future__ import annotations
 
@@ -48,25 +49,55 @@ def reduce_target_grads(params: TargetParams, sequence_parallel: bool) -> None:
                          ps.get_tensor_model_parallel_group())
 
 
+def reduce_tied_embedding_grads(params: TargetParams) -> None:
+    """Tied embeddings over pp > 1: the first stage's word embedding and the last stage's output layer are two copies
+    of one weight (megatron tags both `shared_embedding`), so their grads are summed over megatron's embedding group
+    (the first and last stage of each tp/dp/cp position), as finalize_model_grads does. pp = 1 shares one tensor."""
+    from megatron.core import parallel_state as ps
+
+    tied = [p for p in params.dense if getattr(p, "shared_embedding", False) and p.grad is not None]
+    if tied and ps.is_rank_in_embedding_group(ignore_virtual=True):
+        all_reduce_grads(tied, ps.get_embedding_group())
+
+
 def target_grad_norm(params: TargetParams, device) -> float:
     """Global L2 norm of the target's (reduced) grads, as megatron's get_grad_norm_fp32 counts it.
 
     Dense: TP-sharded grads summed over the model-parallel group (tp x pp), TP-replicated ones counted on tp rank
-    0 only. Experts: every local expert grad is a distinct shard within the expert tensor-model-pipeline group
-    (etp x ep x pp), so all of them are summed over that group.
+    0 only, the last stage's copy of a tied embedding (`shared`) not at all. Experts: every local expert grad is a
+    distinct shard within the expert tensor-model-pipeline group (etp x ep x pp), so all of them are summed over
+    that group. One host sync: the squares are summed on the device.
     """
     from megatron.core import parallel_state as ps
 
     tp_rank = ps.get_tensor_model_parallel_rank()
-    dense = sum(float(p.grad.double().pow(2).sum()) for p in params.dense if p.grad is not None
-                and (getattr(p, "tensor_model_parallel", False) or tp_rank == 0))
-    experts = sum(float(p.grad.double().pow(2).sum()) for p in params.experts if p.grad is not None)
-    parts = torch.tensor([dense, experts], dtype=torch.float64, device=device)  # NCCL reduces device tensors
+    dense = _sum_of_squares([p.grad for p in params.dense if p.grad is not None and not getattr(p, "shared", False)
+                             and (getattr(p, "tensor_model_parallel", False) or tp_rank == 0)], device)
+    experts = _sum_of_squares([p.grad for p in params.experts if p.grad is not None], device)
+    parts = torch.stack([dense, experts])  # NCCL reduces device tensors
     dense_part, expert_part = parts[:1], parts[1:]
     dist.all_reduce(dense_part, group=ps.get_model_parallel_group())
     if params.has_experts:
         dist.all_reduce(expert_part, group=ps.get_expert_tensor_model_pipeline_parallel_group())
     return float(parts.sum().sqrt())
+
+
+def replicated_grad_norm(params, group, device) -> float:
+    """Global L2 norm of a model replicated over dp x cp and tensor-parallel over ``group`` (the draft): TP-sharded
+    grads summed over the group, TP-replicated ones counted once (tp rank 0)."""
+    tp_rank = dist.get_rank(group) if group is not None else 0
+    total = _sum_of_squares([p.grad for p in params if p.grad is not None
+                             and (getattr(p, "tensor_model_parallel", False) or tp_rank == 0)], device)[None]
+    if group is not None:
+        dist.all_reduce(total, group=group)
+    return float(total.sqrt())
+
+
+def _sum_of_squares(grads, device, chunk: int = 1 << 24) -> torch.Tensor:
+    """Sum of squared elements in float64 on the device (a float64 scalar tensor), ``chunk`` elements at a time so a
+    large grad is never copied whole to float64."""
+    parts = [piece.double().square().sum() for g in grads for piece in g.reshape(-1).split(chunk)]
+    return torch.stack(parts).sum() if parts else torch.zeros((), dtype=torch.float64, device=device)
 
 
 def all_reduce_grads(params, group) -> None:
@@ -83,5 +114,6 @@ def all_reduce_grads(params, group) -> None:
 
 def clip_grads(params, norm: float, max_norm: float) -> None:
     if norm > max_norm:
-        for p in params:
-            p.grad.mul_(max_norm / (norm + 1e-6))
+        grads = [p.grad for p in params if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, max_norm / (norm + 1e-6))

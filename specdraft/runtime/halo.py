@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from specdraft.runtime.branch_attention import host_values
+
 
 def local_global_rows(cu: list[int], cp: int, rank: int) -> list[int]:
     """Global row index of every local row, in zigzag order (chunks r and 2cp-1-r of each sequence)."""
@@ -38,7 +40,7 @@ def gather_shifted(x: torch.Tensor, shifts: list[int], cu_seqlens: torch.Tensor,
     """
     cp = dist.get_world_size(cp_group) if cp_group is not None else 1
     rank = dist.get_rank(cp_group) if cp_group is not None else 0
-    cu = cu_seqlens.tolist()
+    cu = host_values(cu_seqlens)
     local = local_global_rows(cu, cp, rank)
     if len(local) != x.shape[0]:
         raise ValueError(f"x has {x.shape[0]} rows but cu_seqlens gives {len(local)} local rows at cp={cp}")

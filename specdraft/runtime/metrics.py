@@ -4,7 +4,9 @@
 top-1; `accept_len` is the mean number of tokens one verify step would accept: 1 (the target's own token) plus
 the run of leading TTT steps whose top-1 matched, averaged over positions (see draft.accept_length).
 `moe_aux_loss` (MoE targets with model.moe_aux_loss_coeff > 0) is megatron's load-balancing loss without its
-coefficient, per MoE layer and microbatch: 1.0 when the router spreads tokens evenly.
+coefficient, per MoE layer and microbatch: 1.0 when the router spreads tokens evenly. `grad_norm` and
+`draft_grad_norm` are the global gradient norms before clipping, `loss_scale` the fp16 loss scale the step's
+backward used (null otherwise), `skipped_step` true when an inf/NaN gradient skipped the optimizer step (fp16).
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ class StepMetrics:
         t = self.trainer
         s, steps = t.stats, t.steps_ttt
         # On the trainer's device: NCCL reduces only device tensors.
-        vector = torch.tensor([s["target_sum"], *s["kl"], *s["match"], s["accepted"], s["positions"],
-                               float(t.channel.bytes_sent), moe.take_aux_loss()], dtype=torch.float64,
-                              device=t.device)
+        # The step's sums are device scalars (or 0.0 where nothing was added): one stack, one all-reduce.
+        vector = torch.stack([torch.as_tensor(x, dtype=torch.float64, device=t.device).reshape(()) for x in (
+            s["target_sum"], *s["kl"], *s["match"], s["accepted"], s["positions"], float(t.channel.bytes_sent),
+            moe.take_aux_loss())])
         dist.all_reduce(vector)
-        times = torch.tensor([step_time, s["draft_s"]], dtype=torch.float64, device=t.device)
+        times = torch.tensor([step_time, t.draft_timer.seconds()], dtype=torch.float64, device=t.device)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)
         t.channel.bytes_sent = t.channel.bytes_received = 0
         vector, times = vector.cpu(), times.cpu()
@@ -51,6 +54,7 @@ class StepMetrics:
             "step_time_s": round(float(times[0]), 6),
             "draft_time_s": round(float(times[1]), 6),
             "attention": t.attention,
+            **self._optimizer_fields(),
         }
         self.last = record
         if self.ctx.global_rank == 0:
@@ -62,6 +66,13 @@ class StepMetrics:
                   f"acceptance [{accept}] accept_len {record['accept_len']} {record['step_time_s']:.2f}s",
                   flush=True)
         return record
+
+    def _optimizer_fields(self) -> dict:
+        """The optimizer step's report (precision.optimizer_steps), the same on every rank."""
+        t, report = self.trainer, self.trainer.step_report
+        return {"grad_norm": report.get("grad_norm"), "draft_grad_norm": report.get("draft_grad_norm"),
+                "loss_scale": report.get("loss_scale"), "skipped_step": report.get("skipped", False),
+                "precision": t.precision.describe(t.optimizer.sharded_over)}
 
     def _per_layer_and_microbatch(self, aux_sum: float) -> float | None:
         plan = self.ctx.plan

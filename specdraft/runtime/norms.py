@@ -18,5 +18,7 @@ class RMSNorm(torch.nn.RMSNorm):
     def __init__(self, config, hidden_size: int, eps: float = 1e-5, **kwargs):
         if getattr(config, "normalization", "RMSNorm") != "RMSNorm":
             raise ValueError(f"specdraft's target norm is RMSNorm; config.normalization is {config.normalization!r}")
-        super().__init__(hidden_size, eps=eps)  # as WrappedTorchNorm builds it
+        # In the parameters' dtype (a bf16 model gets a bf16 weight, as megatron's Float16Module would cast it):
+        # an fp32 weight beside bf16 inputs sends torch's rms_norm to its slow unfused path.
+        super().__init__(hidden_size, eps=eps, dtype=getattr(config, "params_dtype", None))
         setattr(self.weight, "sequence_parallel", bool(config.sequence_parallel))

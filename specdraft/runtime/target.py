@@ -17,12 +17,15 @@ from specdraft.plan.model import LaunchPlan, ModelShape
 INIT_STD = 0.02
 
 
-def transformer_config(plan: LaunchPlan, dtype: torch.dtype):
+def transformer_config(plan: LaunchPlan, dtype: torch.dtype, device=None):
+    """megatron's TransformerConfig for ``plan`` with parameters in ``dtype`` on ``device`` (default: CUDA when
+    torch sees it): CUDA-only settings (GPU weight init, batched pipeline P2P) follow the device, not the machine."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from specdraft.runtime import moe
 
     m, par, p = plan.model, plan.parallel, plan.spec.parallel
+    cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
     if plan.spec.training.dtype == "fp8":
         raise ValueError("training.dtype=fp8 needs TransformerEngine's FP8 GEMMs, but specdraft's runtime builds "
                          "megatron's local (non-TE) layers; an fp8 layout plans and renders for Megatron-LM "
@@ -39,8 +42,8 @@ def transformer_config(plan: LaunchPlan, dtype: torch.dtype):
         num_layers_in_last_pipeline_stage=p.last_stage_layers,
         account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
         account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split,
-        pipeline_dtype=dtype, params_dtype=dtype, bf16=dtype == torch.bfloat16,
-        use_cpu_initialization=not torch.cuda.is_available(), perform_initialization=True,
+        pipeline_dtype=dtype, params_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
+        use_cpu_initialization=not cuda, perform_initialization=True,
         gated_linear_unit=m.swiglu, activation_func=F.silu if m.swiglu else F.gelu,
         normalization="RMSNorm", add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0,
         bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
@@ -48,7 +51,7 @@ def transformer_config(plan: LaunchPlan, dtype: torch.dtype):
         cp_comm_type=par.cp_comm_type if par.cp > 1 else None,
         # On gloo, batched P2P can match two irecvs from one peer (pp=2 interleaved: prev == next) out of order,
         # which silently swapped later microbatches' activations; individual isend/irecv keep posting order.
-        batch_p2p_comm=torch.cuda.is_available(),
+        batch_p2p_comm=cuda,
         **moe.config_kwargs(plan),
     )
 
@@ -74,17 +77,17 @@ def build_chunks(plan: LaunchPlan, pp_rank: int, device: torch.device, dtype: to
     from megatron.core.models.gpt import GPTModel
 
     par, m = plan.parallel, plan.model
-    config = transformer_config(plan, dtype)
+    config = transformer_config(plan, dtype, device)
     chunks = []
     for v, chunk in enumerate(plan.stages[pp_rank].chunks):
         first = pp_rank == 0 and v == 0
         last = pp_rank == par.pp - 1 and v == par.num_chunks - 1
         model = GPTModel(config=config, transformer_layer_spec=block_spec(device, dtype, m, chunk.num_layers),
                          vocab_size=m.vocab_size, max_sequence_length=m.seq_length, pre_process=first, post_process=last,
-                         share_embeddings_and_output_weights=False, position_embedding_type="rope",
+                         share_embeddings_and_output_weights=m.tie_embeddings, position_embedding_type="rope",
                          vp_stage=v if par.vpp else None)
         model.to(device)
-        init_parameters(model, chunk.first_layer, par.tp, seed)
+        init_parameters(model, chunk.first_layer, par.tp, seed, tied=m.tie_embeddings)
         chunks.append(model)
     return chunks
 
@@ -98,12 +101,14 @@ def global_name(name: str, offset: int) -> str:
 
 
 @torch.no_grad()
-def init_parameters(model: torch.nn.Module, offset: int, tp: int, seed: int) -> None:
+def init_parameters(model: torch.nn.Module, offset: int, tp: int, seed: int, tied: bool = False) -> None:
     """N(0, 0.02) weights from a generator seeded by the parameter's global name; norms to 1.
 
     The full tensor is drawn and this TP rank's slice taken, so the values do not depend on tp, pp or vpp.
     SwiGLU's fused fc1 is [gate; up] per TP shard, so its full tensor is split as two halves. An MoE expert's
-    parameter is named by its global expert index and split over etp instead (moe.expert_parameter).
+    parameter is named by its global expert index and split over etp instead (moe.expert_parameter). With
+    ``tied`` embeddings the last stage's copy of the output layer (pp > 1) is drawn as the word embedding, so both
+    copies start equal (megatron's start-up all-reduce of the copy is overwritten here, and skipped on CPU).
     """
     from megatron.core import parallel_state as ps
 
@@ -113,6 +118,8 @@ def init_parameters(model: torch.nn.Module, offset: int, tp: int, seed: int) -> 
     local_experts = moe.num_local_experts(model) if hasattr(model, "config") else 0
     for name, param in model.named_parameters():
         gname = global_name(name, offset)
+        if tied and gname == "output_layer.weight":
+            gname = "embedding.word_embeddings.weight"
         if "norm" in gname:
             param.fill_(1.0)
             continue

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 
 import torch
 import torch.distributed as dist
@@ -15,7 +14,9 @@ from specdraft.runtime.context import RankContext
 from specdraft.runtime.core_attention import attention_summary
 from specdraft.runtime.data import MarkovData
 from specdraft.runtime.draft import Eagle3Draft, draft_shape
-from specdraft.runtime.grads import TargetParams, all_reduce_grads, clip_grads, reduce_target_grads, target_grad_norm
+from specdraft.runtime import precision
+from specdraft.runtime.devicetime import DeviceTimer
+from specdraft.runtime.grads import TargetParams
 from specdraft.runtime.halo import gather_shifted
 from specdraft.runtime.tapchannel import TapChannel
 from specdraft.runtime.target import build_chunks, init_parameters, transformer_config
@@ -34,8 +35,9 @@ class CoTrainer:
         self.ctx, self.plan, self.ps = ctx, plan, ps
         par, m, d, t = plan.parallel, plan.model, spec.draft, spec.training
         self.device = torch.device(ctx.device)
-        self.dtype = torch.float32 if self.device.type == "cpu" or t.dtype == "fp32" else (
-            torch.bfloat16 if t.dtype == "bf16" else torch.float16)
+        # The spec's dtype on every device: bf16/fp16 parameters with fp32 main weights (precision.py).
+        self.precision = precision.Policy.of(t)
+        self.dtype = self.precision.param_dtype
         me = ctx.coords
         self.pp_rank, self.tp, self.cp, self.cp_rank = me.pp, par.tp, par.cp, me.cp
         self.dp, self.dp_rank, self.num_microbatches = par.dp, me.dp, plan.num_microbatches
@@ -52,7 +54,12 @@ class CoTrainer:
         self.is_last = self.pp_rank == par.pp - 1
         self.target_params = TargetParams.of(self.chunks)
         self.grad_bytes = 0  # the target's grads at the last optimizer step (state_bytes)
-        self.optimizer = torch.optim.AdamW([p for c in self.chunks for p in c.parameters()], lr=t.lr)
+        self.optimizer = precision.MainOptimizer(self.target_params.all(), lr=t.lr, policy=self.precision,
+                                                 device=self.device, shards=self._optimizer_shards(ps, t))
+        self.loss_scaler = precision.LossScaler() if self.precision.loss_scaling else None
+        for chunk in self.chunks:  # megatron's schedule scales the last stage's loss before backward with it
+            chunk.config.grad_scale_func = self.loss_scaler.scale_loss if self.loss_scaler else None
+        self.step_report: dict = {}
         self.data = MarkovData(vocab_size=m.vocab_size, row_tokens=self.row_tokens, pad_multiple=par.pad_multiple,
                                seed=self.seed)
         self.loss_weight, self.clip, self.draft_clip = d.loss_weight, t.clip_grad, d.clip_grad
@@ -63,10 +70,11 @@ class CoTrainer:
         self.draft = None
         if self.draft_enabled and self.pp_rank == self.draft_stage:
             # The draft's layers never see sequence-parallel activations (taps are gathered over tp first).
-            config = dataclasses.replace(transformer_config(plan, self.dtype), sequence_parallel=False)
+            config = dataclasses.replace(transformer_config(plan, self.dtype, self.device), sequence_parallel=False)
             self.draft = Eagle3Draft(draft_shape(plan), config).to(self.device, self.dtype)
             init_parameters(self.draft, 0, self.tp, self.seed ^ 0x5EED)
-            self.draft_optimizer = torch.optim.AdamW(self.draft.parameters(), lr=d.lr)
+            self.draft_optimizer = precision.MainOptimizer(list(self.draft.parameters()), lr=d.lr,
+                                                           policy=self.precision, device=self.device)
         self.draft_in_loss = self.draft is not None and self.is_last
         self.cp_group = ps.get_context_parallel_group() if self.cp > 1 else None
         self.tp_group = ps.get_tensor_model_parallel_group() if self.tp > 1 else None
@@ -74,6 +82,7 @@ class CoTrainer:
         self.channel = self._channel(plan, ctx, m)
         self.sends_embedding = any(r.tap == "embedding" and r.src_rank == ctx.global_rank for r in plan.tap_routes)
         self.stats: dict = {}
+        self.draft_timer = DeviceTimer(self.device)
 
     def _channel(self, plan, ctx, m) -> TapChannel:
         tokens = self.row_tokens // self.cp
@@ -97,6 +106,7 @@ class CoTrainer:
 
     # ------------------------------------------------------------------------------------------------ per step
     def begin_step(self, step: int) -> None:
+        self.step = step
         rows_per_rank = self.num_microbatches
         rows = self.data.step_rows(step, rows_per_rank * self.dp)
         self.n_target, self.n_draft = global_counts(rows, self.steps_ttt)
@@ -107,8 +117,10 @@ class CoTrainer:
         self.cotraining = self.draft_enabled and step >= self.warmup_steps
         self.channel.active = self.cotraining
         self.channel.begin_step(self.num_microbatches if self.cotraining else 0)
+        # Sums stay on the device (no host sync per microbatch); metrics.record reads them once per step.
         self.stats = {"target_sum": 0.0, "kl": [0.0] * self.steps_ttt, "match": [0.0] * self.steps_ttt,
-                      "accepted": 0.0, "positions": 0.0, "draft_s": 0.0}
+                      "accepted": 0.0, "positions": 0.0}
+        self.draft_timer.reset()
 
     @torch.no_grad()
     def put_embedding(self, model, mb) -> None:
@@ -139,7 +151,7 @@ class CoTrainer:
         ce = tensor_parallel.vocab_parallel_cross_entropy(logits.contiguous(), mb.labels[:, None])
         target_sum = (ce.squeeze(1) * mb.loss_mask).sum()
         if self.ps.get_tensor_model_parallel_rank() == 0:
-            self.stats["target_sum"] += float(target_sum.detach())
+            self.stats["target_sum"] += target_sum.detach().double()
         total = target_sum / self.n_target
         if self.cotraining:
             if self.draft_in_loss:
@@ -155,7 +167,7 @@ class CoTrainer:
         they arrive as the `logits` tap.
         """
         taps = self.channel.receive(mb.index)
-        started = time.perf_counter()  # the draft's own compute: waiting for taps is TapChannel's cost
+        timing = self.draft_timer.start()  # the draft's own compute: waiting for taps is TapChannel's cost
         # This rank's vocab slice of the policy's global log-probs (no gradient).
         target_logp = log_softmax(taps["logits"] if local_logits is None else local_logits, self.tp_group)
         aux_layers = self.plan.draft.aux_layers
@@ -174,12 +186,12 @@ class CoTrainer:
         loss = sum(kl / max(n, 1.0) for kl, n in zip(kl_sums, self.n_draft)) / self.steps_ttt
         if self.ps.get_tensor_model_parallel_rank() == 0:
             for j in range(self.steps_ttt):
-                self.stats["kl"][j] += float(kl_sums[j].detach())
-                self.stats["match"][j] += float(matches[j].sum())
+                self.stats["kl"][j] += kl_sums[j].detach().double()
+                self.stats["match"][j] += matches[j].sum()
             accepted, positions = accept_length(matches, mb.draft_valid[0])
             self.stats["accepted"] += accepted
             self.stats["positions"] += positions
-        self.stats["draft_s"] += time.perf_counter() - started
+        self.draft_timer.stop(timing)
         return loss
 
     def _gather_sp(self, x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -193,41 +205,24 @@ class CoTrainer:
         if self.draft is None or self.draft_in_loss or not self.cotraining:
             return
         for mb in self.microbatches:
-            (self.loss_weight * self.run_draft(mb)).backward()
+            precision.scaled(self.loss_weight * self.run_draft(mb), self.loss_scaler).backward()
+
+    def _optimizer_shards(self, ps, t) -> list | None:
+        """training.distributed_optimizer: the target's main weights and AdamW state split over the ranks that
+        replicate them (dense: dp x cp; experts: expert dp), as the memory estimate assumes."""
+        if not t.distributed_optimizer:
+            return None
+        shards = [(list(self.target_params.dense), ps.get_data_parallel_group(with_context_parallel=True))]
+        if self.target_params.experts:
+            shards.append((list(self.target_params.experts), ps.get_expert_data_parallel_group()))
+        return shards
 
     def optimizer_steps(self) -> None:
-        """Sum the target's grads over the ranks sharing each parameter (grads.py: dense over dp x cp, experts
-        over expert dp), clip by the global norm; the draft's over dp x cp; step both optimizers."""
-        ps = self.ps
-        reduce_target_grads(self.target_params, self.sequence_parallel)
-        self.grad_bytes = sum(p.grad.nbytes for p in self.target_params.all() if p.grad is not None)
-        if self.clip > 0:
-            params = [p for p in self.target_params.all() if p.grad is not None]
-            clip_grads(params, target_grad_norm(self.target_params, self.device), self.clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.draft is not None and self.cotraining:
-            draft_params = [p for p in self.draft.parameters() if p.grad is not None]
-            all_reduce_grads(draft_params, ps.get_data_parallel_group(with_context_parallel=True))
-            if self.draft_clip > 0:
-                clip_grads(draft_params, self._grad_norm(draft_params, self.tp_group), self.draft_clip)
-            self.draft_optimizer.step()
-            self.draft_optimizer.zero_grad(set_to_none=True)
+        """Reduce, unscale, check, clip and step both models' optimizers (precision.optimizer_steps)."""
+        self.step_report = precision.optimizer_steps(self)
 
     def state_bytes(self) -> dict:
         """What this rank holds for the target, measured (plan.memory estimates the same three per stage)."""
         params = self.target_params.all()
-        optimizer = sum(t.nbytes for state in self.optimizer.state.values() for t in state.values()
-                        if torch.is_tensor(t))
         return {"weights": sum(p.nbytes for p in params), "grads": self.grad_bytes,
-                "optimizer": optimizer, "num_params": sum(p.numel() for p in params)}
-
-    def _grad_norm(self, params, group) -> float:
-        """Global L2 norm: TP-sharded grads summed over ``group``, replicated ones counted once."""
-        tp_rank = self.ps.get_tensor_model_parallel_rank()
-        sq = sum(float(p.grad.float().pow(2).sum()) for p in params
-                 if getattr(p, "tensor_model_parallel", False) or tp_rank == 0)
-        total = torch.tensor([sq], dtype=torch.float64, device=self.device)  # NCCL reduces device tensors
-        if group is not None:
-            dist.all_reduce(total, group=group)
-        return float(total.sqrt())
+                "optimizer": self.optimizer.state_bytes(), "num_params": sum(p.numel() for p in params)}

@@ -102,8 +102,9 @@ def head_kl_and_matches(head, hiddens: list[torch.Tensor], target_avail: torch.T
     return kl_sums, matches
 
 
-def accept_length(matches: list[torch.Tensor], valid0: torch.Tensor) -> tuple[float, float]:
-    """(sum over positions of tokens accepted per verify step, number of positions).
+def accept_length(matches: list[torch.Tensor], valid0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum over positions of tokens accepted per verify step, number of positions), as device scalars (read once
+    per step by the metrics, so no host sync per microbatch).
 
     A verify step accepts the longest prefix of draft tokens that match the target's top-1, plus the target's
     own (bonus) token: 1 + the count of leading matching TTT steps at that position.
@@ -113,4 +114,4 @@ def accept_length(matches: list[torch.Tensor], valid0: torch.Tensor) -> tuple[fl
     for m in matches:
         run = run & m
         accepted = accepted + run.to(accepted.dtype)
-    return float(accepted.sum()), float(valid0.sum())
+    return accepted.sum(), valid0.sum()
