@@ -28,12 +28,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def write_plan(run_dir: Path, overrides: list[str]):
-    """Compile the built-in layout with ``overrides`` into run_dir/plan.json; returns the plan."""
+def write_plan(run_dir: Path, overrides: list[str], layout: Path | None = None):
+    """Compile ``layout`` (default: the built-in one) with ``overrides`` into run_dir/plan.json; returns the plan."""
     from specdraft.assemble import compile
     from specdraft.spec.load import load_layout
 
-    plan = compile(load_layout(None, overrides))
+    plan = compile(load_layout(layout, overrides))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "plan.json").write_text(plan.to_json())
     return plan

@@ -7,6 +7,7 @@ TP/CP/PP layout starts from the same weights as the single-process run.
 
 from __future__ import annotations
 
+import os
 import zlib
 
 import torch
@@ -15,6 +16,8 @@ import torch.nn.functional as F
 from specdraft.plan.model import LaunchPlan, ModelShape
 
 INIT_STD = 0.02
+# tests: megatron's batched pipeline P2P (the CUDA path) on gloo too; refused with vpp, where gloo can reorder it.
+BATCH_P2P_ENV = "SPECDRAFT_BATCH_P2P"
 
 
 def transformer_config(plan: LaunchPlan, dtype: torch.dtype, device=None):
@@ -30,6 +33,12 @@ def transformer_config(plan: LaunchPlan, dtype: torch.dtype, device=None):
         raise ValueError("training.dtype=fp8 needs TransformerEngine's FP8 GEMMs, but specdraft's runtime builds "
                          "megatron's local (non-TE) layers; an fp8 layout plans and renders for Megatron-LM "
                          "(`specdraft render --to megatron`), and runs here with training.dtype=bf16")
+    # On gloo, batched P2P can match two irecvs from one peer (pp=2 interleaved: prev == next) out of order, which
+    # silently swapped later microbatches' activations; individual isend/irecv keep posting order. NCCL batches.
+    batch_p2p = cuda or os.environ.get(BATCH_P2P_ENV) == "1"
+    if batch_p2p and not cuda and par.vpp:
+        raise ValueError(f"{BATCH_P2P_ENV}=1 with parallel.vpp={par.vpp} on gloo: gloo can match batched receives "
+                         f"from one peer out of order under the interleaved schedule; unset {BATCH_P2P_ENV}")
     # perform_initialization stays on: megatron tags TP-sharded parameters (partition_dim) only while it
     # initialises them, and init_parameters needs those tags; its values are then overwritten.
     return TransformerConfig(
@@ -49,9 +58,7 @@ def transformer_config(plan: LaunchPlan, dtype: torch.dtype, device=None):
         bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         bias_dropout_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
         cp_comm_type=par.cp_comm_type if par.cp > 1 else None,
-        # On gloo, batched P2P can match two irecvs from one peer (pp=2 interleaved: prev == next) out of order,
-        # which silently swapped later microbatches' activations; individual isend/irecv keep posting order.
-        batch_p2p_comm=cuda,
+        batch_p2p_comm=batch_p2p,
         **moe.config_kwargs(plan),
     )
 
@@ -72,12 +79,14 @@ def block_spec(device, dtype: torch.dtype, model: ModelShape, num_layers: int):
     return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=RMSNorm)
 
 
-def build_chunks(plan: LaunchPlan, pp_rank: int, device: torch.device, dtype: torch.dtype, seed: int) -> list:
-    """This pipeline rank's GPTModel chunks (one per virtual stage), initialised deterministically."""
+def build_chunks(plan: LaunchPlan, pp_rank: int, device: torch.device, dtype: torch.dtype, seed: int,
+                 config=None) -> list:
+    """This pipeline rank's GPTModel chunks (one per virtual stage), initialised deterministically. ``config``
+    (default: transformer_config for ``device``) lets a CPU test build through megatron's GPU init path."""
     from megatron.core.models.gpt import GPTModel
 
     par, m = plan.parallel, plan.model
-    config = transformer_config(plan, dtype, device)
+    config = config or transformer_config(plan, dtype, device)
     chunks = []
     for v, chunk in enumerate(plan.stages[pp_rank].chunks):
         first = pp_rank == 0 and v == 0
