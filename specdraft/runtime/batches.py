@@ -51,7 +51,7 @@ def make_microbatch(index: int, row: Row, *, cp: int, cp_rank: int, steps: int, 
     lengths = (cu[1:] - cu[:-1]).tolist()
     return Microbatch(
         index=index, tokens=shard(row.tokens), labels=shard(row.labels), loss_mask=shard(row.loss_mask),
-        positions=shard(row.positions), cu_seqlens=with_host_values(cu.to(device=device, dtype=torch.int32)),
+        positions=shard(row.positions), cu_seqlens=with_host_values(cu.to(device=device, dtype=torch.int32), cu.tolist()),
         max_seqlen=max(lengths), emb_ids=emb_ids.to(device), emb_index=emb_index.to(device),
         draft_positions=shard(positions),
         draft_valid=shard(valid),

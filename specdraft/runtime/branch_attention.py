@@ -31,11 +31,11 @@ def bytes_sent() -> dict[str, int]:
 _HOST = "_specdraft_host_values"
 
 
-def with_host_values(tensor: torch.Tensor) -> torch.Tensor:
-    """Remember ``tensor``'s values (cu_seqlens, made once per microbatch) on the tensor itself, so `host_values`
-    reads them without a device-to-host sync in every attention call and halo shift of a CUDA step. The tensor
-    must not be changed in place afterwards."""
-    setattr(tensor, _HOST, tuple(tensor.tolist()))
+def with_host_values(tensor: torch.Tensor, values=None) -> torch.Tensor:
+    """Remember ``tensor``'s values (cu_seqlens, made once per microbatch; ``values``: the same values already on
+    the host) on the tensor itself, so `host_values` reads them without a device-to-host sync in every attention
+    call and halo shift of a CUDA step. The tensor must not be changed in place afterwards."""
+    setattr(tensor, _HOST, tuple(int(v) for v in (values if values is not None else tensor.tolist())))
     return tensor
 
 
