@@ -73,22 +73,27 @@ def activation_bytes_per_layer(spec: LayoutSpec, tokens: int, ffn_term: float, r
     """Activations one layer keeps for backward, for ``tokens`` local tokens (already divided by cp).
 
     Korthikanti et al. Table 2, with Megatron-LM's (18 + 4*ffn/h) in place of 34 for the FFN ratio; the 10*sbh
-    of norms/dropout is replicated across tp unless sequence parallelism shards it. Flash/ring attention never
-    stores the s^2 scores, so the 5as/h term is dropped.
+    of norms/dropout and the QKV and fc1 inputs is replicated across tp unless sequence parallelism shards it.
+    Flash/ring attention never stores the s^2 scores, so the 5as/h term is dropped. The paper's 8*sbh for Q, K, V
+    and the projection input assumes multi-head attention with h = heads * head_dim: here Q and the projection
+    input are heads * head_dim wide and K, V num_query_groups * head_dim (GQA keeps them small).
     """
-    p, t, h = spec.parallel, spec.training, spec.model.hidden_size
+    p, t, m = spec.parallel, spec.training, spec.model
+    h = m.hidden_size
     scale = DTYPE_BYTES[t.dtype] / 2  # the paper's constants assume 2-byte activations
     sbh = tokens * h
     if (recompute or t.recompute) == "full":
         return 2 * sbh * scale / (p.tp if p.sequence_parallel else 1)
-    sharded = 8 + ffn_term
+    q, kv = m.num_attention_heads * head_dim(m) / h, kv_heads(m) * head_dim(m) / h
+    replicated, sharded = 10.0, 4 * q + 4 * kv + ffn_term
     if t.dtype == "fp8":
-        # TransformerEngine keeps the four GEMM inputs it saves for backward in fp8: the QKV, projection and fc1
-        # inputs (2 -> 1 sbh each) and fc2's (2f/h -> f/h sbh).
-        sharded -= 3 + ffn_term / 4
+        # TransformerEngine keeps the four GEMM inputs it saves for backward in fp8: the QKV and fc1 inputs
+        # (2 -> 1 sbh each), the projection's (2q -> q) and fc2's (2f/h -> f/h sbh).
+        replicated -= 2
+        sharded -= q + ffn_term / 4
     if p.sequence_parallel:
-        return sbh * (10 + sharded) / p.tp * scale
-    return sbh * (10 + sharded / p.tp) * scale
+        return sbh * (replicated + sharded) / p.tp * scale
+    return sbh * (replicated + sharded / p.tp) * scale
 
 
 def stage_memory(spec: LayoutSpec, stage_counts: list[int], dp: int, edp: int, num_microbatches: int,
