@@ -33,6 +33,8 @@ from specdraft.render.sbatch import render_sbatch
 WORKLOADS = ("selftest", "cotrain")
 # How long `--wait` waits beyond the job's own time limit: queueing time before it starts.
 QUEUE_GRACE_S = 600
+# Slurm holds a requeued job about two minutes (BeginTime) before it may start again.
+REQUEUE_HOLD_S = 150
 
 
 @dataclass(frozen=True)
@@ -203,7 +205,10 @@ def launch(request: LaunchRequest, on_started: Callable[[str], None], on_progres
         return LaunchResult(record, record.state, False, None, started)
     state = record.state
     if state not in TERMINAL:
-        state, record = monitor.wait(request.run_dir, request.plan.slurm.time_limit_s + QUEUE_GRACE_S, on_progress)
+        # Every attempt the job may requeue itself into can use its whole time limit, after Slurm's hold.
+        attempts = request.plan.spec.slurm.max_requeues + 1
+        budget = attempts * (request.plan.slurm.time_limit_s + REQUEUE_HOLD_S) + QUEUE_GRACE_S
+        state, record = monitor.wait(request.run_dir, budget, on_progress)
     plan = monitor.read_plan(request.run_dir)
     return LaunchResult(record, state, True, monitor.problem(request.run_dir, record, state, plan), started)
 
