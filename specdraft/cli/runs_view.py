@@ -103,15 +103,15 @@ def print_status(console: Console, folder: Path, record) -> None:
         reached = reached + 1 if isinstance(reached, int) else count
         console.print(f"progress: step {reached}/{steps} reached ({count} step(s) in metrics.jsonl); last: "
                       + escape(_clip(", ".join(f"{k}={v}" for k, v in last.items()), 200)))
-    newest = monitor.newest_checkpoint(folder)
-    if newest is not None:
-        console.print(f"checkpoint: {escape(newest[0])} is the newest complete one (after step "
-                      f"{escape(str(newest[1].get('step')))}); `specdraft launch ... --resume` continues from it")
         from specdraft.cli.cotrain_view import acceptance_table
 
         table = acceptance_table(folder)
         if table is not None:
             console.print(table)
+    newest = monitor.newest_checkpoint(folder)
+    if newest is not None:
+        console.print(f"checkpoint: {escape(newest[0])} is the newest complete one (after step "
+                      f"{escape(str(newest[1].get('step')))}); `specdraft launch ... --resume` continues from it")
     message = monitor.problem(folder, record, state, plan)
     if message:
         first, _, rest = message.partition("\n")

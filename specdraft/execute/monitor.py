@@ -75,8 +75,7 @@ def _settle(run_dir: str | Path, record: RunRecord, seen: Observation) -> Observ
         return seen
     if record.state == "PREEMPTED":  # settled before: no need to read every result again
         return dataclasses.replace(seen, state="PREEMPTED")
-    results = read_results(run_dir, record.world_size)
-    if len(results) == record.world_size and all(r.get("preempted") for r in results.values()):
+    if stopped_at(read_results(run_dir, record.world_size), record.world_size) is not None:
         return dataclasses.replace(seen, state="PREEMPTED", note="every rank stopped at a checkpoint")
     return seen
 
