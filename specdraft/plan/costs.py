@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from specdraft.plan.memory import DTYPE_BYTES
-from specdraft.spec.derived import aux_layers, head_dim, kv_heads
+from specdraft.spec.derived import aux_layers, draft_vocab_size, head_dim, kv_heads
 from specdraft.spec.gpus import CATALOGUE
 from specdraft.spec.schema import LayoutSpec
 
@@ -101,6 +101,7 @@ class CostModel:
         self.draft_enabled = spec.draft.enabled
         self.ttt_steps, self.draft_layers = spec.draft.ttt_steps, spec.draft.num_layers
         self.num_taps = len(aux_layers(spec)) if spec.draft.enabled else 0
+        self.draft_vocab = draft_vocab_size(spec)
         peak = self.gpu.fp8_flops if self.fp8 and self.gpu.fp8_flops else self.gpu.peak_flops
         self.gemm_peak = peak * (eff.gemm_fp8 if self.fp8 and self.gpu.fp8_flops else eff.gemm_bf16)
         self.bf16_gemm_peak = self.gpu.peak_flops * eff.gemm_bf16
@@ -287,8 +288,8 @@ class CostModel:
         attn_fwd = self._attention(tokens, self.heads / tp, s.cp)
         elem = self._elementwise_bytes(s._replace(recompute="none"), tokens) / self.hbm * PASSES
         per_step = (self.draft_layers * (layer + attn_fwd * (1 + ATTENTION_BACKWARD) + elem)
-                    + self._gemm(tokens, self.vocab / tp, h, bf16)
-                    + CE_BYTES_PER_LOGIT * tokens * self.vocab / tp / self.hbm)
+                    + self._gemm(tokens, self.draft_vocab / tp, h, bf16)
+                    + CE_BYTES_PER_LOGIT * tokens * self.draft_vocab / tp / self.hbm)
         compute = self._gemm(tokens, h, self.num_taps * h, bf16) + steps * per_step
         act = tokens * h * self.act_bytes
         # The runtime's draft layers are megatron's Column/RowParallelLinear without SP or TE's overlap: the two
