@@ -9,11 +9,8 @@ one writes; either way eagle3_format.write makes the folder appear whole.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
-from specdraft.errors import payload_error_line
 
 PUBLISH_DIR = "draft"  # RUN_DIR/draft/step-N/: the versioned drafts a rollout engine reloads between RL steps
 
@@ -82,18 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest complete one)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="the folder to write")
     args = parser.parse_args(argv)
-    import warnings
+    from specdraft.runtime.offline import run_tool
 
-    warnings.filterwarnings("ignore", category=UserWarning, module="megatron")  # config deprecations, TE absent
-    from specdraft.runtime.offline import LoadError
-
-    try:
-        result = export_checkpoint(args.run.absolute(), args.step, args.output.absolute())
-    except LoadError as err:  # ExportError too
-        print(payload_error_line(err.message, err.fix), file=sys.stderr, flush=True)
-        return 2
-    print(json.dumps(result), flush=True)
-    return 0
+    return run_tool(lambda: export_checkpoint(args.run.absolute(), args.step, args.output.absolute()))
 
 
 if __name__ == "__main__":

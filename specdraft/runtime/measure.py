@@ -9,11 +9,8 @@ step N-1 for the checkpoint after N steps, which matters when the data drifts.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
-from specdraft.errors import payload_error_line
 
 DEFAULT_K = 3
 DEFAULT_PROMPTS = 8
@@ -97,19 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-length", type=int, default=DEFAULT_PROMPT_LENGTH)
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW)
     args = parser.parse_args(argv)
-    import warnings
+    from specdraft.runtime.offline import run_tool
 
-    warnings.filterwarnings("ignore", category=UserWarning, module="megatron")  # config deprecations, TE absent
-    from specdraft.runtime.offline import LoadError
-
-    try:
-        result = measure_run(args.run.absolute(), step=args.step, draft_step=args.draft_step, k=args.k,
-                             prompts=args.prompts, prompt_length=args.prompt_length, max_new=args.max_new_tokens)
-    except LoadError as err:
-        print(payload_error_line(err.message, err.fix), file=sys.stderr, flush=True)
-        return 2
-    print(json.dumps(result), flush=True)
-    return 0
+    return run_tool(lambda: measure_run(args.run.absolute(), step=args.step, draft_step=args.draft_step, k=args.k,
+                                        prompts=args.prompts, prompt_length=args.prompt_length,
+                                        max_new=args.max_new_tokens))
 
 
 if __name__ == "__main__":

@@ -157,3 +157,22 @@ def load(plan: LaunchPlan, folder: Path, *, target: bool = True, draft: bool = T
         the_draft.load_state_dict(loaded["draft"])
         the_draft.eval()
     return model, the_draft
+
+
+def run_tool(work) -> int:
+    """The offline tools' shared main: megatron's warnings quieted, the result as one JSON line on stdout, a LoadError
+    as the one-line payload error the CLI shows (exit 2)."""
+    import json
+    import sys
+    import warnings
+
+    from specdraft.errors import payload_error_line
+
+    warnings.filterwarnings("ignore", category=UserWarning, module="megatron")  # config deprecations, TE absent
+    try:
+        result = work()
+    except LoadError as err:  # ExportError too
+        print(payload_error_line(err.message, err.fix), file=sys.stderr, flush=True)
+        return 2
+    print(json.dumps(result), flush=True)
+    return 0
