@@ -22,9 +22,9 @@ from specdraft.plan.estimate import CALIBRATED, Estimator  # noqa: E402
 from specdraft.search.calibration import load_points, point_spec, published_rank, published_variants  # noqa: E402
 
 POINTS = Path(__file__).with_name("calibration_h100.yaml")
-# Only the two kernel efficiencies are fitted. The overlap fractions (tp_exposed, p2p_exposed, dp_exposed) and the
-# knees stay at their priors: with the published points all FP8 and mostly tuned near the same optimum, a fit of
-# them trades one against another (it drove tp_exposed to 0 and dp_exposed to 0.9) without gaining accuracy.
+# Only the two kernel efficiencies are fitted. Which TP and pipeline sends stay exposed follows megatron-core's
+# schedules and TransformerEngine's overlap (specdraft.plan.costs, specdraft.plan.estimate), with each point's
+# recipe settings; the DP overlap fraction, the link efficiencies and the knees stay at their priors.
 FITTED = {"gemm_fp8": (0.3, 0.8), "attention": (0.2, 0.8)}  # name: (low, high)
 
 

@@ -90,3 +90,30 @@ class UserError(SpecdraftError):
         self.message = message
         self.fix = fix
         super().__init__(f"{message}\n  fix: {fix}" if fix else message)
+
+
+# A `python -m specdraft.runtime.*` payload the CLI runs in a subprocess (export, rollout measure) reports a user
+# error as one line on stderr with this prefix and a JSON {"message", "fix"}, then exits 2; the CLI turns the line
+# back into a UserError, so both sides print it the same way.
+PAYLOAD_ERROR_PREFIX = "SPECDRAFT-ERROR "
+
+
+def payload_error_line(message: str, fix: str = "") -> str:
+    import json
+
+    return PAYLOAD_ERROR_PREFIX + json.dumps({"message": message, "fix": fix})
+
+
+def parse_payload_error(line: str) -> UserError | None:
+    """The UserError a payload's error line carries, or None for any other line."""
+    import json
+
+    if not line.startswith(PAYLOAD_ERROR_PREFIX):
+        return None
+    try:
+        data = json.loads(line[len(PAYLOAD_ERROR_PREFIX):])
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    return UserError(str(data.get("message", "")), str(data.get("fix", "")))

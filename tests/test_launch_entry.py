@@ -122,6 +122,11 @@ def test_relaunch_rules(tmp_path, plan):
     with pytest.raises(UserError, match=f"already launched: {tmp_path} \\(slurm, job 999999998, state COMPLETED\\)"):
         check_existing(str(tmp_path), plan, force=False)
     assert check_existing(str(tmp_path), plan, force=True) == 2
+    assert check_existing(str(tmp_path), plan, force=False, resume=True) == 2  # --resume relaunches an ended run
+    _record(tmp_path, plan, executor="slurm", state="PENDING", job_id="999999997")
+    with pytest.raises(UserError, match="already running"):  # ... never one that is queued
+        check_existing(str(tmp_path), plan, force=False, resume=True)
+    _record(tmp_path, plan, executor="slurm", state="COMPLETED", job_id="999999998")
     other = compile(load_layout(None, ["cluster.gpus_per_node=2", "parallel.cp=1"]))
     with pytest.raises(UserError, match="holds a run of another plan"):
         check_existing(str(tmp_path), other, force=True)
@@ -142,3 +147,10 @@ def test_the_launcher_knows_exactly_the_runtime_workloads():
     from specdraft.runtime.entry import WORKLOADS
 
     assert set(LAUNCHABLE) == set(WORKLOADS)
+
+
+def test_the_launcher_knows_the_runtime_preempted_exit_code():
+    from specdraft.execute.local import PREEMPTED_EXIT as LAUNCHER
+    from specdraft.runtime.preempt import PREEMPTED_EXIT
+
+    assert LAUNCHER == PREEMPTED_EXIT == 75

@@ -38,6 +38,7 @@ def test_two_nodes_by_two_tasks_pass_and_the_submitted_script_is_the_dry_run(slu
     assert record["executor"] == "slurm" and record["state"] == "COMPLETED"
     submitted = (folder / "submitit" / f"{record['job_id']}_submission.sh").read_bytes()
     assert submitted == dry.stdout == (folder / "sbatch.sh").read_bytes()
+    assert not list(folder.rglob("*.pkl")), "srun runs the payload itself: no submitit wrapper, nothing pickled"
 
     results = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in (folder / "results").glob("*.json")}
     assert sorted(results) == [0, 1, 2, 3]

@@ -1,48 +1,51 @@
-"""Preemption and requeue on the real local Slurm cluster: two ranks on two emulated nodes, srun running the rank
-payload directly (the sbatch script's `direct` shape; under submitit its own USR2 handler interferes, see
-docs/checkpoints.md). Both jobs must end COMPLETED in sacct with every step in metrics.jsonl exactly once.
+"""Preemption and requeue on the real local Slurm cluster, launched the way a user launches: `specdraft launch
+--executor slurm` (submitit submits the rendered script; its srun runs the rank payload on every task). Two ranks
+on two emulated nodes. Both jobs must end COMPLETED in sacct with every step in metrics.jsonl exactly once.
 
 - `scontrol requeue` mid-run: Slurm SIGTERMs the tasks; they agree on a step, save and exit 75; the requeued job
   (SLURM_RESTART_COUNT=1) resumes on its own.
-- A time limit shorter than the run: Slurm's USR2 warning; the ranks save and rank 0 requeues the job itself.
+- A time limit shorter than the run: Slurm's USR2 warning (`--signal=USR2@12` for 2 minutes); the ranks save and
+  rank 0 requeues the job itself.
 
-Slurm holds a requeued job for about two minutes (BeginTime); the tests release it at once with
-`scontrol update StartTime=now`, which is the only thing they do to the job besides the requeue under test.
+Both jobs run at once (one module fixture watches both), so the module costs the longer of the two. Slurm holds a
+requeued job for about two minutes (BeginTime) before it may start again; the fixture releases it at once with
+`scontrol update StartTime=now`, the only thing it does to a job besides the requeue under test.
+
+Why 2 minutes and not Slurm's smallest limit, 1 minute: Slurm sends the warning up to a minute earlier than asked
+(sbatch(1), --signal: "the resolution of event handling"). Measured here: 80-92 s into a 2-minute job (USR2@12),
+21-29 s into a 1-minute job (USR2@10). An attempt of a 1-minute job has ~25 s, most of it importing torch and
+megatron-core, so it advances a few steps and needed 6 attempts (about 3 minutes) for 30 steps; a 2-minute job
+finishes ~100 s of steps in 2 attempts (about 2.5 minutes).
 """
 
 from __future__ import annotations
 
 import json
-import shlex
+import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
-from specdraft.runtime.preempt import PREEMPTED_EXIT
-from tests.rank_procs import metrics, write_plan
+from specdraft.plan.checkpoints import MARKER
 
 pytestmark = pytest.mark.slurm
 LAYOUT = ["cluster.num_nodes=2", "cluster.gpus_per_node=1", "parallel.cp=1", "training.warmup_steps=0",
           "slurm.partition=debug", "slurm.cpus_per_task=1", "slurm.max_requeues=3"]
-SCRIPT = """#!/bin/bash
-#SBATCH --job-name={name}
-#SBATCH --nodes=2
-#SBATCH --ntasks-per-node=1
-#SBATCH --cpus-per-task=1
-#SBATCH --time={time}
-#SBATCH --signal=USR2@{delay}
-#SBATCH --partition=debug
-#SBATCH --chdir={run_dir}
-#SBATCH --output={run_dir}/slurm-%j.out
-#SBATCH --open-mode=append
-MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 40000 ))
-export MASTER_ADDR MASTER_PORT OMP_NUM_THREADS=1 {env}
-echo "[test] attempt ${{SLURM_RESTART_COUNT:-0}} starts"
-srun --kill-on-bad-exit=1 {python} -u -m specdraft.runtime.entry {plan} --workload cotrain
-"""
+REQUEUE_STEPS = 12
+# About 110 s of steps: more than a first attempt can run before the warning (at most 108 s into it), little
+# enough that the second attempt finishes before its own warning (at least 48 s into it, ~80 s as measured).
+LIMIT_STEPS = 48
+RUNS = {
+    "requeue": [*LAYOUT, "slurm.time=00:05:00", "training.save_interval=4", f"training.train_iters={REQUEUE_STEPS}",
+                "slurm.env.SPECDRAFT_STEP_PAUSE_S=0.3"],
+    "timelimit": [*LAYOUT, "slurm.time=00:02:00", f"training.train_iters={LIMIT_STEPS}",
+                  "slurm.env.SPECDRAFT_STEP_PAUSE_S=2"],
+}
+WATCH_S = 480
 
 
 def _run(cmd: list[str], timeout: float = 15) -> str:
@@ -50,87 +53,115 @@ def _run(cmd: list[str], timeout: float = 15) -> str:
     return proc.stdout.strip()
 
 
-def _submit(run_dir, plan, *, time_limit: str, env: str = "") -> str:
-    script = run_dir / "job.sh"
-    script.write_text(SCRIPT.format(name=f"specdraft-test-{run_dir.name}", time=time_limit,
-                                    delay=plan.slurm.signal_delay_s, run_dir=shlex.quote(str(run_dir)), env=env,
-                                    python=shlex.quote(sys.executable), plan=shlex.quote(str(run_dir / "plan.json"))))
-    job_id = _run(["sbatch", "--parsable", str(script)])
-    assert job_id.isdigit(), job_id
-    return job_id
+def _rows(folder: Path) -> list[dict]:
+    path = folder / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _finish(job_id: str, timeout: float, during=None) -> tuple[str, int]:
-    """Wait for the job to leave the queue, releasing each requeue's BeginTime hold; (sacct state, releases)."""
-    deadline = time.monotonic() + timeout
-    releases = 0
+@dataclass
+class Job:
+    folder: Path
+    job_id: str
+    releases: int = 0
+    requeued_at: int | None = None  # metrics rows when the test ran `scontrol requeue`
+    state: str = "UNKNOWN"  # sacct's, once it left the queue
+    status: str = ""  # `specdraft status` at the end
+    logs: dict[str, str] = field(default_factory=dict)
+
+
+@pytest.fixture(scope="module")
+def jobs(slurm_cluster, tmp_path_factory) -> dict[str, Job]:
+    root = tmp_path_factory.mktemp("preempt")
+    cli = str(Path(sys.executable).with_name("specdraft"))
+    env = {k: v for k, v in os.environ.items() if k != "SPECDRAFT_DEBUG"}
+    out: dict[str, Job] = {}
     try:
-        while time.monotonic() < deadline:
-            state = _run(["squeue", "-h", "-j", job_id, "-o", "%T|%r"])
-            if not state:
-                break
-            if state == "PENDING|BeginTime":
-                _run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
-                releases += 1
-            if during is not None:
-                during()
-            time.sleep(0.5)
-        else:
-            pytest.fail(f"job {job_id} still queued or running after {timeout} s")
+        for name, overrides in RUNS.items():
+            folder = root / name
+            proc = subprocess.run([cli, "launch", *overrides, "--executor", "slurm", "--run-dir", str(folder)],
+                                  cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            out[name] = Job(folder, json.loads((folder / "run.json").read_text())["job_id"])
+        _watch(out)
     finally:
-        if _run(["squeue", "-h", "-j", job_id, "-o", "%T"]):
-            _run(["scancel", job_id])
+        for job in out.values():
+            if _run(["squeue", "-h", "-j", job.job_id, "-o", "%T"]):
+                _run(["scancel", job.job_id])
+    for job in out.values():
+        job.state = _sacct_state(job.job_id)
+        job.status = subprocess.run([cli, "status", str(job.folder)], cwd=root, env=env, capture_output=True,
+                                    text=True, timeout=60, check=False).stdout
+        job.logs = {p.name: p.read_text(errors="replace") for p in (job.folder / "submitit").glob("*_log.*")}
+    return out
+
+
+def _watch(jobs: dict[str, Job]) -> None:
+    """Until every job left the queue: release each requeue's BeginTime hold; requeue the first job once mid-run."""
+    deadline = time.monotonic() + WATCH_S
+    requeue = jobs["requeue"]
+    while time.monotonic() < deadline:
+        queued = False
+        for job in jobs.values():
+            state = _run(["squeue", "-h", "-j", job.job_id, "-o", "%T|%r"])
+            queued = queued or bool(state)
+            if state == "PENDING|BeginTime":
+                _run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"])
+                job.releases += 1
+        if requeue.requeued_at is None and (requeue.folder / "checkpoints" / "step-4" / MARKER).is_file():
+            rows = len(_rows(requeue.folder))
+            if rows >= 6:
+                _run(["scontrol", "requeue", requeue.job_id])
+                requeue.requeued_at = rows
+        if not queued:
+            return
+        time.sleep(0.5)
+    pytest.fail(f"jobs still queued or running after {WATCH_S} s: {[j.job_id for j in jobs.values()]}")
+
+
+def _sacct_state(job_id: str) -> str:
+    state: list[str] = []
     for _ in range(60):  # sacct can lag the end of a job by a moment
         state = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"]).split()
         if state and state[0] not in ("RUNNING", "PENDING", "REQUEUED", "COMPLETING"):
-            return state[0], releases
+            return state[0]
         time.sleep(0.5)
-    return state[0] if state else "UNKNOWN", releases
+    return state[0] if state else "UNKNOWN"
 
 
-def _check_every_step_once(run_dir, steps: int) -> list[dict]:
-    rows = metrics(run_dir)
+def _check_every_step_once(job: Job, steps: int) -> list[dict]:
+    rows = _rows(job.folder)
     assert [r["step"] for r in rows] == list(range(steps)), "every step exactly once"
-    results = [json.loads((run_dir / "results" / f"rank-{r:05d}.json").read_text()) for r in range(2)]
+    results = [json.loads((job.folder / "results" / f"rank-{r:05d}.json").read_text()) for r in range(2)]
     assert all(r["ok"] and r["steps"] == steps for r in results), results
     return results
 
 
-@pytest.mark.timeout(420)
-def test_scontrol_requeue_mid_run_resumes_and_completes(slurm_cluster, tmp_path):
-    steps = 16
-    run_dir = tmp_path / "requeue"
-    plan = write_plan(run_dir, [*LAYOUT, "training.save_interval=4", f"training.train_iters={steps}"])
-    job_id = _submit(run_dir, plan, time_limit="00:10:00", env="SPECDRAFT_STEP_PAUSE_S=0.2")
-    requeued = []
+def _log(job: Job, rank: int, stream: str = "out") -> str:
+    return job.logs.get(f"{job.job_id}_{rank}_log.{stream}", "")
 
-    def requeue_once_mid_run():
-        if not requeued and (run_dir / "checkpoints" / "step-4").is_dir() and len(metrics(run_dir)) >= 6:
-            _run(["scontrol", "requeue", job_id])
-            requeued.append(len(metrics(run_dir)))
 
-    state, releases = _finish(job_id, 360, during=requeue_once_mid_run)
-    log = (run_dir / f"slurm-{job_id}.out").read_text()
-    assert state == "COMPLETED", log[-3000:]
-    assert requeued and releases >= 1 and "[test] attempt 1 starts" in log
-    results = _check_every_step_once(run_dir, steps)
+@pytest.mark.timeout(WATCH_S + 240)
+def test_scontrol_requeue_mid_run_resumes_and_completes(jobs):
+    job = jobs["requeue"]
+    assert job.state == "COMPLETED", _log(job, 0, "err")[-3000:]
+    assert job.requeued_at is not None and job.requeued_at < REQUEUE_STEPS and job.releases >= 1
+    results = _check_every_step_once(job, REQUEUE_STEPS)
     assert results[0]["resumed_step"] >= 4, "the second attempt continued from a checkpoint, not from step 0"
-    assert requeued[0] < steps
+    assert "cotrain preempted (SIGTERM)" in _log(job, 1), "the requeue's SIGTERM reached the payload itself"
+    assert "state COMPLETED" in job.status and "attempts (launches): 1:" in job.status
+    assert f"restarts of job {job.job_id} by Slurm (requeues): 1" in job.status
+    assert f"progress: step {REQUEUE_STEPS}/{REQUEUE_STEPS} reached" in job.status
 
 
-@pytest.mark.timeout(600)
-def test_a_time_limit_shorter_than_the_run_requeues_itself_and_completes(slurm_cluster, tmp_path):
-    # At least 120 s of steps (the pause alone) against a 2-minute limit: the run cannot finish in one attempt.
-    # Slurm sends the USR2 warning between ~60 s and 108 s in (it measured 78 s here: its timer is coarse).
-    steps = 80
-    run_dir = tmp_path / "timelimit"
-    plan = write_plan(run_dir, [*LAYOUT, "slurm.time=00:02:00", f"training.train_iters={steps}"])
-    job_id = _submit(run_dir, plan, time_limit="00:02:00", env="SPECDRAFT_STEP_PAUSE_S=1.5")
-    state, releases = _finish(job_id, 540)
-    log = (run_dir / f"slurm-{job_id}.out").read_text()
-    assert state == "COMPLETED", log[-3000:]
-    assert releases >= 1 and "[test] attempt 1 starts" in log
-    assert "[specdraft] preempted after step" in log and ": requeued (requeue 1 of at most 3)" in log
-    assert "cotrain preempted (SIGUSR2) after step" in log and f"exit code {PREEMPTED_EXIT}" in log
-    results = _check_every_step_once(run_dir, steps)
+@pytest.mark.timeout(WATCH_S + 240)
+def test_a_time_limit_shorter_than_the_run_requeues_itself_and_completes(jobs):
+    job = jobs["timelimit"]
+    assert job.state == "COMPLETED", _log(job, 0, "err")[-3000:]
+    assert job.releases >= 1
+    rank0 = _log(job, 0)
+    assert "[specdraft] preempted after step" in rank0 and ": requeued (requeue 1 of at most 3)" in rank0
+    assert "cotrain preempted (SIGUSR2) after step" in _log(job, 1), "USR2 reached the payload, not a wrapper"
+    results = _check_every_step_once(job, LIMIT_STEPS)
     assert results[0]["resumed_step"] > 0
+    restarts = int(job.status.split(f"restarts of job {job.job_id} by Slurm (requeues): ")[1].split()[0])
+    assert 1 <= restarts <= 3 and "state COMPLETED" in job.status

@@ -1,5 +1,6 @@
-"""The rendered sbatch script: goldens for the shipped layouts, submitit's contract, and hostile values run
-through bash with srun/scontrol replaced by recording stubs (proving nothing executes and values arrive intact)."""
+"""The rendered sbatch script: goldens for the shipped layouts, srun running the payload itself on every task, the
+submission through submitit (a stub sbatch), and hostile values run through bash with srun/scontrol replaced by
+recording stubs (proving nothing executes and values arrive intact)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import subprocess
 import textwrap
 from importlib import resources
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -51,26 +51,60 @@ def test_render_is_a_pure_function_of_its_inputs():
     assert one.payload_argv == [PYTHON, "-u", "-m", "specdraft.runtime.entry", "/r/x/plan.json", "--workload",
                                 "selftest", "--steps", "3"]
     assert f"specdraft {plan.specdraft_version}" in one.script and plan.spec_sha256 in one.script
+    resumed = render_sbatch(plan, "/r/x", python=PYTHON, resume=True)
+    assert resumed.payload_argv[-1] == "--resume" and resumed.srun_line.endswith(" --resume")
+    moved = render_sbatch(plan, "/r/x", python=PYTHON, resume_from="/ckpt dir/step-3")
+    assert moved.payload_argv[-2:] == ["--resume-from", "/ckpt dir/step-3"]
+    assert moved.srun_line.endswith(" --resume-from '/ckpt dir/step-3'")
+    with pytest.raises(ValueError, match="--resume-from"):  # a line break would end the payload's comment line
+        render_sbatch(plan, "/r/x", python=PYTHON, resume_from="/a\nrm -rf /")
 
 
-def test_script_carries_what_submitit_needs():
+def test_srun_runs_the_payload_itself_on_every_task():
+    # No submitit wrapper between srun and the payload: USR2 and SIGTERM must reach the runtime's own handlers.
     plan = _plan(overrides=["cluster.num_nodes=2", "cluster.gpus_per_node=2", "slurm.time=00:02:00"])
     render = render_sbatch(plan, "/r/run", python=PYTHON)
     lines = render.script.splitlines()
     for line in ("#SBATCH --output=/r/run/submitit/%j_0_log.out", "#SBATCH --error=/r/run/submitit/%j_0_log.err",
                  "#SBATCH --open-mode=append", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2",
-                 "#SBATCH --time=00:02:00", "export SUBMITIT_EXECUTOR=slurm"):
+                 "#SBATCH --time=00:02:00"):
         assert line in lines
     # A 2-minute limit with submitit's default USR2@90 would fire at once and kill the job early.
     assert "#SBATCH --signal=USR2@12" in lines
     assert not any("--gpus-per-node" in line for line in lines)  # cpu layout
-    # The command submitit itself would put on the srun line (its _submitit_command_str), byte for byte.
-    from submitit.slurm.slurm import SlurmExecutor
-
-    fake = SimpleNamespace(python=shlex.quote(PYTHON), folder=Path("/r/run/submitit"))
-    assert render.submitit_command == SlurmExecutor._submitit_command_str.fget(fake)
-    assert f"    {render.srun_line}" in lines
+    assert "submitit.core" not in render.script and "SUBMITIT" not in render.script
+    srun = [line for line in lines if line.startswith("srun ")]
+    assert srun == [render.srun_line] and render.srun_line.endswith(" " + render.task_command)
+    assert render.task_command == shlex.join(render.payload_argv)
     assert "--output=/r/run/submitit/%j_%t_log.out" in render.srun_line
+
+
+def test_submission_goes_through_submitit_without_its_wrapper_or_pickles(tmp_path, monkeypatch):
+    from specdraft.execute import submit
+
+    plan = _plan()
+    run_dir = tmp_path / "run"
+    render = render_sbatch(plan, str(run_dir), python=PYTHON)
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    _stub(stubs / "srun", "exit 0\n")  # submitit looks for srun on PATH before it agrees to submit
+    answers = {"ok": 'cp "$1" {copy}; echo "Submitted batch job 4242"', "refused":
+               'echo "sbatch: error: invalid partition specified: nope" >&2; exit 1', "timeout":
+               'echo "sbatch: error: Socket timed out on send/recv operation" >&2; exit 1', "garbled": "echo hello"}
+    monkeypatch.setenv("PATH", f"{stubs}:{os.environ['PATH']}")
+    outcomes = {}
+    for name, body in answers.items():
+        _stub(stubs / "sbatch", body.format(copy=shlex.quote(str(tmp_path / "submitted.sh"))) + "\n")
+        try:
+            outcomes[name] = submit.submit(submit.make_executor(render, plan.world_size))
+        except (submit.SubmitRefused, submit.SubmitUnknown) as err:
+            outcomes[name] = (type(err).__name__, str(err))
+    assert outcomes["ok"] == "4242"
+    assert (tmp_path / "submitted.sh").read_text() == render.script
+    assert (run_dir / "submitit" / "4242_submission.sh").read_text() == render.script
+    assert outcomes["refused"][0] == "SubmitRefused" and "invalid partition" in outcomes["refused"][1]
+    assert outcomes["timeout"][0] == "SubmitUnknown" and outcomes["garbled"][0] == "SubmitUnknown"
+    assert not list(run_dir.rglob("*.pkl")), "nothing pickled: no wrapper runs in the job"
 
 
 def test_nccl_settings_follow_the_layout():
@@ -126,14 +160,14 @@ def _stub(path: Path, body: str) -> None:
     path.chmod(0o755)
 
 
-@pytest.mark.parametrize("mode", ["submitit", "direct"])
-def test_hostile_values_are_inert_and_arrive_intact(tmp_path, mode):
+def test_hostile_values_are_inert_and_arrive_intact(tmp_path):
     canary = tmp_path / "PWNED"
     layout = _with_slurm(HOSTILE_SLURM.format(canary=canary))
     plan = compile(load_layout_text(layout, source="hostile"))
     run_dir = str(tmp_path / f"run $(touch {canary}) `touch {canary}` 'q' \"d\" ;x")
     python = f"/opt/my venv/bin/python $(touch {canary})"
-    render = render_sbatch(plan, run_dir, python=python)
+    checkpoint = f"/ckpt/$(touch {canary}) `touch {canary}` 'q';x/step-3"
+    render = render_sbatch(plan, run_dir, python=python, resume_from=checkpoint)
     script = tmp_path / "job.sh"
     script.write_text(render.script)
 
@@ -147,8 +181,7 @@ def test_hostile_values_are_inert_and_arrive_intact(tmp_path, mode):
     _stub(stubs / "scontrol", 'test "$1 $2" = "show hostnames" && printf "n7\\nn8\\n"\n')
     env = {"PATH": f"{stubs}:{os.environ['PATH']}", "SLURM_JOB_ID": "4321", "SLURM_JOB_NODELIST": "n[7-8]",
            "HOME": str(tmp_path)}
-    args = ["bash", str(script)] + (["direct"] if mode == "direct" else [])
-    proc = subprocess.run(args, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30, check=False)
+    proc = subprocess.run(["bash", str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30, check=False)
     assert proc.returncode == 0, proc.stderr
     assert not canary.exists(), "a value in the script was executed"
 
@@ -158,15 +191,12 @@ def test_hostile_values_are_inert_and_arrive_intact(tmp_path, mode):
     assert argv[:6] == ["--unbuffered", "--kill-on-bad-exit=1", f"--output={folder}/%j_%t_log.out",
                         f"--error={folder}/%j_%t_log.err", f"--container-image={slurm.container_image}",
                         f"--container-mounts={slurm.container_mounts[0]}"]
-    if mode == "direct":
-        assert argv[6:] == render.payload_argv
-    else:
-        assert argv[6:] == [python, "-u", "-m", "submitit.core._submit", folder]
+    assert argv[6:] == render.payload_argv and argv[-2:] == ["--resume-from", checkpoint]
     got = dict(item.split("=", 1) for item in (record / "env").read_bytes().decode().split("\0") if "=" in item)
     for key, value in slurm.env.items():
         assert got[key] == value, key
     assert got["MASTER_ADDR"] == "n7" and got["MASTER_PORT"] == str(20000 + 4321 % 40000)
-    assert got["OMP_NUM_THREADS"] == str(slurm.cpus_per_task) and got["SUBMITIT_EXECUTOR"] == "slurm"
+    assert got["OMP_NUM_THREADS"] == str(slurm.cpus_per_task)
 
 
 @pytest.mark.parametrize("name,fields,path", [

@@ -23,7 +23,13 @@ def launch(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the sbatch script (stdout) and the srun line and "
                                  "per-rank command (stderr); create nothing, submit nothing."),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="The run folder (default: runs/<name>-<hash8>)."),
-    force: bool = typer.Option(False, "--force", help="Launch again into a run folder whose job has ended."),
+    force: bool = typer.Option(False, "--force", help="Launch again into a run folder whose job has ended, from "
+                               "step 0 (its old checkpoints and metrics move to attempts/)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run folder from its newest complete "
+                                "checkpoint (relaunches a run that ended; never one that is queued or running)."),
+    resume_from: Optional[str] = typer.Option(None, "--resume-from", metavar="CHECKPOINT", help="Start from this "
+                                              "checkpoint folder (another run, or another layout of the same "
+                                              "model)."),
     workload: str = typer.Option("cotrain", "--workload", "-w", help="cotrain (the co-training job) or selftest "
                                  "(collectives over every group and tap route)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Steps to run (default: training.train_iters)."),
@@ -31,19 +37,26 @@ def launch(
     python: Optional[str] = typer.Option(None, "--python", help="Interpreter on the nodes (default: this one; "
                                          "`python` inside a container image)."),
 ) -> None:
-    """Launch a plan on Slurm (through submitit) or locally, one process per rank."""
+    """Launch a plan on Slurm (through submitit) or locally, one process per rank.
+
+    Exit codes: 0 the run passed (or was queued), 2 it failed or could not start, 75 every rank stopped at a
+    checkpoint (preempted: --resume continues it)."""
     from specdraft.cli.args import load_plan
     from specdraft.execute import launch as use_case
 
     plan, _ = load_plan(args)  # a plan.json is re-validated and re-compiled from its spec
     request = use_case.prepare(plan, executor=executor, run_dir=run_dir, python=python, workload=workload,
-                               steps=steps, force=force, wait=wait)
+                               steps=steps, force=force, wait=wait, resume=resume, resume_from=resume_from)
     err = _console(stderr=True)
+    for note in request.notes:
+        err.print(f"warning: {note}", markup=False)
     if dry_run:
         _print_dry_run(request, err)
         return
     err.print(f"executor: {request.executor} ({request.executor_why})", markup=False)
     err.print(f"run folder: {request.run_dir}", markup=False)
+    if request.checkpoint:
+        err.print(f"resuming from: {request.checkpoint}", markup=False)
     out = _console()
     bar = None
     if workload == "cotrain" and request.waits:
@@ -84,6 +97,8 @@ def _print_dry_run(request, err) -> None:
     err.print(f"# dry run: nothing written, nothing submitted. executor: {request.executor} "
               f"({request.executor_why})", markup=False)
     err.print(f"# run folder: {request.run_dir}", markup=False)
+    if request.checkpoint:
+        err.print(f"# resumes from: {request.checkpoint} (every rank gets the same flag)", markup=False)
     err.print(f"# srun line: {request.render.srun_line}", markup=False)
     err.print(f"# per-rank command: {shlex.join(request.render.payload_argv)}", markup=False)
     for note in dry_run_notes(request):
@@ -101,6 +116,10 @@ def _finish(folder, result) -> None:
     results = read_results(folder, plan.world_size)
     out = _console()
     out.print(rank_table(plan, results, result.state))
+    if result.problem and result.state != "CANCELLED" and monitor.stopped_at(results, plan.world_size) is not None:
+        # Not a failure: every rank saved and stopped (EX_TEMPFAIL, the ranks' own exit code): run it again.
+        _console(stderr=True).print(f"{result.state}: {result.problem}", markup=False)
+        raise typer.Exit(75)
     if result.problem:
         raise UserError(result.problem, f"the logs: specdraft logs {folder} --rank N")
     passed = sum(1 for r in results.values() if r.get("ok"))

@@ -169,14 +169,19 @@ def version() -> None:
 
 
 def _register_optional_commands() -> None:
-    """Launch/run-management, rollout and search commands live in their own modules (imported lazily inside)."""
+    """Launch/run-management, rollout, search and export commands live in their own modules (imported lazily
+    inside); `rollout measure` joins the rollout sub-app."""
+    from specdraft.cli import export as export_cmds
     from specdraft.cli import launch as launch_cmds
+    from specdraft.cli import measure as measure_cmds
     from specdraft.cli import rollout as rollout_cmds
     from specdraft.cli import search as search_cmds
 
     launch_cmds.register(app)
     rollout_cmds.register(app)
+    measure_cmds.register(rollout_cmds.rollout_app)
     search_cmds.register(app)
+    export_cmds.register(app)
 
 
 def main() -> None:

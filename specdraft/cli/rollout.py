@@ -140,6 +140,10 @@ def simulate_cmd(
     plot: Optional[str] = typer.Option(None, "--plot", help="Write a PNG timeline (needs matplotlib)."),
     plot_tp: Optional[str] = typer.Option(None, "--plot-tp", help="With --adaptive-tp: write a PNG of static vs "
                                           "adaptive TP generation, switch points marked (needs matplotlib)."),
+    acceptance_from: Optional[str] = typer.Option(None, "--acceptance-from", metavar="RUN_OR_JSON",
+                                                  help="Speculate with a measured draft (`rollout measure --format "
+                                                       "json` output, or a run folder's metrics) instead of "
+                                                       "rollout.acceptance_rate, and compare with no speculation."),
 ) -> None:
     """Simulate verl, fifo, random, sorted, longest_first, asp and the oracle side by side (model-based estimates)."""
     from specdraft.errors import UserError
@@ -172,7 +176,12 @@ def simulate_cmd(
                            tp_overhead_scale=tp_overhead_scale, tp_predictor=tp_predictor,
                            check_every_steps=check_every, tp_start=tp_start, verl_tp=verl_tp,
                            timeline=plot is not None or plot_tp is not None)
-    report = run(spec, opts)
+    from specdraft.cli import measure as measured_draft
+
+    measured = measured_draft.read_measured(acceptance_from, spec) if acceptance_from else None
+    report = run(spec if measured is None else measured_draft.with_measured(spec, measured), opts)
+    if measured is not None:
+        measured_draft.add_speedup(report, spec, opts, measured)
     if plot:
         from specdraft.rollout.plot import write_timeline
 
@@ -187,6 +196,8 @@ def simulate_cmd(
         sys.stdout.write(json.dumps({k: v for k, v in report.data.items()}, indent=2) + "\n")
         return
     _print_simulation(_console(), report.data)
+    if measured is not None:
+        measured_draft.print_speedup(_console(), report.data["acceptance_from"])
     for path in (plot, plot_tp):
         if path:
             _console().print(f"wrote {path}", markup=False)

@@ -11,7 +11,8 @@ from rich.markup import escape
 from rich.table import Table
 
 STYLE = {"COMPLETED": "green", "RUNNING": "cyan", "PENDING": "yellow", "SUBMITTING": "yellow", "STARTING": "yellow",
-         "CANCELLED": "magenta", "TIMEOUT": "red", "FAILED": "red", "SUBMIT_FAILED": "red", "LOST": "red"}
+         "REQUEUED": "yellow", "PREEMPTED": "yellow", "CANCELLED": "magenta", "TIMEOUT": "red", "FAILED": "red",
+         "SUBMIT_FAILED": "red", "LOST": "red"}
 
 
 def _state(state: str) -> str:
@@ -25,6 +26,9 @@ def _rank_state(result: dict | None, job_state: str) -> str:
                                                           "[red]no result[/]")
     if result.get("ok"):
         return "[green]ok[/]"
+    stopped = result.get("preempted")
+    if isinstance(stopped, dict):
+        return f"[yellow]preempted (step {escape(str(stopped.get('step')))})[/]"
     return "[magenta]terminated[/]" if result.get("terminated") else "[red]FAILED[/]"
 
 
@@ -84,27 +88,46 @@ def print_status(console: Console, folder: Path, record) -> None:
     console.print(f"{escape(record.executor)} job {escape(record.job_id or '-')}  state {_state(state)} (from "
                   f"{escape(seen.source)}){reason}{nodes}  submitted {escape(str(record.submitted or '-'))}  attempt "
                   f"{len(record.attempts)}  workload {escape(record.workload)}")
+    _print_history(console, record, monitor.restarts(record) if record.job_id else None)
     done = sum(1 for r in results.values() if r.get("ok"))
-    console.print(f"ranks: {done}/{plan.world_size} passed, {len(results) - done} failed, "
+    stopped = sum(1 for r in results.values() if not r.get("ok") and isinstance(r.get("preempted"), dict))
+    saved = f"{stopped} stopped at a checkpoint, " if stopped else ""
+    console.print(f"ranks: {done}/{plan.world_size} passed, {saved}{len(results) - done - stopped} failed, "
                   f"{plan.world_size - len(results)} without a result")
     console.print(rank_table(plan, results, state))
     metrics = monitor.metrics_summary(folder)
     if metrics:
         count, last = metrics
         steps = record.steps or plan.spec.training.train_iters
-        console.print(f"progress: {count}/{steps} step(s) logged in metrics.jsonl; last: "
+        reached = last.get("step")
+        reached = reached + 1 if isinstance(reached, int) else count
+        console.print(f"progress: step {reached}/{steps} reached ({count} step(s) in metrics.jsonl); last: "
                       + escape(_clip(", ".join(f"{k}={v}" for k, v in last.items()), 200)))
         from specdraft.cli.cotrain_view import acceptance_table
 
         table = acceptance_table(folder)
         if table is not None:
             console.print(table)
+    newest = monitor.newest_checkpoint(folder)
+    if newest is not None:
+        console.print(f"checkpoint: {escape(newest[0])} is the newest complete one (after step "
+                      f"{escape(str(newest[1].get('step')))}); `specdraft launch ... --resume` continues from it")
     message = monitor.problem(folder, record, state, plan)
     if message:
         first, _, rest = message.partition("\n")
         console.print(f"[bold red]{escape(first)}[/]")
         if rest:
             console.print(escape(rest), markup=False)
+
+
+def _print_history(console: Console, record, restarts: int | None) -> None:
+    """The launches into this folder (attempts, newest last) and the scheduler's own restarts of the current job."""
+    shown = record.attempts[-5:]
+    parts = [f"#{a.attempt} {escape(a.job_id or '-')} {_state(a.state)}" for a in shown]
+    more = f"{len(record.attempts) - len(shown)} earlier, " if len(record.attempts) > len(shown) else ""
+    console.print(f"attempts (launches): {len(record.attempts)}: {more}{', '.join(parts)}")
+    if restarts is not None:
+        console.print(f"restarts of job {escape(record.job_id or '-')} by Slurm (requeues): {restarts}")
 
 
 MAX_PRINT_BYTES = 4 << 20  # `logs` without --follow prints at most the last 4 MiB of each file

@@ -97,9 +97,10 @@ class Executor(ABC):
     def log_paths(self, record: RunRecord, rank: int) -> tuple[str, str]:
         """(stdout, stderr) of one rank, relative to the run folder."""
 
-    def failure_traces(self, run_dir: Path, record: RunRecord, world_size: int) -> dict[int, str]:
-        """rank -> an error the executor kept for a rank that left no result line."""
-        return {}
+    def restarts(self, record: RunRecord) -> int | None:
+        """How often the scheduler restarted the run's job by itself (Slurm requeues); None: not known, or an
+        executor that never restarts a run."""
+        return None
 
     def started_summary(self, record: RunRecord, plan: LaunchPlan) -> str:
         """One line saying what was started."""

@@ -1,7 +1,7 @@
 """The launch use case: prepare a request, apply the relaunch rules, record the intent, start, wait, decide.
 
 The protocol (docs/launch.md, "Never twice"): under an exclusive flock on RUN/.launch.lock, read run.json and refuse
-if it holds a job (unless --force and that job is over); write plan.json and the executor's files; record the intent
+if it holds a job (unless --force or --resume and that job is over); write plan.json and the executor's files; record the intent
 (state SUBMITTING, attempt n) atomically BEFORE sbatch; then record sbatch's answer (the job id, or SUBMIT_FAILED
 when sbatch said no). A crash between the two leaves SUBMITTING on disk: the next launch looks the job up by name in
 sacct/squeue and never submits blindly.
@@ -21,10 +21,11 @@ from specdraft.execute import monitor
 from specdraft.execute.executor import Executor, ProgressFn
 from specdraft.execute.record import Attempt, RunRecord, new_record, now_iso, read_record
 from specdraft.execute.request import LaunchRequest
-from specdraft.execute.rundir import (ACTIVE, TERMINAL, claim_run_dir, launch_lock, refuse_foreign, replace_record,
-                                      run_dir_for)
+from specdraft.execute.rundir import (ACTIVE, TERMINAL, claim_run_dir, is_run_dir, launch_lock, refuse_foreign,
+                                      replace_record, run_dir_for)
 from specdraft.execute.runfiles import is_dir
 from specdraft.fsutil import atomic_write_text
+from specdraft.plan import checkpoints
 from specdraft.plan.model import LaunchPlan
 from specdraft.render.sbatch import render_sbatch
 
@@ -32,6 +33,8 @@ from specdraft.render.sbatch import render_sbatch
 WORKLOADS = ("selftest", "cotrain")
 # How long `--wait` waits beyond the job's own time limit: queueing time before it starts.
 QUEUE_GRACE_S = 600
+# Slurm holds a requeued job about two minutes (BeginTime) before it may start again.
+REQUEUE_HOLD_S = 150
 
 
 @dataclass(frozen=True)
@@ -47,31 +50,70 @@ class LaunchResult:
 
 def prepare(plan: LaunchPlan, *, executor: str | None = None, run_dir: str | None = None,
             python: str | None = None, workload: str = "cotrain", steps: int | None = None, force: bool = False,
-            wait: bool = False) -> LaunchRequest:
-    """Pick the executor, the run folder and the interpreter, and render the script: no side effects."""
+            wait: bool = False, resume: bool = False, resume_from: str | None = None) -> LaunchRequest:
+    """Pick the executor, the run folder and the interpreter, check a resume's checkpoint, and render the script:
+    no side effects."""
     if workload not in WORKLOADS:
         raise UserError(f"--workload {workload!r} is unknown", f"use one of: {', '.join(WORKLOADS)}")
     if steps is not None and steps < 1:
         raise UserError(f"--steps {steps} must be >= 1", "give a positive number of steps")
     chosen, why = executors.choose(executor)
     folder = run_dir_for(plan, run_dir)
+    source = os.path.abspath(resume_from) if resume_from is not None else None
+    checkpoint, notes = check_resume(plan, folder, workload, resume, source)
     interpreter = chosen.default_python(plan, python)
     try:
-        render = render_sbatch(plan, folder, python=interpreter, workload=workload, steps=steps)
+        render = render_sbatch(plan, folder, python=interpreter, workload=workload, steps=steps, resume=resume,
+                               resume_from=source)
     except ValueError as err:
-        raise UserError(f"cannot render a safe sbatch script: {err}", "fix those values in the layout") from None
+        raise UserError(f"cannot render a safe sbatch script: {err}", "fix those values in the layout, or move the "
+                        "checkpoint to a path without line breaks") from None
     return LaunchRequest(plan=plan, executor=chosen.name, executor_why=why, run_dir=folder, python=interpreter,
-                         workload=workload, steps=steps, force=force,
-                         waits=wait or chosen.runs_in_launcher, render=render)
+                         workload=workload, steps=steps, force=force, resume=resume, resume_from=source,
+                         checkpoint=checkpoint, notes=notes, waits=wait or chosen.runs_in_launcher, render=render)
+
+
+def check_resume(plan: LaunchPlan, run_dir: str, workload: str, resume: bool,
+                 resume_from: str | None) -> tuple[str | None, tuple[str, ...]]:
+    """The checkpoint a --resume / --resume-from launch will continue from, checked as the ranks will check it
+    (plan/checkpoints.choose), and the warnings about damaged ones it skips; UserError for a resume that cannot go
+    ahead (no checkpoint, another spec's, another model shape), before anything is written or submitted."""
+    if not resume and resume_from is None:
+        return None, ()
+    flag = "--resume" if resume else "--resume-from"
+    if resume and resume_from is not None:
+        raise UserError("--resume and --resume-from exclude each other", "--resume continues this run folder; "
+                        "--resume-from CHECKPOINT starts this plan from another checkpoint: give one of them")
+    if workload != "cotrain":
+        raise UserError(f"{flag} needs --workload cotrain ({workload} writes no checkpoints)",
+                        f"drop {flag}, or launch the cotrain workload")
+    own = os.path.join(run_dir, checkpoints.CHECKPOINTS_DIR, "")
+    if resume_from is not None and os.path.join(resume_from, "").startswith(own):
+        raise UserError(f"--resume-from {resume_from} is a checkpoint of this very run folder, which a relaunch "
+                        "starts over (its checkpoints move to attempts/N/)", "continue the run from its newest "
+                        "checkpoint with --resume, or copy that checkpoint out of the run folder and --resume-from "
+                        "the copy")
+    if resume and os.path.lexists(run_dir) and not is_run_dir(run_dir):
+        raise UserError(f"--resume: {run_dir} is not a specdraft run folder (it has no .specdraft-run marker), so "
+                        "specdraft reads nothing in it", "give the run folder `specdraft launch` created (see "
+                        "`specdraft runs`), or start from one of its checkpoints with --resume-from")
+    notes: list[str] = []
+    try:
+        chosen = checkpoints.choose(Path(run_dir), plan, "newest" if resume else "from",
+                                    Path(resume_from) if resume_from else None, notes.append)
+    except checkpoints.ResumeError as err:
+        raise UserError(str(err)) from None
+    return str(chosen[0][0]), tuple(notes)
 
 
 def dry_run_notes(request: LaunchRequest) -> list[str]:
     return executors.get(request.executor).dry_run_notes()
 
 
-def check_existing(run_dir: str, plan: LaunchPlan, force: bool) -> int:
+def check_existing(run_dir: str, plan: LaunchPlan, force: bool, resume: bool = False,
+                   resume_from: str | None = None) -> int:
     """Apply the relaunch rules to an existing run.json (the caller holds the launch lock); returns the next
-    attempt number (1 for a fresh folder)."""
+    attempt number (1 for a fresh folder). --resume relaunches a run that ended, like --force, but continues it."""
     record = read_record(run_dir)
     if record is None:
         return 1
@@ -93,29 +135,37 @@ def check_existing(run_dir: str, plan: LaunchPlan, force: bool) -> int:
                         f"`specdraft cancel {run_dir}` (--force does not submit a plan twice at once)")
     if state == "SUBMIT_FAILED":
         return attempt  # sbatch said no: nothing was ever queued, so a retry cannot double-submit
-    if not force:
+    if not force and not resume:
+        start = "from that checkpoint" if resume_from else "from step 0"
         raise UserError(f"this plan was already launched: {where}, submitted {record.submitted}",
-                        f"see `specdraft status {run_dir}`; relaunch it with --force (attempt {attempt}), or "
-                        "change the layout (a different plan gets its own run folder)")
+                        f"see `specdraft status {run_dir}`; continue it from its newest checkpoint with --resume, "
+                        f"start it over {start} with --force (attempt {attempt}; the old checkpoints and metrics "
+                        "move to attempts/), or change the layout (a different plan gets its own run folder)")
     return attempt
 
 
 def _check_folders(run_dir: str) -> None:
     """The folders ranks and submitit write into must be real folders: a link there would send their files
     elsewhere."""
-    for name in ("results", "logs", "submitit", "attempts"):
+    for name in ("results", "logs", "submitit", "attempts", "checkpoints"):
         if os.path.lexists(Path(run_dir) / name) and not is_dir(run_dir, name):
             raise UserError(f"{Path(run_dir) / name} is a link or not a folder; specdraft writes only into real "
                             "folders inside a run folder", "remove it (specdraft never creates one there)")
 
 
-def _archive(run_dir: str, attempt: int) -> None:
-    """Move the previous attempt's results/ and logs/ to attempts/<n>/ so status shows only the new attempt."""
-    for name in ("results", "logs"):
-        if is_dir(run_dir, name):
-            dst = Path(run_dir) / "attempts" / str(attempt - 1)
+def _archive(run_dir: str, attempt: int, resume: bool) -> None:
+    """Move the previous attempt's results/ and logs/ to attempts/<n>/ so status shows only the new attempt; a run
+    that starts over (not --resume) also moves the old checkpoints and metrics.jsonl there, so neither a later
+    --resume nor the new run's metrics can mix in the abandoned history."""
+    dst = Path(run_dir) / "attempts" / str(attempt - 1)
+    names = [("results", True), ("logs", True)]
+    if not resume:
+        names += [("checkpoints", True), ("metrics.jsonl", False)]
+    for name, folder in names:
+        path = Path(run_dir) / name
+        if is_dir(run_dir, name) if folder else (path.is_file() and not path.is_symlink()):
             dst.mkdir(parents=True, exist_ok=True)
-            (Path(run_dir) / name).rename(dst / name)
+            path.rename(dst / name)
 
 
 def _intent(request: LaunchRequest, runner: Executor, attempt: int) -> RunRecord:
@@ -143,10 +193,10 @@ def launch(request: LaunchRequest, on_started: Callable[[str], None], on_progres
     runner.ready(request, warn)  # e.g. preflight: refused before anything is written
     claim_run_dir(request.run_dir)
     with launch_lock(request.run_dir):
-        attempt = check_existing(request.run_dir, request.plan, request.force)
+        attempt = check_existing(request.run_dir, request.plan, request.force, request.resume, request.resume_from)
         _check_folders(request.run_dir)
         if attempt > 1:
-            _archive(request.run_dir, attempt)
+            _archive(request.run_dir, attempt, request.resume)
         _intent(request, runner, attempt)
         record = runner.start(request, on_progress)
     started = runner.started_summary(record, request.plan)
@@ -155,7 +205,10 @@ def launch(request: LaunchRequest, on_started: Callable[[str], None], on_progres
         return LaunchResult(record, record.state, False, None, started)
     state = record.state
     if state not in TERMINAL:
-        state, record = monitor.wait(request.run_dir, request.plan.slurm.time_limit_s + QUEUE_GRACE_S, on_progress)
+        # Every attempt the job may requeue itself into can use its whole time limit, after Slurm's hold.
+        attempts = request.plan.spec.slurm.max_requeues + 1
+        budget = attempts * (request.plan.slurm.time_limit_s + REQUEUE_HOLD_S) + QUEUE_GRACE_S
+        state, record = monitor.wait(request.run_dir, budget, on_progress)
     plan = monitor.read_plan(request.run_dir)
     return LaunchResult(record, state, True, monitor.problem(request.run_dir, record, state, plan), started)
 

@@ -1,7 +1,9 @@
 """The local executor: one process per rank on this machine (gloo), torchrun-style env, one process group.
 
-When a rank exits non-zero the launcher stops the rest (SIGTERM, SIGKILL after a grace period): no hang. The
-launcher is the job: it holds the launch lock for the whole run and records how the ranks ended.
+When a rank fails (exits neither 0 nor 75) the launcher stops the rest (SIGTERM, SIGKILL after a grace period): no
+hang. Exit 75 is a rank that stopped at a checkpoint with its peers: the rest are about to follow, and a run whose
+ranks all end so is PREEMPTED. The launcher is the job: it holds the launch lock for the whole run and records how
+the ranks ended.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from specdraft.execute.record import LocalProcesses, RunRecord, now_iso
 from specdraft.execute.rundir import ACTIVE, lock_is_held, read_record, update_record
 
 GRACE_S = 5.0
+PREEMPTED_EXIT = 75  # runtime.preempt.PREEMPTED_EXIT (the launcher does not import the runtime): saved and stopped
 POLL_S = 0.2
 HEARTBEAT_S = 5.0  # a progress line at least this often, so a slow start does not look like a hang
 
@@ -29,7 +32,7 @@ HEARTBEAT_S = 5.0  # a progress line at least this often, so a slow start does n
 @dataclass
 class LocalOutcome:
     exit_codes: dict[int, int] = field(default_factory=dict)
-    exit_order: list[int] = field(default_factory=list)  # ranks in the order they exited non-zero
+    exit_order: list[int] = field(default_factory=list)  # ranks in the order they failed (exit neither 0 nor 75)
     timed_out: bool = False
     interrupted: bool = False
     elapsed_s: float = 0.0
@@ -146,7 +149,7 @@ def _wait(procs, pgid: int, started: float, timeout_s: float, on_progress) -> Lo
         for rank, proc in enumerate(procs):
             if codes[rank] is None and proc.poll() is not None:
                 codes[rank] = proc.returncode
-                if proc.returncode != 0:
+                if proc.returncode not in (0, PREEMPTED_EXIT):
                     outcome.exit_order.append(rank)
         now = time.monotonic()
         if last != codes or now >= next_beat:
@@ -222,10 +225,13 @@ class LocalExecutor(Executor):
         def progress(codes: dict[int, int | None], elapsed: float) -> None:
             running = sum(c is None for c in codes.values())
             ok = sum(c == 0 for c in codes.values())
+            saved = sum(c == PREEMPTED_EXIT for c in codes.values())
             heartbeat = seen.get("codes") == codes  # run() reports every HEARTBEAT_S even when nothing changed
             seen["codes"] = dict(codes)
+            stopped = f"{saved} stopped at a checkpoint, " if saved else ""
             on_progress(Progress(self.name, elapsed, "RUNNING" if running else "ENDING",
-                                 f"ranks: {running} running, {ok} done, {len(codes) - running - ok} failed", heartbeat))
+                                 f"ranks: {running} running, {ok} done, {stopped}"
+                                 f"{len(codes) - running - ok - saved} failed", heartbeat))
 
         outcome = run(plan, run_dir, list(request.render.payload_argv), plan.slurm.time_limit_s, started, progress)
         record = read_record(run_dir)
@@ -233,8 +239,10 @@ class LocalExecutor(Executor):
             state = "CANCELLED"
         elif outcome.timed_out:
             state = "TIMEOUT"
-        elif outcome.exit_order or any(code != 0 for code in outcome.exit_codes.values()):
+        elif outcome.exit_order or any(code not in (0, PREEMPTED_EXIT) for code in outcome.exit_codes.values()):
             state = "FAILED"
+        elif PREEMPTED_EXIT in outcome.exit_codes.values():
+            state = "PREEMPTED"  # every rank stopped at the same step boundary after saving
         else:
             state = "COMPLETED"
         return update_record(run_dir, state=state, attempt={"state": state, "ended": now_iso()},

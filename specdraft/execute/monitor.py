@@ -6,7 +6,9 @@ change an executor observes is written to run.json here, so `status`, `runs` and
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shlex
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -18,6 +20,7 @@ from specdraft.execute.executor import Observation, Progress, ProgressFn
 from specdraft.execute.record import RunRecord, read_record
 from specdraft.execute.report import failure_message, read_results, root_cause
 from specdraft.execute.rundir import ACTIVE, TERMINAL, check_run_dir, update_record
+from specdraft.plan import checkpoints
 
 FAILED_STATES = frozenset({"FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "LOST"})
 MAX_PLAN_BYTES = 256 * 2**20  # as assemble.read_plan: a 131,072-GPU plan is about 25 MB
@@ -60,8 +63,21 @@ def observe(run_dir: str | Path, record: RunRecord, *, launching: bool = False) 
 def current_state(run_dir: str | Path, record: RunRecord, *,
                   launching: bool = False) -> tuple[str, RunRecord, Observation]:
     """(state, record, observation) now; run.json is updated when the executor knows better."""
-    seen = executors.get(record.executor).observe(Path(run_dir), record, launching=launching)
+    seen = _settle(run_dir, record, executors.get(record.executor).observe(Path(run_dir), record,
+                                                                           launching=launching))
     return seen.state, _record_change(run_dir, record, seen), seen
+
+
+def _settle(run_dir: str | Path, record: RunRecord, seen: Observation) -> Observation:
+    """A job that ended FAILED only because every rank stopped at a checkpoint (exit 75: Slurm preempted it or
+    warned of its time limit, and it could not requeue itself again) is PREEMPTED: resumable, not broken."""
+    if seen.state != "FAILED":
+        return seen
+    if record.state == "PREEMPTED":  # settled before: no need to read every result again
+        return dataclasses.replace(seen, state="PREEMPTED")
+    if stopped_at(read_results(run_dir, record.world_size), record.world_size) is not None:
+        return dataclasses.replace(seen, state="PREEMPTED", note="every rank stopped at a checkpoint")
+    return seen
 
 
 def refresh_all(runs: list[tuple[Path, RunRecord]]) -> dict[Path, RunRecord]:
@@ -74,7 +90,7 @@ def refresh_all(runs: list[tuple[Path, RunRecord]]) -> dict[Path, RunRecord]:
     for name, group in by_executor.items():
         records = dict(group)
         for folder, seen in executors.get(name).observe_many(group).items():
-            out[folder] = _record_change(folder, records[folder], seen)
+            out[folder] = _record_change(folder, records[folder], _settle(folder, records[folder], seen))
     return out
 
 
@@ -87,11 +103,20 @@ def problem(run_dir: str | Path, record: RunRecord, state: str, plan) -> str | N
     """A clear account of why the run did not succeed, or None when it did (or is still going)."""
     job = f"job {record.job_id}" if record.job_id else "the run"
     results = read_results(run_dir, plan.world_size)
+    stopped = stopped_at(results, plan.world_size)
     if state == "CANCELLED":
-        return f"{job} was cancelled ({len(results)} of {plan.world_size} ranks left a result)"
+        return f"{job} was cancelled ({len(results)} of {plan.world_size} ranks left a result)" + _resumable(
+            run_dir, stopped)
     if state in ("TIMEOUT", "DEADLINE"):
         return (f"{job} hit its time limit (slurm.time = {plan.spec.slurm.time}); raise slurm.time in the "
-                "layout, or run fewer --steps")
+                "layout, or run fewer --steps" + _resumable(run_dir, stopped))
+    if state == "PREEMPTED":
+        if stopped is None:
+            return f"{job} was preempted before every rank stopped at a checkpoint" + _resumable(run_dir, None)
+        requeue = stopped.get("requeue") or {}
+        on_slurm = bool(results[0].get("slurm_job_id"))  # off Slurm there is nothing to requeue: no need to say so
+        why = f"; not requeued: {requeue.get('reason')}" if on_slurm and requeue.get("requeued") is False else ""
+        return f"{job} was preempted ({stopped['signal']}){why}" + _resumable(run_dir, stopped)
     if state == "SUBMIT_FAILED":
         return f"sbatch refused the job: {record.message}"
     if state in ACTIVE:
@@ -100,13 +125,62 @@ def problem(run_dir: str | Path, record: RunRecord, state: str, plan) -> str | N
     if state not in FAILED_STATES and not failed and (state != "COMPLETED" or len(results) == plan.world_size):
         return None
     rank = root_cause(results, list(record.exit_order))
-    traces = executors.get(record.executor).failure_traces(Path(run_dir), record, plan.world_size)
-    if rank is None and traces:
-        rank = min(traces)
-    trace = traces.get(rank) if rank is not None else None
+    if rank is None and len(results) < plan.world_size:
+        # No rank recorded a failure: the first rank that left no result line at all (killed, out of memory, or
+        # dead before it could write one); its stderr is the evidence.
+        rank = min(set(range(plan.world_size)) - set(results))
     what = f"{job} {state}" if state in FAILED_STATES else f"{job} ended {state} but not every rank passed"
     stderr = log_paths(run_dir, record, rank)[1] if rank is not None else None
-    return failure_message(plan, results, rank, run_dir, stderr, what, trace)
+    return failure_message(plan, results, rank, run_dir, stderr, what)
+
+
+def stopped_at(results: dict[int, dict], world_size: int) -> dict | None:
+    """Rank 0's "preempted" record ({signal, step, checkpoint, requeue}) when every rank stopped at a checkpoint."""
+    if len(results) != world_size or not all(isinstance(r.get("preempted"), dict) for r in results.values()):
+        return None
+    return results[0]["preempted"]
+
+
+def resume_command(run_dir: str | Path) -> str:
+    """The launch that continues this run folder from its newest complete checkpoint."""
+    return (f"specdraft launch {shlex.quote(str(Path(run_dir) / 'plan.json'))} --run-dir "
+            f"{shlex.quote(str(run_dir))} --resume")
+
+
+def _resumable(run_dir: str | Path, stopped: dict | None) -> str:
+    """What a resume would continue from (nothing when there is no complete checkpoint)."""
+    if stopped is not None:
+        return (f"; it stopped at a checkpoint after step {stopped['step']} ({stopped['checkpoint']}): "
+                f"`{resume_command(run_dir)}` continues it")
+    newest = newest_checkpoint(run_dir)
+    if newest is None:
+        return ""
+    return f"; its newest complete checkpoint is {newest[0]}: `{resume_command(run_dir)}` continues from there"
+
+
+def newest_checkpoint(run_dir: str | Path) -> tuple[str, dict] | None:
+    """(folder relative to the run folder, marker) of the newest complete checkpoint, found the way the ranks'
+    --resume finds it (plan/checkpoints: marker present and every file of its manifest whole) but read like every
+    file of a run folder (no link followed, nothing that can block, bounded); None when there is none."""
+    names = runfiles.list_names(run_dir, checkpoints.CHECKPOINTS_DIR)
+    steps = sorted(((int(m.group(1)), n) for n in names if (m := checkpoints.STEP_RE.match(n))), reverse=True)
+    for _, name in steps:
+        rel = f"{checkpoints.CHECKPOINTS_DIR}/{name}"
+        try:
+            text = runfiles.read_text(run_dir, f"{rel}/{checkpoints.MARKER}", checkpoints.MAX_MARKER_BYTES)
+            if text is None:
+                continue
+            meta = checkpoints.parse_marker(text)
+            checkpoints.check_manifest(meta, lambda file: runfiles.size(run_dir, f"{rel}/{file}"))
+        except (checkpoints.CorruptCheckpoint, UserError, ValueError, OSError):
+            continue  # not complete: a resume skips it too
+        return rel, meta
+    return None
+
+
+def restarts(record: RunRecord) -> int | None:
+    """How often the scheduler restarted the run's job by itself (Slurm requeues); None when not known."""
+    return executors.get(record.executor).restarts(record)
 
 
 def progress_summary(record: RunRecord, state: str, seen: Observation, num_results: int, world_size: int) -> str:

@@ -88,13 +88,10 @@ def describe_rank(plan, rank: int) -> str:
 
 
 def failure_message(plan, results: dict[int, dict], rank: int | None, run_dir: str | Path, stderr: str | None,
-                    what: str, extra_trace: str | None = None) -> str:
+                    what: str) -> str:
     """One message: which rank failed first and why, the last lines of its stderr, what happened to the rest."""
     if rank is None:
-        lines = [f"{what}; no rank recorded a failure"]
-        if extra_trace:
-            lines += ["--- the job's error:", *extra_trace.rstrip().splitlines()[-TAIL_LINES:]]
-        return "\n".join(lines)
+        return f"{what}; no rank recorded a failure"
     record = results.get(rank, {})
     error = str(record.get("error") or "").strip().splitlines()
     headline = error[-1] if error else "exited without a result line"
@@ -107,8 +104,6 @@ def failure_message(plan, results: dict[int, dict], rank: int | None, run_dir: s
         lines.append(f"--- its stderr log is refused: {err.message}")
     if log:
         lines += [f"--- last lines of its stderr ({path}):", *log]
-    elif extra_trace:
-        lines += ["--- its error:", *extra_trace.rstrip().splitlines()[-TAIL_LINES:]]
     others = sorted(r for r, rec in results.items() if r != rank and not rec.get("ok"))
     missing = plan.world_size - len(results)
     if others or missing:

@@ -137,3 +137,26 @@ def is_dir(root: str | os.PathLike, rel: str) -> bool:
             return stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
     except (OSError, NotRegularFile):
         return False
+
+
+def list_names(root: str | os.PathLike, rel: str) -> list[str]:
+    """The entries of the real folder root/rel (not a link to one); [] when it is absent or not a real folder."""
+    try:
+        with _parent(root, rel) as (dir_fd, name):
+            fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except (OSError, NotRegularFile):
+        return []
+    try:
+        return os.listdir(fd)
+    finally:
+        os.close(fd)
+
+
+def size(root: str | os.PathLike, rel: str) -> int | None:
+    """The size of the regular file root/rel, reached without following a link; None for anything else."""
+    try:
+        with _parent(root, rel) as (dir_fd, name):
+            info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except (OSError, ValueError, NotRegularFile):
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) else None

@@ -1,6 +1,7 @@
-"""The Slurm executor: preflight, submit through submitit, bounded state queries, scancel, submitit's task logs.
+"""The Slurm executor: preflight, submit through submitit, bounded state queries (and the job's restarts), scancel,
+the per-task logs srun writes.
 
-submitit is imported only by `start`/`ready` and `failure_traces` (execute.submit); state and cancel go through
+submitit is imported only by `ready`/`start` (execute.submit); state, restarts and cancel go through
 execute.slurmcmd, whose every call is bounded and whose job ids can never be options.
 """
 
@@ -45,8 +46,7 @@ class SlurmExecutor(Executor):
 
         plan = request.plan
         try:
-            self._submitit = submit.make_executor(request.render, request.python, plan.world_size,
-                                                  max(1, plan.slurm.time_limit_s // 60))
+            self._submitit = submit.make_executor(request.render, plan.world_size)
         except submit.SubmitRefused as err:
             raise UserError(f"cannot submit to Slurm here: {err}", "run on a Slurm login node, or use "
                             "--executor local") from None
@@ -57,7 +57,7 @@ class SlurmExecutor(Executor):
 
         run_dir = request.run_dir
         try:
-            job_id = submit.submit(self._submitit, request.render)
+            job_id = submit.submit(self._submitit)
         except submit.SubmitRefused as err:
             update_record(run_dir, state="SUBMIT_FAILED", message=str(err), attempt={"state": "SUBMIT_FAILED"})
             raise UserError(f"sbatch refused the job: {err}",
@@ -118,13 +118,10 @@ class SlurmExecutor(Executor):
         return f"cancelled Slurm job {record.job_id}", "CANCELLED"
 
     def log_paths(self, record: RunRecord, rank: int) -> tuple[str, str]:
-        # The names the rendered script gives srun (--output=RUN/submitit/%j_%t_log.out), which are submitit's.
+        # The names the rendered script gives srun (--output=RUN/submitit/%j_%t_log.out; submitit's convention).
         job = record.job_id or "none"
         return f"submitit/{job}_{rank}_log.out", f"submitit/{job}_{rank}_log.err"
 
-    def failure_traces(self, run_dir: Path, record: RunRecord, world_size: int) -> dict[int, str]:
-        if not record.job_id:
-            return {}
-        from specdraft.execute.submit import task_traces
-
-        return task_traces(run_dir, slurmcmd.check_job_id(record.job_id), world_size)
+    def restarts(self, record: RunRecord) -> int | None:
+        """How often Slurm restarted the job (requeues), from scontrol, else sacct; None when neither knows."""
+        return slurmcmd.restarts(record.job_id) if record.job_id else None

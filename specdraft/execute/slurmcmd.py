@@ -129,6 +129,18 @@ def find_jobs(job_name: str, since_epoch: float, timeout: float | None = None) -
     return sorted(found.items(), key=lambda item: [int(p) for p in re.split(r"[_+]", item[0])])
 
 
+def restarts(job_id: str, timeout: float | None = None) -> int | None:
+    """How many times Slurm restarted the job (a requeue, a preemption): sacct --duplicates lists one row per run
+    of a job id, so the rows minus one (scontrol's Restarts= forgets the job MinJobAge after it ends). None when
+    sacct did not answer or does not know the job."""
+    check_job_id(job_id)
+    sacct = run(["sacct", "-X", "-n", "-P", "--duplicates", "-o", "JobID", f"--jobs={job_id}"], timeout)
+    if sacct is None or sacct.returncode != 0:
+        return None
+    runs = sum(1 for line in sacct.stdout.splitlines() if line.strip() == job_id)
+    return runs - 1 if runs else None
+
+
 def cancel(job_id: str, timeout: float | None = None) -> None:
     """scancel one job; UserError when scancel fails or does not answer within ``timeout`` (CANCEL_TIMEOUT_S)."""
     check_job_id(job_id)

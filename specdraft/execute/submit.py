@@ -1,27 +1,20 @@
-"""sbatch through submitit: submit the rendered script byte for byte, and read the errors submitit kept per task.
+"""sbatch through submitit: our rendered script, byte for byte, is the submission file; submitit runs sbatch and reads
+the job id. The only module that imports submitit; it is loaded when a Slurm launch starts.
 
-The only module that imports submitit; it is loaded when a Slurm launch starts or a failed Slurm run is explained.
+What specdraft uses of submitit is its executor's submission path (the submission file in the job's folder, sbatch
+through its CommandFunction, job-id parsing). What it does not use is submitit's per-task wrapper
+(`python -m submitit.core._submit`, which handles USR2 itself on task 0: it requeues the job and exits at once, or
+raises mid-save) and so neither its pickled function nor its pickled per-task results: the script's srun runs the
+rank payload directly, and the ranks write their own result files.
 """
 
 from __future__ import annotations
 
-import pickle
-import shlex
-from pathlib import Path
-
-from submitit.core.utils import CommandFunction, FailedJobError
+from submitit.core.utils import FailedJobError, FailedSubmissionError
 from submitit.slurm.slurm import SlurmExecutor
 
-from specdraft.execute import runfiles
 from specdraft.execute.slurmcmd import is_job_id
 from specdraft.render.sbatch import SbatchRender
-
-# submitit's SlurmExecutor writes its own sbatch text; PlanExecutor overrides only that step
-# (_make_submission_file_text) to return render.sbatch's script, after checking that the task command submitit
-# expects equals the one we rendered. The rest stays submitit's: pickling the CommandFunction, sbatch, job-id
-# parsing, the per-task result pickles and logs.
-
-MAX_RESULT_PICKLE_BYTES = 16 << 20
 
 
 class SubmitRefused(RuntimeError):
@@ -33,69 +26,55 @@ class SubmitUnknown(RuntimeError):
 
 
 class PlanExecutor(SlurmExecutor):
-    """submitit's SlurmExecutor, with our rendered script as the sbatch file."""
+    """submitit's SlurmExecutor whose submission file is our rendered script and whose task command is the payload.
 
-    def __init__(self, render: SbatchRender, python: str, num_tasks: int, timeout_min: int) -> None:
-        super().__init__(folder=render.submitit_folder, max_num_timeout=0, python=shlex.quote(python))
+    `submit` (pickling a function for the wrapper to run) is bypassed: `_submit_command`, the step submitit's own
+    `submit` takes after pickling, writes the submission file, runs sbatch and parses the job id, and pickles
+    nothing. `_make_submission_file_text` returns the rendered script after checking that the command submitit
+    hands it is the one the script's srun line runs."""
+
+    def __init__(self, render: SbatchRender, num_tasks: int) -> None:
+        super().__init__(folder=render.submitit_folder, max_num_timeout=0)
         self._render = render
         self._tasks = num_tasks
-        # PicklingExecutor reads the limit from here to stamp the submission (submitit's timeout bookkeeping).
-        self.parameters["time"] = timeout_min
 
     def _num_tasks(self) -> int:
         return self._tasks
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
-        if command != self._render.submitit_command:
-            raise RuntimeError(f"submitit wants to run {command!r} but the rendered script runs "
-                               f"{self._render.submitit_command!r}; this submitit version is not supported")
+        if command != self._render.task_command:
+            raise RuntimeError(f"submitit was asked to run {command!r} but the rendered script runs "
+                               f"{self._render.task_command!r}")
         return self._render.script
 
+    def submit_script(self) -> str:
+        """sbatch the rendered script; returns what submitit parsed as the job id."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        return str(self._submit_command(self._render.task_command).job_id)
 
-def make_executor(render: SbatchRender, python: str, num_tasks: int, timeout_min: int) -> PlanExecutor:
+
+def make_executor(render: SbatchRender, num_tasks: int) -> PlanExecutor:
     """Built before the intent is recorded, so a machine without srun fails cleanly, with nothing to recover."""
     try:
-        return PlanExecutor(render, python, num_tasks, timeout_min)
+        return PlanExecutor(render, num_tasks)
     except RuntimeError as err:  # submitit: 'Could not detect "srun", are you indeed on a slurm cluster?'
         raise SubmitRefused(str(err)) from None
 
 
-def submit(executor: PlanExecutor, render: SbatchRender) -> str:
+def submit(executor: PlanExecutor) -> str:
     """sbatch the rendered script through submitit; every task runs render.payload_argv. Returns the job id."""
     try:
-        job = executor.submit(CommandFunction(list(render.payload_argv), verbose=True))
-    except FailedJobError as err:  # submitit runs sbatch through CommandFunction: non-zero exit lands here
+        job_id = executor.submit_script()
+    except FailedJobError as err:  # submitit runs sbatch through CommandFunction: a non-zero exit lands here
         message = str(err).strip() or "sbatch failed without a message"
         if "timed out" in message.lower():
             # The controller may have queued the job before the reply was lost: not a clean "no".
             raise SubmitUnknown(message) from None
         raise SubmitRefused(message) from None
+    except FailedSubmissionError as err:  # sbatch exited 0 but printed no "job N"
+        raise SubmitUnknown(str(err).splitlines()[0][:300]) from None
     except Exception as err:  # noqa: BLE001 - anything else after sbatch ran leaves the job's existence unknown
         raise SubmitUnknown(f"{type(err).__name__}: {err}") from err
-    job_id = str(job.job_id)
     if not is_job_id(job_id):
         raise SubmitUnknown(f"sbatch answered with {job_id[:60]!r}, which is not a job id")
     return job_id
-
-
-def task_traces(run_dir: Path, job_id: str, num_tasks: int) -> dict[int, str]:
-    """Task -> the error submitit pickled for it (a FailedJobError with the payload's stderr), where one exists.
-
-    The pickles are read like every file of a run folder (regular, no link, bounded); they are trusted as much as the
-    run folder itself, since its owner's code runs in the job anyway.
-    """
-    out = {}
-    for task in range(num_tasks):
-        try:
-            data = runfiles.read_bytes(run_dir, f"submitit/{job_id}_{task}_result.pkl", MAX_RESULT_PICKLE_BYTES)
-        except OSError:
-            continue
-        if data is None:
-            continue
-        try:
-            outcome, value = pickle.loads(data)
-        except (EOFError, pickle.UnpicklingError, AttributeError, ImportError, ValueError, TypeError, IndexError):
-            continue  # half-written or from another submitit version: not evidence, the logs still are
-        if outcome == "error":
-            out[task] = str(value)
-    return out

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from specdraft.errors import SpecdraftError
-from specdraft.fsutil import atomic_write_text
+from specdraft.fsutil import atomic_write_text, read_regular_text
 from specdraft.plan.model import LaunchPlan
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -26,6 +26,7 @@ MARKER = "specdraft-checkpoint.json"
 METRICS = "metrics.jsonl"  # the run's metrics rows 0..N-1, as they were when step-N was saved
 FORMAT_VERSION = 1
 STEP_RE = re.compile(r"^step-(\d+)$")
+MAX_MARKER_BYTES = 64 << 20  # the manifest lists every shard file: a few hundred bytes per rank
 
 
 class ResumeError(SpecdraftError):
@@ -76,26 +77,49 @@ def write_marker(folder: Path, meta: dict) -> Path:
     return atomic_write_text(folder / MARKER, json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 
-def read_marker(folder: Path) -> dict:
-    """The marker of a complete checkpoint; CorruptCheckpoint (with the reason) for anything else."""
-    marker = folder / MARKER
-    if not marker.is_file():
-        raise CorruptCheckpoint("it has no completion marker (half-written: the run stopped while saving it)")
+def parse_marker(text: str) -> dict:
+    """A marker's text -> its record; CorruptCheckpoint when it is not a complete specdraft marker."""
     try:
-        meta = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        meta = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as err:
         raise CorruptCheckpoint(f"its marker {MARKER} is unreadable ({err})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
         raise CorruptCheckpoint(f"its marker is not a format-{FORMAT_VERSION} specdraft checkpoint marker")
     for key in ("step", "spec_sha256", "model", "parallel", "draft", "world_size", "manifest"):
         if key not in meta:
             raise CorruptCheckpoint(f"its marker lacks {key!r}")
+    if not isinstance(meta["step"], int) or not isinstance(meta["manifest"], dict):
+        raise CorruptCheckpoint("its marker's step or manifest has the wrong type")
+    return meta
+
+
+def check_manifest(meta: dict, size_of: Callable[[str], int | None]) -> None:
+    """Every file the marker lists exists with the size it lists (``size_of(rel)``: None when missing)."""
     for rel, size in meta["manifest"].items():
-        path = folder / rel
-        if not path.is_file():
+        got = size_of(rel)
+        if got is None:
             raise CorruptCheckpoint(f"{rel} is missing")
-        if path.stat().st_size != size:
-            raise CorruptCheckpoint(f"{rel} has {path.stat().st_size} bytes, the marker says {size}")
+        if got != size:
+            raise CorruptCheckpoint(f"{rel} has {got} bytes, the marker says {size}")
+
+
+def read_marker(folder: Path) -> dict:
+    """The marker of a complete checkpoint; CorruptCheckpoint (with the reason) for anything else. The marker is
+    read bounded and non-blocking (a FIFO or device in its place is refused, never waited on)."""
+    marker = folder / MARKER
+    if not marker.is_file():
+        raise CorruptCheckpoint("it has no completion marker (half-written: the run stopped while saving it)")
+    try:
+        text = read_regular_text(marker, MAX_MARKER_BYTES, "checkpoint marker")
+    except SpecdraftError as err:
+        raise CorruptCheckpoint(f"its marker {MARKER} is unreadable ({err})") from None
+    meta = parse_marker(text)
+
+    def size_of(rel: str) -> int | None:
+        path = folder / rel
+        return path.stat().st_size if path.is_file() else None
+
+    check_manifest(meta, size_of)
     return meta
 
 
@@ -137,9 +161,11 @@ def choose(run_dir: Path, plan: LaunchPlan, mode: str, resume_from: Path | None,
 
     ``mode`` "newest" (--resume): complete checkpoints of this run folder, which must be of this spec;
     "from" (--resume-from): exactly ``resume_from``, any spec of the same model shape;
-    "auto" (a requeued Slurm job): like "newest", but none at all means start from step 0.
+    "auto" (a job Slurm restarted): like "newest"; with none at all, ``resume_from`` when the job was launched
+    with --resume-from (it has not saved one of its own yet), else nothing (start from step 0).
     """
-    if mode == "from":
+    found = [] if mode == "from" else complete_checkpoints(run_dir, warn)
+    if mode == "from" or (mode == "auto" and not found and resume_from is not None):
         folder = Path(resume_from).absolute()
         if not folder.is_dir():
             raise ResumeError(f"--resume-from {folder}: no such checkpoint folder")
@@ -149,7 +175,6 @@ def choose(run_dir: Path, plan: LaunchPlan, mode: str, resume_from: Path | None,
             raise ResumeError(f"--resume-from {folder} is not a complete checkpoint: {why}") from None
         check_compatible(meta, plan, folder)
         return [(folder, meta)]
-    found = complete_checkpoints(run_dir, warn)
     if not found:
         if mode == "auto":
             return []

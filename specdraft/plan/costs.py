@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from specdraft.plan.memory import DTYPE_BYTES
-from specdraft.spec.derived import aux_layers, head_dim, kv_heads
+from specdraft.spec.derived import aux_layers, draft_vocab_size, head_dim, kv_heads
 from specdraft.spec.gpus import CATALOGUE
 from specdraft.spec.schema import LayoutSpec
 
@@ -29,7 +29,8 @@ class Efficiency:
     `gemm_bf16` is a measurement (an 8192^3 bf16 matmul reached 790 TFLOP/s on an H200, 80% of its 989 TFLOP/s
     dense peak, in this project's GPU probe); `gemm_fp8` and `attention` are fitted by benchmarks/calibrate.py to
     NVIDIA's published H100 Megatron figures (benchmarks/calibration_h100.yaml); the rest are priors: NCCL's usual
-    share of link bandwidth, and overlap fractions for Megatron's TP/DP communication overlap.
+    share of link bandwidth, and overlap fractions for pipeline (TapChannel) and DP communication. Which TP
+    collectives stay exposed follows megatron-core's and TransformerEngine's overlap (`CostModel._tp_exposed`).
     """
 
     gemm_bf16: float = 0.80  # of the bf16 dense peak, for large GEMMs (measured, above)
@@ -40,8 +41,7 @@ class Efficiency:
     elementwise: float = 0.70  # of HBM bandwidth, for norms, residuals, activations, casts, cross-entropy
     link: float = 0.80  # of NVLink bandwidth that NCCL's collectives reach
     network: float = 0.85  # of the per-GPU network bandwidth
-    tp_exposed: float = 0.3  # of TP/SP collective time not hidden behind GEMMs (TP communication overlap)
-    p2p_exposed: float = 0.5  # of pipeline (and TapChannel) send time on the critical path
+    p2p_exposed: float = 0.5  # of TapChannel send time on the critical path (pipeline sends: plan.estimate)
     dp_exposed: float = 0.2  # of the distributed optimizer's reduce-scatter + all-gather not hidden
     p2p_latency_s: float = 20e-6  # one pipeline or CP ring send's fixed cost
     layer_overhead_s: float = 0.0  # fixed cost per layer per microbatch (kernel launches), forward + backward
@@ -92,6 +92,7 @@ class CostModel:
         self.h, self.heads, self.groups, self.d = m.hidden_size, m.num_attention_heads, kv_heads(m), head_dim(m)
         self.ffn, self.vocab, self.seq = m.ffn_hidden_size, m.vocab_size, m.seq_length
         self.gated = m.swiglu
+        self.tp_overlap = t.tp_comm_overlap
         self.experts, self.topk, self.moe_ffn = m.num_experts, m.moe_router_topk, m.moe_ffn_hidden_size or 0
         lengths = t.sequence_lengths or [m.seq_length]
         # Causal attention over packed sequences: a token attends to half its sequence on average, so the
@@ -100,6 +101,7 @@ class CostModel:
         self.draft_enabled = spec.draft.enabled
         self.ttt_steps, self.draft_layers = spec.draft.ttt_steps, spec.draft.num_layers
         self.num_taps = len(aux_layers(spec)) if spec.draft.enabled else 0
+        self.draft_vocab = draft_vocab_size(spec)
         peak = self.gpu.fp8_flops if self.fp8 and self.gpu.fp8_flops else self.gpu.peak_flops
         self.gemm_peak = peak * (eff.gemm_fp8 if self.fp8 and self.gpu.fp8_flops else eff.gemm_bf16)
         self.bf16_gemm_peak = self.gpu.peak_flops * eff.gemm_bf16
@@ -164,21 +166,41 @@ class CostModel:
         elif s.recompute == "selective":
             compute += attn_fwd  # Megatron's selective recompute reruns core attention
         act = tokens * h * self.act_bytes
-        # Two TP collectives per layer and pass (all-reduce, or all-gather + reduce-scatter under SP: the
-        # same volume); a MoE layer keeps the attention pair and, with etp > 1, gathers its routed tokens.
+        # One all-gather (or reduce-scatter) of each block's activation over its TP group: the attention block's
+        # and the MLP's (a MoE layer's routed tokens over etp, when etp > 1).
         passes = 3 if s.recompute == "full" else 2
-        tp_fwd = self.collective(act, tp, bw.tp, allreduce=True)
+        attention_c = self.collective(act, tp, bw.tp)
+        mlp_c, mlp_tp = attention_c, tp
         if self.experts:
-            tp_fwd += self.collective(act * self.topk / tp * s.etp, s.etp, bw.ep, allreduce=True)
-        else:
-            tp_fwd *= 2
+            mlp_c, mlp_tp = self.collective(act * self.topk / tp * s.etp, s.etp, bw.ep), s.etp
+        tp_comm = self._tp_exposed(attention_c, tp, s.sp, passes) + self._tp_exposed(mlp_c, mlp_tp, s.sp, passes)
         ep_a2a = 0.0
         if self.experts and s.ep > 1:
             # Dispatch and combine, forward and backward: each rank sends its sequence-parallel token shard.
             routed = tokens / tp * self.topk * h * self.act_bytes
             ep_a2a = 2 * passes * (s.ep - 1) / s.ep * routed / bw.ep
-        return LayerCost(compute=compute + self.eff.layer_overhead_s, tp_comm=passes * tp_fwd * self.eff.tp_exposed,
+        return LayerCost(compute=compute + self.eff.layer_overhead_s, tp_comm=tp_comm,
                          cp_ring=self._cp_ring(s, tokens, attn_fwd, bw, steps=1), ep_a2a=ep_a2a)
+
+    def _tp_exposed(self, c: float, tp: int, sp: bool, passes: int) -> float:
+        """Exposed seconds of one block's TP collectives (a column-parallel GEMM in, a row-parallel GEMM out) per
+        microbatch; ``c`` is one all-gather or reduce-scatter of its activation, an all-reduce two.
+
+        - TP overlap (TransformerEngine userbuffers; NVIDIA's H100 recipes run forward and dgrad as ring exchanges
+          and wgrad as bulk overlaps): of the forward reduce-scatter's ring only the last step shows, c / tp
+          (Megatron-Bridge performance guide: "a 1x ReduceScatter chunk remains exposed");
+        - sequence parallelism without it: the forward all-gather and reduce-scatter block; backward overlaps the
+          column-parallel GEMM's input all-gather and dgrad reduce-scatter with its other GEMM, while the
+          row-parallel GEMM's grad-output all-gather blocks (c);
+        - no sequence parallelism: the forward all-reduce blocks (2c); backward's overlaps the wgrad GEMM.
+        A full recompute runs the forward twice.
+        """
+        forwards = passes - 1
+        if sp and self.tp_overlap:
+            return forwards * c / tp
+        if sp:
+            return forwards * 2 * c + c
+        return forwards * 2 * c
 
     def _elementwise_bytes(self, s: Shape, tokens: float) -> float:
         """Forward HBM bytes of one layer's non-GEMM ops (PASSES x this for forward + backward).
@@ -221,21 +243,25 @@ class CostModel:
             tokens = s.mbs * self.seq / s.cp
             gemm = self._gemm(tokens, self.vocab / s.tp, self.h, self.bf16_gemm_peak)
             ce = CE_BYTES_PER_LOGIT * tokens * self.vocab / s.tp / self.hbm
-            gather = self.collective(tokens * self.h * self.act_bytes, s.tp, bw.tp) * 2 if s.sp else 0.0
-            hit = self._cache[key] = gemm + ce + gather * self.eff.tp_exposed
+            # Under SP the output layer (megatron's own ColumnParallelLinear, outside TE's overlap) all-gathers its
+            # input, blocking; backward's reduce-scatter overlaps the wgrad GEMM.
+            gather = self.collective(tokens * self.h * self.act_bytes, s.tp, bw.tp) if s.sp else 0.0
+            hit = self._cache[key] = gemm + ce + gather
         return hit
 
     def embedding(self, s: Shape, bw: Bandwidths) -> float:
-        """Embedding lookup and its gradient (memory bound), plus the reduce-scatter into the SP shard."""
+        """Embedding lookup and its gradient (memory bound), plus the vocab-parallel reduction of its output: a
+        reduce-scatter into the SP shard (and the gradient's all-gather back), or an all-reduce; both block."""
         tokens = s.mbs * self.seq / s.cp
         lookup = PASSES * tokens * self.h * self.act_bytes / self.hbm
-        scatter = self.collective(tokens * self.h * self.act_bytes, s.tp, bw.tp) * 2 * self.eff.tp_exposed
+        scatter = self.collective(tokens * self.h * self.act_bytes, s.tp, bw.tp) * 2
         return lookup + scatter
 
     def p2p_send(self, s: Shape, bw: Bandwidths) -> float:
-        """One pipeline send (activation forward or its gradient backward), exposed share."""
+        """One pipeline send (activation forward or its gradient backward), the whole transfer: which sends the
+        schedule hides is decided by specdraft.plan.estimate."""
         tokens = s.mbs * self.seq / s.cp / (s.tp if s.sp else 1)
-        return (tokens * self.h * self.act_bytes / bw.p2p + self.eff.p2p_latency_s) * self.eff.p2p_exposed
+        return tokens * self.h * self.act_bytes / bw.p2p + self.eff.p2p_latency_s
 
     # ---- the draft -----------------------------------------------------------------------------------------
     def draft(self, s: Shape, bw: Bandwidths) -> tuple[float, float, float]:
@@ -262,13 +288,15 @@ class CostModel:
         attn_fwd = self._attention(tokens, self.heads / tp, s.cp)
         elem = self._elementwise_bytes(s._replace(recompute="none"), tokens) / self.hbm * PASSES
         per_step = (self.draft_layers * (layer + attn_fwd * (1 + ATTENTION_BACKWARD) + elem)
-                    + self._gemm(tokens, self.vocab / tp, h, bf16)
-                    + CE_BYTES_PER_LOGIT * tokens * self.vocab / tp / self.hbm)
+                    + self._gemm(tokens, self.draft_vocab / tp, h, bf16)
+                    + CE_BYTES_PER_LOGIT * tokens * self.draft_vocab / tp / self.hbm)
         compute = self._gemm(tokens, h, self.num_taps * h, bf16) + steps * per_step
         act = tokens * h * self.act_bytes
-        comm = steps * self.draft_layers * 2 * 2 * self.collective(act, tp, bw.tp, allreduce=True)
+        # The runtime's draft layers are megatron's Column/RowParallelLinear without SP or TE's overlap: the two
+        # forward all-reduces per step block, backward's overlap the wgrad GEMMs.
+        comm = steps * self.draft_layers * 2 * self.collective(act, tp, bw.tp, allreduce=True)
         ring = self.draft_layers * self._cp_ring(s._replace(recompute="none"), tokens, attn_fwd, bw, steps=steps)
-        hit = self._cache[key] = (compute, comm * self.eff.tp_exposed, ring)
+        hit = self._cache[key] = (compute, comm, ring)
         return hit
 
     def tap_bytes(self, s: Shape, logits: bool) -> tuple[float, float]:

@@ -3,6 +3,9 @@ specdraft.plan.costs, the 1F1B / interleaved pipeline, the distributed optimizer
 
 The pipeline of m microbatches over stages taking t_i each (forward + backward) runs m * max(t) plus a fill and
 drain of sum(t) - max(t), which interleaving over v virtual stages divides by v (Narayanan et al. 2021, sec. 2.2).
+Pipeline sends follow megatron-core's schedules: without interleaving every send blocks its stage; interleaved,
+the steady state overlaps each send with the next chunk's compute (overlap_p2p_comm, on by default) while the
+warm-up and flush sends stay exposed (overlap_p2p_comm_warmup_flush, off by default; schedules.py).
 A draft on the last stage runs inside each microbatch's loss; elsewhere it runs after the schedule (as
 specdraft's runtime does), behind whatever slack that stage has left when the pipeline drains.
 """
@@ -12,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
-from specdraft.plan.costs import Bandwidths, CostModel, Efficiency, LayerCost, Shape
+from specdraft.plan.costs import PASSES, Bandwidths, CostModel, Efficiency, LayerCost, Shape
 from specdraft.plan.locality import Locality
 from specdraft.plan.memory import draft_params, layer_params
 from specdraft.spec import derived
@@ -20,7 +23,7 @@ from specdraft.spec.schema import LayoutSpec
 
 # The kernel efficiencies fitted by benchmarks/calibrate.py to NVIDIA's published H100 figures
 # (benchmarks/calibration_h100.yaml); every other constant keeps its documented prior (specdraft.plan.costs).
-CALIBRATED = Efficiency(gemm_fp8=0.5623, attention=0.4167)
+CALIBRATED = Efficiency(gemm_fp8=0.5307, attention=0.4414)
 OPTIMIZER_BYTES_PER_PARAM = 34  # Adam on fp32 master, m, v and grad: 16 bytes read, 16 written, 2 (bf16) written
 BREAKDOWN_KEYS = ("compute_s", "tp_sp_comm_s", "cp_ring_s", "ep_a2a_s", "pp_p2p_s", "pp_bubble_s", "dp_comm_s",
                   "optimizer_s", "tapchannel_s", "draft_s")
@@ -64,6 +67,7 @@ class Pipeline(NamedTuple):
     end: tuple[tuple[float, float], ...]  # (dp comm, optimizer) per stage
     num_microbatches: int
     vpp: int
+    fill: float  # exposed warm-up and flush sends of the interleaved schedule, per step
 
 
 class _Unit(NamedTuple):
@@ -150,13 +154,15 @@ class Estimator:
         """A step-time lower bound for every split (interleaved at most ``max_vpp`` ways) and draft stage of
         ``lay``'s sizes.
 
-        With stage times t summing to at least S (every layer, the embedding, the head and one send each way per
-        stage boundary), m * max(t) + (S - max(t)) / vpp grows with max(t) >= S / pp; the stage holding the most
-        layers (at least ceil(N / pp)) pays at least their step-end costs; the draft only adds.
+        With stage times t summing to at least S (every layer, the embedding, the head and, without interleaving,
+        one blocking send each way per stage boundary), m * max(t) + (S - max(t)) / vpp grows with
+        max(t) >= S / pp; the stage holding the most layers (at least ceil(N / pp)) pays at least their step-end
+        costs; the interleaved warm-up and flush sends and the draft only add.
         """
         u = self._unit(lay)
         pp, n = lay.pp, self.costs.num_layers
-        total = n * u.layer_time + u.embedding + u.head + 2 * (pp - 1) * u.send
+        sends = 2 * (pp - 1) * u.send if max_vpp <= 1 else 0.0  # interleaved, steady-state sends may all hide
+        total = n * u.layer_time + u.embedding + u.head + sends
         mean = total / pp
         vpp = max_vpp if pp > 1 else 1
         return u.microbatches * mean + (total - mean) / vpp + -(-n // pp) * sum(u.end_layer)
@@ -173,11 +179,16 @@ class Estimator:
         layer_time, send = u.layer_time, u.send
         end_layer, end_first, end_last = u.end_layer, u.end_first, u.end_last
         times, parts, end = [], [], []
+        m = u.microbatches
         for stage, chunks in enumerate(lay.chunks):
             n = sum(chunks)
             sends = 2 * vpp - (stage == 0) - (stage == last_stage) if pp > 1 else 0
             extra = (u.embedding if stage == 0 else 0.0) + (u.head if stage == last_stage else 0.0)
-            times.append(n * layer_time + extra + sends * send)
+            work = n * layer_time + extra
+            # Interleaved, a steady-state send runs behind the next chunk's compute (at least a chunk's forward);
+            # only a send longer than that shows. Without interleaving every send blocks the stage.
+            p2p = sends * (max(0.0, send - work / (PASSES * vpp)) if vpp > 1 else send)
+            times.append(work + p2p)
             comm, opt = n * end_layer[0], n * end_layer[1]
             if stage == 0:
                 comm, opt = comm + end_first[0], opt + end_first[1]
@@ -185,10 +196,14 @@ class Estimator:
                 comm, opt = comm + end_last[0], opt + end_last[1]
             end.append((comm, opt))
             if detail:
-                parts.append((n * layer.compute + extra, n * layer.tp_comm, n * layer.cp_ring, n * layer.ep_a2a,
-                              sends * send))
-        return Pipeline(times=tuple(times), parts=tuple(parts), end=tuple(end), num_microbatches=u.microbatches,
-                        vpp=vpp if pp > 1 else 1)
+                parts.append((n * layer.compute + extra, n * layer.tp_comm, n * layer.cp_ring, n * layer.ep_a2a, p2p))
+        fill = 0.0
+        if pp > 1 and vpp > 1:
+            # Stage 0 runs the most warm-up forwards, each followed by a blocking send, and as many flush backwards
+            # (megatron-core schedules.get_pp_rank_microbatches).
+            fill = 2 * min(2 * (pp - 1) + (vpp - 1) * pp, m * vpp) * send
+        return Pipeline(times=tuple(times), parts=tuple(parts), end=tuple(end), num_microbatches=m,
+                        vpp=vpp if pp > 1 else 1, fill=fill)
 
     def _step_ends(self, lay: Layout, bw: Bandwidths) -> tuple[tuple[float, float], ...]:
         """(exposed DP reduce-scatter + all-gather, optimizer step) per layer, for the embedding and for the output
@@ -266,7 +281,7 @@ class Estimator:
         t_max = max(times)
         bubble = (sum(times) - t_max) / pipe.vpp
         ends = [a + b for a, b in end]
-        step = pipe.num_microbatches * t_max + bubble + post + max(ends)
+        step = pipe.num_microbatches * t_max + bubble + post + max(ends) + pipe.fill
         if not detail:
             return step, None
         crit = times.index(t_max)
@@ -275,7 +290,7 @@ class Estimator:
         on_crit = crit == k
         e = ends.index(max(ends))
         breakdown = dict(zip(BREAKDOWN_KEYS, (
-            compute, tp, cp, ep, p2p, bubble, end[e][0], end[e][1],
+            compute, tp, cp, ep, p2p + pipe.fill, bubble, end[e][0], end[e][1],
             m * taps_mb if on_crit else 0.0, (m * draft_mb if on_crit else 0.0) + post)))
         return step, breakdown
 
@@ -290,7 +305,7 @@ class Estimator:
         total, m, vpp, pp = sum(times), pipe.num_microbatches, pipe.vpp, lay.pp
         (t_first, i_first), (t_second, _) = _top2(times)
         (e_first, j_first), (e_second, _) = _top2(ends)
-        plain = m * t_first + (total - t_first) / vpp + e_first  # the step without a draft
+        plain = m * t_first + (total - t_first) / vpp + e_first + pipe.fill  # the step without a draft
         if not self.aux or stages == [None]:
             return [(k, plain) for k in stages]
         u = self._unit(lay)
@@ -324,7 +339,7 @@ class Estimator:
             end = e_second if k == j_first else e_first
             if e_k > end:
                 end = e_k
-            out.append((k, m * t_max + (total + added - t_max) / vpp + post + end))
+            out.append((k, m * t_max + (total + added - t_max) / vpp + post + end + pipe.fill))
         return out
 
     def estimate(self, lay: Layout) -> StepEstimate:

@@ -7,7 +7,7 @@ Activation Recomputation in Large Transformer Models" (https://arxiv.org/abs/220
 from __future__ import annotations
 
 from specdraft.plan.model import StageMemory
-from specdraft.spec.derived import aux_layers, etp, head_dim, kv_heads
+from specdraft.spec.derived import aux_layers, draft_vocab_size, etp, head_dim, kv_heads
 from specdraft.spec.schema import LayoutSpec
 
 # Activation (and tap) bytes per element; fp8 keeps bf16 activations outside the GEMM inputs (see below).
@@ -45,9 +45,11 @@ def replicated_params(spec: LayoutSpec) -> int:
 
 
 def draft_params(spec: LayoutSpec) -> int:
-    """EAGLE-3 draft: fc over the concatenated taps, its decoder layer(s) (dense, the target's shape), LM head.
+    """EAGLE-3 draft: fc over the concatenated taps, its decoder layer(s) (dense, the target's shape), LM head
+    over the draft vocabulary (draft.vocab_size, else the target's), final norm.
 
-    The token embeddings are the target's (shipped by the embedding tap), so they are not counted here.
+    The token embeddings are the target's (shipped by the embedding tap), so they are not counted here; nor are
+    d2t/t2d (buffers, no parameters).
     """
     m, d = spec.model, spec.draft
     h = m.hidden_size
@@ -55,7 +57,7 @@ def draft_params(spec: LayoutSpec) -> int:
     # The draft layer's attention input is [embedding ; hidden] (2h), as in EAGLE-3.
     layer = attention_params(spec) + h * m.num_attention_heads * head_dim(m) + 2 * h * (
         kv_heads(m) * head_dim(m)) + mlp_params(h, m.ffn_hidden_size, m.swiglu)
-    return num_taps * h * h + d.num_layers * layer + m.vocab_size * h + 2 * h
+    return num_taps * h * h + d.num_layers * layer + draft_vocab_size(spec) * h + 2 * h
 
 
 def _state_bytes(spec: LayoutSpec) -> tuple[int, int, float]:
@@ -73,22 +75,27 @@ def activation_bytes_per_layer(spec: LayoutSpec, tokens: int, ffn_term: float, r
     """Activations one layer keeps for backward, for ``tokens`` local tokens (already divided by cp).
 
     Korthikanti et al. Table 2, with Megatron-LM's (18 + 4*ffn/h) in place of 34 for the FFN ratio; the 10*sbh
-    of norms/dropout is replicated across tp unless sequence parallelism shards it. Flash/ring attention never
-    stores the s^2 scores, so the 5as/h term is dropped.
+    of norms/dropout and the QKV and fc1 inputs is replicated across tp unless sequence parallelism shards it.
+    Flash/ring attention never stores the s^2 scores, so the 5as/h term is dropped. The paper's 8*sbh for Q, K, V
+    and the projection input assumes multi-head attention with h = heads * head_dim: here Q and the projection
+    input are heads * head_dim wide and K, V num_query_groups * head_dim (GQA keeps them small).
     """
-    p, t, h = spec.parallel, spec.training, spec.model.hidden_size
+    p, t, m = spec.parallel, spec.training, spec.model
+    h = m.hidden_size
     scale = DTYPE_BYTES[t.dtype] / 2  # the paper's constants assume 2-byte activations
     sbh = tokens * h
     if (recompute or t.recompute) == "full":
         return 2 * sbh * scale / (p.tp if p.sequence_parallel else 1)
-    sharded = 8 + ffn_term
+    q, kv = m.num_attention_heads * head_dim(m) / h, kv_heads(m) * head_dim(m) / h
+    replicated, sharded = 10.0, 4 * q + 4 * kv + ffn_term
     if t.dtype == "fp8":
-        # TransformerEngine keeps the four GEMM inputs it saves for backward in fp8: the QKV, projection and fc1
-        # inputs (2 -> 1 sbh each) and fc2's (2f/h -> f/h sbh).
-        sharded -= 3 + ffn_term / 4
+        # TransformerEngine keeps the four GEMM inputs it saves for backward in fp8: the QKV and fc1 inputs
+        # (2 -> 1 sbh each), the projection's (2q -> q) and fc2's (2f/h -> f/h sbh).
+        replicated -= 2
+        sharded -= q + ffn_term / 4
     if p.sequence_parallel:
-        return sbh * (10 + sharded) / p.tp * scale
-    return sbh * (10 + sharded / p.tp) * scale
+        return sbh * (replicated + sharded) / p.tp * scale
+    return sbh * (replicated + sharded / p.tp) * scale
 
 
 def stage_memory(spec: LayoutSpec, stage_counts: list[int], dp: int, edp: int, num_microbatches: int,
@@ -183,14 +190,17 @@ def draft_memory(spec: LayoutSpec, tokens: int, draft_slots: int) -> float:
     state = params * (w_b + g_b + o_b)
     act_bytes = DTYPE_BYTES[t.dtype]
     ffn_term = 4 * m.ffn_hidden_size / m.hidden_size
-    logits = 4 * tokens * m.vocab_size / p.tp  # one fp32 vocab-parallel logits tensor
+    vocab = draft_vocab_size(spec)
+    logits = 4 * tokens * vocab / p.tp  # one fp32 vocab-parallel tensor over the draft vocabulary
     # The LM head and KL run in checkpointed token chunks (runtime/vocab_parallel.py), so per TTT step only the
     # output hidden state is kept; one chunk's logits, log-probs and target slice live transiently.
-    chunk = 4 * min(tokens, HEAD_CHUNK_TOKENS) * m.vocab_size / p.tp
+    chunk = 4 * min(tokens, HEAD_CHUNK_TOKENS) * vocab / p.tp
     per_step = (activation_bytes_per_layer(spec, tokens, ffn_term, recompute="none") * d.num_layers
                 + tokens * 2 * m.hidden_size * act_bytes  # [embedding ; hidden] input of the draft layer
                 + tokens * m.hidden_size * act_bytes)  # the step's output hidden state
-    target_probs = 2 * logits + 3 * chunk  # the policy's log-probs and their halo copy, plus one chunk in flight
+    # The policy's log-probs restricted to the draft vocabulary and their halo copy, plus one chunk in flight; a
+    # reduced vocabulary gathers one chunk of the selected columns from every TP rank (runtime/vocab_map.py).
+    target_probs = 2 * logits + 3 * chunk + (chunk * p.tp if vocab != m.vocab_size else 0)
     fc_in = tokens * num_taps * m.hidden_size * act_bytes
     # A landing slot holds one microbatch's taps: the aux hidden states plus the token embeddings.
     slots = draft_slots * (num_taps + 1) * tokens * m.hidden_size * act_bytes

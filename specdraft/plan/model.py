@@ -308,6 +308,13 @@ class LaunchPlan:
         """`<layout name>-<plan hash 8>`: the run folder's name and the Slurm job name."""
         return f"{self.name}-{self.plan_hash[:8]}"
 
+    @property
+    def draft_vocab_size(self) -> int:
+        """The draft LM head's vocabulary (spec.derived.draft_vocab_size): draft.vocab_size, else the target's."""
+        from specdraft.spec.derived import draft_vocab_size
+
+        return draft_vocab_size(self.spec)
+
     def stage_of(self, global_rank: int) -> StagePlan:
         return self.stages[self.ranks[global_rank].pp]
 

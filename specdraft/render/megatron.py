@@ -69,6 +69,8 @@ def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
         args.append(f"--{t.dtype}")
     if t.grad_reduce_in_bf16:
         args.append("--grad-reduce-in-bf16")
+    if t.tp_comm_overlap and p.tp > 1 and p.sequence_parallel:
+        args.append("--tp-comm-overlap")
     if t.distributed_optimizer:
         args.append("--use-distributed-optimizer")
     if t.recompute == "selective":

@@ -25,20 +25,19 @@ class SbatchRender:
 
     script: str
     job_name: str
-    submitit_folder: str
-    submitit_command: str  # the shell words the srun line runs; equals submitit's own _submitit_command_str
+    submitit_folder: str  # where submitit keeps the submitted script and srun writes each task's log
+    task_command: str  # the shell words srun runs on every task: the payload, shell-quoted
     srun_line: str
-    payload_argv: list[str]  # what every task finally runs: python -u -m specdraft.runtime.entry PLAN ...
+    payload_argv: list[str]  # what every task runs: python -u -m specdraft.runtime.entry PLAN ...
 
 
-def payload_argv(python: str, plan_path: str, workload: str, steps: int | None) -> list[str]:
+def payload_argv(python: str, plan_path: str, workload: str, steps: int | None, *, resume: bool = False,
+                 resume_from: str | None = None) -> list[str]:
+    """The rank payload's argv; the resume flag (if any) is the same on every rank."""
     argv = [python, "-u", "-m", "specdraft.runtime.entry", plan_path, "--workload", workload]
-    return argv + (["--steps", str(steps)] if steps is not None else [])
-
-
-def submitit_command(python: str, folder: str) -> str:
-    """The task command, written the way submitit 1.5.4 writes it (SlurmExecutor._submitit_command_str)."""
-    return " ".join([shlex.quote(python), "-u -m submitit.core._submit", shlex.quote(folder)])
+    argv += ["--steps", str(steps)] if steps is not None else []
+    argv += ["--resume"] if resume else []
+    return argv + (["--resume-from", resume_from] if resume_from is not None else [])
 
 
 def nccl_env(plan: LaunchPlan) -> list[tuple[str, str, str]]:
@@ -73,13 +72,14 @@ def _template():
     return env.from_string(text)
 
 
-def unsafe_values(plan: LaunchPlan, run_dir: str, python: str) -> list[str]:
+def unsafe_values(plan: LaunchPlan, run_dir: str, python: str, resume_from: str | None = None) -> list[str]:
     """What the script cannot carry safely, quoted or not (line breaks end comments and #SBATCH lines; '%' is a
     Slurm filename pattern; '\\' is an escape to sbatch). Validation refuses these in layouts; this re-checks a
-    hand-edited plan.json and the run folder."""
+    hand-edited plan.json, the run folder and a --resume-from path."""
     slurm = plan.spec.slurm
     problems = []
     one_line = {"run folder": run_dir, "python": python, "name": plan.name, "slurm.time": slurm.time,
+                "--resume-from": resume_from or "",
                 "slurm.partition": slurm.partition or "", "slurm.account": slurm.account or "",
                 "slurm.qos": slurm.qos or "", "slurm.container_image": slurm.container_image or ""}
     one_line.update({f"slurm.container_mounts[{i}]": m for i, m in enumerate(slurm.container_mounts)})
@@ -106,18 +106,19 @@ def unsafe_values(plan: LaunchPlan, run_dir: str, python: str) -> list[str]:
 
 
 def render_sbatch(plan: LaunchPlan, run_dir: str, *, python: str, workload: str = "cotrain",
-                  steps: int | None = None) -> SbatchRender:
-    """Render the sbatch script for ``plan`` in the run folder ``run_dir`` (an absolute, normalised path).
+                  steps: int | None = None, resume: bool = False, resume_from: str | None = None) -> SbatchRender:
+    """Render the sbatch script for ``plan`` in the run folder ``run_dir`` (an absolute, normalised path);
+    ``resume``/``resume_from`` (an absolute path) add the payload's --resume/--resume-from on every rank.
 
     Raises ValueError listing every value that cannot be made safe (see ``unsafe_values``)."""
-    problems = unsafe_values(plan, run_dir, python)
+    problems = unsafe_values(plan, run_dir, python, resume_from)
     if problems:
         raise ValueError("; ".join(problems))
     slurm, cluster = plan.spec.slurm, plan.spec.cluster
     folder = f"{run_dir}/submitit"
     plan_path = f"{run_dir}/plan.json"
-    argv = payload_argv(python, plan_path, workload, steps)
-    command = submitit_command(python, folder)
+    argv = payload_argv(python, plan_path, workload, steps, resume=resume, resume_from=resume_from)
+    command = shlex.join(argv)
     srun = ["srun", "--unbuffered", "--kill-on-bad-exit=1", f"--output={folder}/%j_%t_log.out",
             f"--error={folder}/%j_%t_log.err"]
     if slurm.container_image:
@@ -133,8 +134,7 @@ def render_sbatch(plan: LaunchPlan, run_dir: str, *, python: str, workload: str 
         cpus_per_task=slurm.cpus_per_task, time=slurm.time, partition=slurm.partition,
         account=slurm.account, qos=slurm.qos, folder=folder, signal_delay=plan.slurm.signal_delay_s,
         extra_sbatch_args=slurm.extra_sbatch_args, nccl=nccl_env(plan), env=slurm.env,
-        world_size=plan.world_size, srun=srun_words, submitit_command=command, payload=shlex.join(argv),
-        port_base=PORT_BASE, port_span=PORT_SPAN,
+        world_size=plan.world_size, srun=srun_words, payload=command, port_base=PORT_BASE, port_span=PORT_SPAN,
     )
-    return SbatchRender(script=script, job_name=plan.run_name, submitit_folder=folder, submitit_command=command,
+    return SbatchRender(script=script, job_name=plan.run_name, submitit_folder=folder, task_command=command,
                         srun_line=f"{srun_words} {command}", payload_argv=argv)

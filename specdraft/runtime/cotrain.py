@@ -4,7 +4,8 @@ the EAGLE-3 draft trains online on the draft stage from taps that TapChannel del
 The draft runs inside the last stage's loss function when it sits on the last stage (its backward then rides the
 schedule's own backward), else after the schedule. Either way the schedule itself is untouched. Around the steps:
 a resume loads a checkpoint first (checkpoint.py), every training.save_interval steps one is saved, and a stop
-signal is agreed on at each step boundary (preempt.py).
+signal is agreed on at each step boundary (preempt.py); every draft.export_interval steps the draft is published
+for rollout engines (export.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ PAUSE_ENV = "SPECDRAFT_STEP_PAUSE_S"  # tests: seconds to idle after each step, 
 
 
 def run(ctx: RankContext) -> dict:
-    from specdraft.runtime import checkpoint, cpu_compat, preempt
+    from specdraft.runtime import checkpoint, cpu_compat, export, preempt
     from specdraft.runtime.metrics import StepMetrics
     from specdraft.runtime.trainer import CoTrainer
 
@@ -33,6 +34,7 @@ def run(ctx: RankContext) -> dict:
     step = make_step(trainer)
     vote = preempt.StopVote(trainer.device)
     interval = ctx.plan.spec.training.save_interval
+    publish_every = ctx.plan.spec.draft.export_interval
     saved = None
     with preempt.graceful():
         for index in range(start, ctx.steps):
@@ -44,6 +46,8 @@ def run(ctx: RankContext) -> dict:
             stop = vote.agreed()
             if stop is not None or (interval and (done % interval == 0 or done == ctx.steps)):
                 saved = checkpoint.save(ctx, trainer, done)
+            if publish_every and trainer.cotraining and (done % publish_every == 0 or done == ctx.steps):
+                export.publish(ctx, trainer, done)
             if stop is not None:
                 return {"steps": done, "final": metrics.last, **resumed,
                         **preempt.stopped(ctx.global_rank, ctx.plan, stop, done, saved)}

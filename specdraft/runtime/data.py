@@ -2,7 +2,9 @@
 
 Every rank generates the same global batch from (seed, step, row), so any layout sees identical data (the
 parity tests rely on it) and no hub download is needed. The chain is learnable (each token has three likely
-successors), so the target's loss falls and the draft's acceptance rises within a few dozen steps.
+successors), so the target's loss falls and the draft's acceptance rises within a few dozen steps. With
+training.data_drift_interval = M the transitions shift every M steps (a seeded share of the tokens get new
+successors), standing in for the data of a policy that keeps changing; off, the data is exactly as before.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import torch
 
 SUCCESSOR_PROBS = (0.9, 0.08, 0.02)
 LENGTH_QUANTUM = 16  # sequence lengths are multiples of this (and of the plan's CP padding multiple)
+# Seed namespaces of the drift shifts and of held-out prompts, apart from the training rows' (seed, step, row).
+DRIFT_SEED = 0x5D21F7
+PROMPT_SEED = 0x9E3779B9
 
 
 @dataclass(frozen=True)
@@ -30,8 +35,10 @@ class Row:
 class MarkovData:
     """The seeded data source of one run."""
 
-    def __init__(self, *, vocab_size: int, row_tokens: int, pad_multiple: int, seed: int):
+    def __init__(self, *, vocab_size: int, row_tokens: int, pad_multiple: int, seed: int, drift_interval: int = 0,
+                 drift_fraction: float = 0.0):
         self.vocab_size = vocab_size
+        self.drift_interval, self.drift_fraction = drift_interval, drift_fraction
         self.row_tokens = row_tokens
         self.quantum = math.lcm(LENGTH_QUANTUM, pad_multiple)
         if row_tokens % self.quantum:
@@ -42,6 +49,25 @@ class MarkovData:
         # (v, 3): the three successors of each token; distinct so the chain's top-1 is well defined.
         self.successors = torch.stack([torch.randperm(vocab_size, generator=g)[:3] for _ in range(vocab_size)])
         self.probs = torch.tensor(SUCCESSOR_PROBS)
+        self._epochs = [self.successors]  # successor table of each drift epoch, built on demand
+
+    def epoch(self, step: int) -> int:
+        """The drift epoch of ``step``: how many shifts happened before it (0 without drift)."""
+        return step // self.drift_interval if self.drift_interval > 0 else 0
+
+    def successors_at(self, step: int) -> torch.Tensor:
+        """(v, 3) the transitions in force at ``step``. Each shift redraws the successors of a seeded
+        round(fraction * v) of the tokens, on top of the previous epoch's table."""
+        epoch = self.epoch(step)
+        while len(self._epochs) <= epoch:
+            e = len(self._epochs)
+            g = torch.Generator().manual_seed(DRIFT_SEED ^ (self.seed * 1_000_003 + e))
+            table = self._epochs[-1].clone()
+            moved = torch.randperm(self.vocab_size, generator=g)[: round(self.drift_fraction * self.vocab_size)]
+            for token in moved.tolist():
+                table[token] = torch.randperm(self.vocab_size, generator=g)[:3]
+            self._epochs.append(table)
+        return self._epochs[epoch]
 
     def row(self, step: int, index: int) -> Row:
         """Row ``index`` of step ``step``'s global batch: 1-4 sequences packed to exactly row_tokens tokens."""
@@ -53,6 +79,7 @@ class MarkovData:
             lengths.append(take * self.quantum)
             units -= take
         tokens, labels, mask, positions = [], [], [], []
+        successors = self.successors_at(step)
         for length in lengths:
             # A few padding tokens at the end of some sequences, as packing with per-sequence padding leaves.
             pad = int(torch.randint(0, min(4, length // 2) + 1, (1,), generator=g))
@@ -61,7 +88,7 @@ class MarkovData:
             seq[0] = torch.randint(0, self.vocab_size, (1,), generator=g)
             picks = torch.multinomial(self.probs, content - 1, replacement=True, generator=g)
             for i in range(1, content):
-                seq[i] = self.successors[seq[i - 1], picks[i - 1]]
+                seq[i] = successors[seq[i - 1], picks[i - 1]]
             seq[content:] = 0
             lab = torch.zeros(length, dtype=torch.long)
             lab[: content - 1] = seq[1:content]
@@ -76,6 +103,18 @@ class MarkovData:
 
     def step_rows(self, step: int, num_rows: int) -> list[Row]:
         return [self.row(step, i) for i in range(num_rows)]
+
+    def prompt(self, step: int, index: int, length: int) -> torch.Tensor:
+        """(length,) a held-out sequence drawn as the training rows of ``step`` are (a fresh uniform first token,
+        then the chain in force at ``step``), from a seed namespace no training row uses: prompts to decode from."""
+        g = torch.Generator().manual_seed(PROMPT_SEED ^ (self.seed * 1_000_003 + step * 10_007 + index))
+        successors = self.successors_at(step)
+        seq = torch.empty(length, dtype=torch.long)
+        seq[0] = torch.randint(0, self.vocab_size, (1,), generator=g)
+        picks = torch.multinomial(self.probs, max(length - 1, 1), replacement=True, generator=g)
+        for i in range(1, length):
+            seq[i] = successors[seq[i - 1], picks[i - 1]]
+        return seq
 
 
 def shifted(x: torch.Tensor, cu_seqlens: torch.Tensor, shift: int, fill=0) -> torch.Tensor:

@@ -209,8 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         init_megatron(plan, rank, world_size, backend, float(os.environ.get(TIMEOUT_ENV, "300")))
         record["megatron"] = check_megatron_ranks(plan, rank)
         steps = args.steps if args.steps is not None else plan.spec.training.train_iters
-        mode = ("from" if args.resume_from is not None else "newest" if args.resume
-                else preempt.resume_mode_from_env(os.environ))
+        # A job Slurm restarted continues its own newest checkpoint whatever flag it was launched with: the
+        # script (and so --resume-from) is the same on every restart (plan/checkpoints.choose, mode "auto").
+        mode = (preempt.resume_mode_from_env(os.environ)
+                or ("from" if args.resume_from is not None else "newest" if args.resume else None))
         ctx = RankContext(plan=plan, run_dir=run_dir, global_rank=rank, local_rank=local_rank, world_size=world_size,
                           node=node, device=device, backend=backend, steps=steps, workload=args.workload,
                           resume=mode, resume_from=args.resume_from)

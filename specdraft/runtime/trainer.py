@@ -17,9 +17,10 @@ from specdraft.runtime.draft import Eagle3Draft, draft_shape
 from specdraft.runtime import precision
 from specdraft.runtime.devicetime import DeviceTimer
 from specdraft.runtime.grads import TargetParams
-from specdraft.runtime.halo import gather_shifted
+from specdraft.runtime.halo import gather_shifted, shift_rows
 from specdraft.runtime.tapchannel import TapChannel
 from specdraft.runtime.target import build_chunks, init_parameters, transformer_config
+from specdraft.runtime.vocab_map import Restriction, draft_vocabulary
 from specdraft.runtime.vocab_parallel import accept_length, head_kl_and_matches, log_softmax
 
 BLOCKING_ENV = "SPECDRAFT_TAPS_BLOCKING"  # benchmark baseline: blocking send/recv of the taps inside the hooks
@@ -61,7 +62,8 @@ class CoTrainer:
             chunk.config.grad_scale_func = self.loss_scaler.scale_loss if self.loss_scaler else None
         self.step_report: dict = {}
         self.data = MarkovData(vocab_size=m.vocab_size, row_tokens=self.row_tokens, pad_multiple=par.pad_multiple,
-                               seed=self.seed)
+                               seed=self.seed, drift_interval=t.data_drift_interval,
+                               drift_fraction=t.data_drift_fraction)
         self.loss_weight, self.clip, self.draft_clip = d.loss_weight, t.clip_grad, d.clip_grad
         self.warmup_steps = t.warmup_steps
         self.cotraining = False
@@ -73,8 +75,11 @@ class CoTrainer:
             config = dataclasses.replace(transformer_config(plan, self.dtype, self.device), sequence_parallel=False)
             self.draft = Eagle3Draft(draft_shape(plan), config).to(self.device, self.dtype)
             init_parameters(self.draft, 0, self.tp, self.seed ^ 0x5EED)
+            if self.draft.vocab is not None:  # a checkpoint's mapping, if one is loaded, replaces this one
+                self.draft.vocab.set(*(x.to(self.device) for x in draft_vocabulary(self.data, plan)))
             self.draft_optimizer = precision.MainOptimizer(list(self.draft.parameters()), lr=d.lr,
                                                            policy=self.precision, device=self.device)
+        self._restriction = None
         self.draft_in_loss = self.draft is not None and self.is_last
         self.cp_group = ps.get_context_parallel_group() if self.cp > 1 else None
         self.tp_group = ps.get_tensor_model_parallel_group() if self.tp > 1 else None
@@ -168,8 +173,18 @@ class CoTrainer:
         """
         taps = self.channel.receive(mb.index)
         timing = self.draft_timer.start()  # the draft's own compute: waiting for taps is TapChannel's cost
-        # This rank's vocab slice of the policy's global log-probs (no gradient).
-        target_logp = log_softmax(taps["logits"] if local_logits is None else local_logits, self.tp_group)
+        logits = taps["logits"] if local_logits is None else local_logits
+        shifts = [1 + j for j in range(self.steps_ttt)]
+        valid = mb.draft_valid
+        if self.draft.vocab is None:
+            target_logp = log_softmax(logits, self.tp_group)  # this rank's vocab slice of the policy's log-probs
+        else:
+            # The policy's log-probs renormalised over the draft vocabulary, in the draft head's layout; rows whose
+            # policy top-1 the draft vocabulary lacks leave the KL (vocab_map.py).
+            restriction = self.restriction()
+            target_logp = restriction.log_probs(logits)
+            kept = shift_rows(restriction.top1_kept(logits), shifts, mb.cu_seqlens, self.cp_group)  # (S, t)
+            valid = valid * kept
         aux_layers = self.plan.draft.aux_layers
         aux = torch.stack([taps[layer] for layer in aux_layers]).to(self.dtype)  # (n_taps, t, h)
         table = taps["embedding"].to(self.dtype)  # (n, h), or (ceil(n/tp), h) per TP rank under SP
@@ -177,12 +192,10 @@ class CoTrainer:
             aux, table = self._gather_sp(aux, dim=1), self._gather_sp(table, dim=0)[: len(mb.emb_ids)]
         table = torch.cat([table, table.new_zeros(1, table.shape[1])])  # row -1: past the sequence end
         emb = table[mb.emb_index]  # (S, t, h): step j's input token embeddings
-        shifts = [1 + j for j in range(self.steps_ttt)]
         # Step j is trained towards the target at row p+1+j: (avail, index) addresses it without S copies.
         avail, index = gather_shifted(target_logp, shifts, mb.cu_seqlens, self.cp_group)
         hiddens = self.draft.ttt(aux, emb, mb.draft_positions, mb.cu_seqlens, self.cp_group)
-        kl_sums, matches = head_kl_and_matches(self.draft.head, hiddens, avail, index, mb.draft_valid,
-                                               self.tp_group)
+        kl_sums, matches = head_kl_and_matches(self.draft.head, hiddens, avail, index, valid, self.tp_group)
         loss = sum(kl / max(n, 1.0) for kl, n in zip(kl_sums, self.n_draft)) / self.steps_ttt
         if self.ps.get_tensor_model_parallel_rank() == 0:
             for j in range(self.steps_ttt):
@@ -193,6 +206,13 @@ class CoTrainer:
             self.stats["positions"] += positions
         self.draft_timer.stop(timing)
         return loss
+
+    def restriction(self) -> Restriction:
+        """The draft vocabulary's restriction of the policy's logits, built from the draft's own t2d once a
+        checkpoint (whose mapping the head was trained with) had its chance to load."""
+        if self._restriction is None:
+            self._restriction = Restriction(self.draft.vocab.t2d, self.tp_group)
+        return self._restriction
 
     def _gather_sp(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         """Undo sequence parallelism for the draft: concatenate the TP ranks' row shards along ``dim``."""

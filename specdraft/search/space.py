@@ -121,7 +121,8 @@ def max_end_deficit(spec: LayoutSpec) -> int:
     extra = head
     if d.enabled:
         draft_layer = 2 * h * (q + 2 * kv) + q * h + (3 if m.swiglu else 2) * h * m.ffn_hidden_size
-        extra += len(derived.aux_layers(spec)) * h * h + d.ttt_steps * (d.num_layers * draft_layer + head)
+        draft_head = h * derived.draft_vocab_size(spec)
+        extra += len(derived.aux_layers(spec)) * h * h + d.ttt_steps * (d.num_layers * draft_layer + draft_head)
     return math.ceil(extra / layer) + 2
 
 

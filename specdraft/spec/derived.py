@@ -67,6 +67,12 @@ def aux_layers(spec: LayoutSpec) -> list[int]:
     return list(d.aux_layers) if d.aux_layers is not None else default_aux_layers(spec.model.num_layers)
 
 
+def draft_vocab_size(spec: LayoutSpec) -> int:
+    """The draft LM head's vocabulary: draft.vocab_size (the most frequent target tokens), else the target's."""
+    d = spec.draft.vocab_size
+    return d if d is not None else spec.model.vocab_size
+
+
 def draft_stage_index(spec: LayoutSpec) -> int:
     """The pipeline stage index of draft.stage ('last', 'first' or an index)."""
     stage = spec.draft.stage

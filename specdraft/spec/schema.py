@@ -119,6 +119,10 @@ class DraftSpec:
     """Gradient-norm clip of the draft's own clipping group; 0 disables it."""
     model: str = "checkpoints/draft"
     """Path of the draft checkpoint that rollout engines load (vLLM speculative_config.model)."""
+    vocab_size: Optional[int] = None
+    """Draft LM-head vocabulary: the most frequent target tokens of the training data (SpecForge's d2t/t2d); null = the target's."""
+    export_interval: int = 0
+    """Steps between publishing the draft for vLLM/SGLang into RUN_DIR/draft/step-N/ (and after the last step); 0 = off."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,6 +141,8 @@ class TrainingSpec:
     """Training dtype; fp8 = TransformerEngine FP8 GEMMs and fp8 weights on Hopper/Blackwell, bf16 activations."""
     grad_reduce_in_bf16: bool = False
     """Keep and reduce gradients in bf16, not fp32 (--grad-reduce-in-bf16; NVIDIA's benchmarks); bf16 or fp8 only."""
+    tp_comm_overlap: bool = False
+    """Overlap TP collectives with GEMMs (--tp-comm-overlap, TE userbuffers) where tp > 1 and sequence_parallel."""
     distributed_optimizer: bool = True
     """Shard optimizer state over data-parallel ranks (--use-distributed-optimizer)."""
     recompute: Literal["none", "selective", "full"] = "selective"
@@ -155,6 +161,10 @@ class TrainingSpec:
     """Steps between checkpoints in RUN_DIR/checkpoints (and after the last step); 0 = off. USR2/SIGTERM save too."""
     keep_checkpoints: int = 2
     """Complete checkpoints kept in RUN_DIR/checkpoints; older ones go once a newer one is complete (>= 1)."""
+    data_drift_interval: int = 0
+    """Steps between shifts of the synthetic data's Markov transitions (a drifting policy's data); 0 = no drift."""
+    data_drift_fraction: float = 0.5
+    """Fraction of tokens whose successors are redrawn (seeded) at each data drift shift."""
 
 
 @dataclass(frozen=True, kw_only=True)

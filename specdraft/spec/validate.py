@@ -357,6 +357,20 @@ def _draft_rules(spec: LayoutSpec, err, warn) -> None:
         err("draft.lr", d.lr, "must be > 0", "use 1e-4")
     if d.clip_grad < 0:
         err("draft.clip_grad", d.clip_grad, "must be >= 0 (0 disables clipping)", "use 1.0")
+    if d.vocab_size is not None:
+        if not 1 <= d.vocab_size <= m.vocab_size:
+            err("draft.vocab_size", d.vocab_size, f"must be in 1..model.vocab_size ({m.vocab_size})",
+                "use null for the target's vocabulary, or e.g. 32000 against Llama-3's 128256")
+        elif p.tp >= 1 and d.vocab_size % p.tp:
+            lower = max(p.tp, d.vocab_size - d.vocab_size % p.tp)
+            err("draft.vocab_size", d.vocab_size, f"must be a multiple of parallel.tp ({p.tp}): the draft's LM head "
+                "is split over tp", f"use {lower}")
+    if d.export_interval < 0:
+        err("draft.export_interval", d.export_interval, "must be >= 0 (steps between publishing the draft; 0 turns "
+            "it off)", "use 0, or e.g. 100")
+    elif d.export_interval and d.num_layers != 1:
+        err("draft.export_interval", d.export_interval, f"publishes the EAGLE-3 format, which has one decoder layer, "
+            f"but draft.num_layers is {d.num_layers}", "set draft.num_layers=1, or draft.export_interval=0")
     if p.cp > 1:
         if not t.packing:
             err("training.packing", False, "the draft's CP branch attention (zigzag_ring_branch_merge) needs packed "
@@ -419,5 +433,10 @@ def _checkpoint_rules(spec: LayoutSpec, err) -> None:
     if t.keep_checkpoints < 1:
         err("training.keep_checkpoints", t.keep_checkpoints, "must be >= 1 (a resume needs at least one)",
             "use 2: the newest and the one before, should the newest be damaged")
+    if t.data_drift_interval < 0:
+        err("training.data_drift_interval", t.data_drift_interval, "must be >= 0 (steps between data shifts; 0 = no "
+            "drift)", "use 0")
+    if not 0.0 <= t.data_drift_fraction <= 1.0:
+        err("training.data_drift_fraction", t.data_drift_fraction, "must be in [0, 1]", "use 0.5")
     if s.max_requeues < 0:
         err("slurm.max_requeues", s.max_requeues, "must be >= 0 (0 never requeues)", "use 0, or e.g. 3")

@@ -6,8 +6,8 @@
 #
 # Submit it with specdraft, which records the job in run.json and refuses to submit this plan twice:
 #   specdraft launch /scratch/runs/llama3.1-8b-pat/plan.json --run-dir /scratch/runs/llama3.1-8b-pat
-# By hand, each task runs the payload directly (submitit's per-task result files are then not written):
-#   sbatch /scratch/runs/llama3.1-8b-pat/sbatch.sh direct
+# By hand (then run.json records no job and nothing stops a second submission of the same plan):
+#   sbatch /scratch/runs/llama3.1-8b-pat/sbatch.sh
 #
 #SBATCH --job-name=llama3.1-8b-pat-<plan8>
 #SBATCH --nodes=1
@@ -33,12 +33,9 @@ export OMP_NUM_THREADS=16
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 # Megatron needs one hardware queue so TP/sequence-parallel communication kernels start before the GEMMs they overlap with
 export CUDA_DEVICE_MAX_CONNECTIONS=1
-# submitit reads this to know its tasks run under Slurm.
-export SUBMITIT_EXECUTOR=slurm
 
+# srun runs the payload itself on every task (no per-task wrapper in between), so the USR2 time-limit warning and
+# Slurm's SIGTERM reach the runtime: it stops every rank at a step boundary, saves a checkpoint, requeues the job
+# (USR2, at most slurm.max_requeues times) and exits 75; the restarted job resumes on its own.
 # 8 tasks; every one runs: /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/llama3.1-8b-pat/plan.json --workload cotrain
-if [[ "${1:-}" == direct ]]; then
-    srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/llama3.1-8b-pat/submitit/%j_%t_log.out --error=/scratch/runs/llama3.1-8b-pat/submitit/%j_%t_log.err /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/llama3.1-8b-pat/plan.json --workload cotrain
-else
-    srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/llama3.1-8b-pat/submitit/%j_%t_log.out --error=/scratch/runs/llama3.1-8b-pat/submitit/%j_%t_log.err /opt/venv/bin/python -u -m submitit.core._submit /scratch/runs/llama3.1-8b-pat/submitit
-fi
+srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/llama3.1-8b-pat/submitit/%j_%t_log.out --error=/scratch/runs/llama3.1-8b-pat/submitit/%j_%t_log.err /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/llama3.1-8b-pat/plan.json --workload cotrain

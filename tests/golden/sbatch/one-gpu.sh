@@ -6,8 +6,8 @@
 #
 # Submit it with specdraft, which records the job in run.json and refuses to submit this plan twice:
 #   specdraft launch /scratch/runs/one-gpu/plan.json --run-dir /scratch/runs/one-gpu
-# By hand, each task runs the payload directly (submitit's per-task result files are then not written):
-#   sbatch /scratch/runs/one-gpu/sbatch.sh direct
+# By hand (then run.json records no job and nothing stops a second submission of the same plan):
+#   sbatch /scratch/runs/one-gpu/sbatch.sh
 #
 #SBATCH --job-name=one-gpu-<plan8>
 #SBATCH --nodes=1
@@ -31,12 +31,9 @@ export MASTER_ADDR MASTER_PORT
 export OMP_NUM_THREADS=16
 # a collective whose peer died raises on the surviving ranks instead of hanging until the time limit
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
-# submitit reads this to know its tasks run under Slurm.
-export SUBMITIT_EXECUTOR=slurm
 
+# srun runs the payload itself on every task (no per-task wrapper in between), so the USR2 time-limit warning and
+# Slurm's SIGTERM reach the runtime: it stops every rank at a step boundary, saves a checkpoint, requeues the job
+# (USR2, at most slurm.max_requeues times) and exits 75; the restarted job resumes on its own.
 # 1 tasks; every one runs: /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/one-gpu/plan.json --workload cotrain
-if [[ "${1:-}" == direct ]]; then
-    srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/one-gpu/submitit/%j_%t_log.out --error=/scratch/runs/one-gpu/submitit/%j_%t_log.err /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/one-gpu/plan.json --workload cotrain
-else
-    srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/one-gpu/submitit/%j_%t_log.out --error=/scratch/runs/one-gpu/submitit/%j_%t_log.err /opt/venv/bin/python -u -m submitit.core._submit /scratch/runs/one-gpu/submitit
-fi
+srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/one-gpu/submitit/%j_%t_log.out --error=/scratch/runs/one-gpu/submitit/%j_%t_log.err /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/one-gpu/plan.json --workload cotrain

@@ -6,8 +6,8 @@
 #
 # Submit it with specdraft, which records the job in run.json and refuses to submit this plan twice:
 #   specdraft launch /scratch/runs/qwen3-8b-256k/plan.json --run-dir /scratch/runs/qwen3-8b-256k
-# By hand, each task runs the payload directly (submitit's per-task result files are then not written):
-#   sbatch /scratch/runs/qwen3-8b-256k/sbatch.sh direct
+# By hand (then run.json records no job and nothing stops a second submission of the same plan):
+#   sbatch /scratch/runs/qwen3-8b-256k/sbatch.sh
 #
 #SBATCH --job-name=qwen3-8b-256k-<plan8>
 #SBATCH --nodes=8
@@ -36,12 +36,9 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 # a failed cross-node connection (IB/RoCE/socket) logs NCCL's own reason in the task's stderr
 export NCCL_DEBUG=WARN
-# submitit reads this to know its tasks run under Slurm.
-export SUBMITIT_EXECUTOR=slurm
 
+# srun runs the payload itself on every task (no per-task wrapper in between), so the USR2 time-limit warning and
+# Slurm's SIGTERM reach the runtime: it stops every rank at a step boundary, saves a checkpoint, requeues the job
+# (USR2, at most slurm.max_requeues times) and exits 75; the restarted job resumes on its own.
 # 64 tasks; every one runs: /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/qwen3-8b-256k/plan.json --workload cotrain
-if [[ "${1:-}" == direct ]]; then
-    srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/qwen3-8b-256k/submitit/%j_%t_log.out --error=/scratch/runs/qwen3-8b-256k/submitit/%j_%t_log.err /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/qwen3-8b-256k/plan.json --workload cotrain
-else
-    srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/qwen3-8b-256k/submitit/%j_%t_log.out --error=/scratch/runs/qwen3-8b-256k/submitit/%j_%t_log.err /opt/venv/bin/python -u -m submitit.core._submit /scratch/runs/qwen3-8b-256k/submitit
-fi
+srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/qwen3-8b-256k/submitit/%j_%t_log.out --error=/scratch/runs/qwen3-8b-256k/submitit/%j_%t_log.err /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/qwen3-8b-256k/plan.json --workload cotrain

@@ -6,8 +6,8 @@
 #
 # Submit it with specdraft, which records the job in run.json and refuses to submit this plan twice:
 #   specdraft launch /scratch/runs/tiny-cpu/plan.json --run-dir /scratch/runs/tiny-cpu
-# By hand, each task runs the payload directly (submitit's per-task result files are then not written):
-#   sbatch /scratch/runs/tiny-cpu/sbatch.sh direct
+# By hand (then run.json records no job and nothing stops a second submission of the same plan):
+#   sbatch /scratch/runs/tiny-cpu/sbatch.sh
 #
 #SBATCH --job-name=tiny-cpu-<plan8>
 #SBATCH --nodes=1
@@ -28,12 +28,9 @@ MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 40000 ))
 export MASTER_ADDR MASTER_PORT
 # One torch thread per CPU Slurm gives a task; unset, each task starts one per core of the node and they thrash.
 export OMP_NUM_THREADS=1
-# submitit reads this to know its tasks run under Slurm.
-export SUBMITIT_EXECUTOR=slurm
 
+# srun runs the payload itself on every task (no per-task wrapper in between), so the USR2 time-limit warning and
+# Slurm's SIGTERM reach the runtime: it stops every rank at a step boundary, saves a checkpoint, requeues the job
+# (USR2, at most slurm.max_requeues times) and exits 75; the restarted job resumes on its own.
 # 4 tasks; every one runs: /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/tiny-cpu/plan.json --workload cotrain
-if [[ "${1:-}" == direct ]]; then
-    srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/tiny-cpu/submitit/%j_%t_log.out --error=/scratch/runs/tiny-cpu/submitit/%j_%t_log.err /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/tiny-cpu/plan.json --workload cotrain
-else
-    srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/tiny-cpu/submitit/%j_%t_log.out --error=/scratch/runs/tiny-cpu/submitit/%j_%t_log.err /opt/venv/bin/python -u -m submitit.core._submit /scratch/runs/tiny-cpu/submitit
-fi
+srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/tiny-cpu/submitit/%j_%t_log.out --error=/scratch/runs/tiny-cpu/submitit/%j_%t_log.err /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/tiny-cpu/plan.json --workload cotrain

@@ -1,0 +1,42 @@
+"""`specdraft export RUN [--step N] -o DIR`: a run's draft as an EAGLE-3 checkpoint vLLM and SGLang load (thin; the
+work is runtime/export.py, run in a subprocess like launch runs the runtime)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from specdraft.cli.boundary import console as _console
+
+
+def export_cmd(
+    run: str = typer.Argument(..., metavar="RUN", help="A run folder's path, or its name under runs/."),
+    step: Optional[int] = typer.Option(None, "--step", help="The checkpoint step to export (default: the newest "
+                                       "complete one)."),
+    output: str = typer.Option(..., "--output", "-o", metavar="DIR", help="The folder to write: config.json and "
+                               "model.safetensors (it appears whole; an earlier export there is replaced)."),
+) -> None:
+    """Write a run's draft as an EAGLE-3 checkpoint (config.json + model.safetensors) for vLLM and SGLang."""
+    import json
+    import os
+
+    from specdraft.errors import UserError
+    from specdraft.execute import payload
+    from specdraft.execute.rundir import resolve_run
+
+    folder, _, _ = resolve_run(run)
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise UserError(f"-o {output} is a file; an export is a folder", "name a new folder")
+    payload.require_runtime("export")
+    err = _console(stderr=True)
+    argv = [str(folder), "-o", os.path.abspath(output)] + (["--step", str(step)] if step is not None else [])
+    result = json.loads(payload.run("export", argv, lambda line: err.print(line, markup=False)))
+    vocab = (f"draft vocabulary {result['draft_vocab_size']:,} of {result['vocab_size']:,} (d2t/t2d included)"
+             if result["draft_vocab_size"] != result["vocab_size"] else f"vocabulary {result['vocab_size']:,}")
+    _console().print(f"wrote {result['output']}: config.json + model.safetensors ({result['tensors']} tensors, "
+                     f"{vocab}) from {result['checkpoint']} (step {result['step']})", markup=False)
+
+
+def register(app) -> None:
+    app.command("export")(export_cmd)

@@ -1,0 +1,105 @@
+"""The estimate's communication and memory mechanisms against their sources: pipeline sends against megatron-core's
+own schedule arithmetic, TP exposure under each overlap mode, the --tp-comm-overlap render, and activation memory
+against Korthikanti et al.'s Table 2 (multi-head) with K and V at the GQA width."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from specdraft.assemble import compile
+from specdraft.plan.costs import Shape
+from specdraft.plan.estimate import Estimator, layout_of
+from specdraft.plan.memory import activation_bytes_per_layer
+from specdraft.spec.schema import ClusterSpec, DraftSpec, LayoutSpec, ModelSpec, ParallelSpec, TrainingSpec
+
+
+def spec_of(*, tp=1, pp=1, vpp=None, sp=False, overlap=False, heads=32, groups=None, nodes=4) -> LayoutSpec:
+    """A 32-layer, 4096-wide model on `nodes` x 8 H100s, no draft (the plain Megatron step)."""
+    return LayoutSpec(
+        name="mechanisms",
+        model=ModelSpec(num_layers=32, hidden_size=4096, ffn_hidden_size=16384, num_attention_heads=heads,
+                        num_query_groups=groups, vocab_size=32000, seq_length=4096, swiglu=False),
+        cluster=ClusterSpec(num_nodes=nodes, gpus_per_node=8, gpu="h100-80gb"),
+        parallel=ParallelSpec(tp=tp, pp=pp, vpp=vpp, sequence_parallel=sp),
+        draft=DraftSpec(enabled=False),
+        training=TrainingSpec(global_batch_size=64, micro_batch_size=1, recompute="none", tp_comm_overlap=overlap))
+
+
+def megatron_warmup(pp: int, vpp: int, microbatches: int, rank: int = 0) -> int:
+    """Warm-up forwards of pipeline rank ``rank`` from megatron-core's own schedule arithmetic."""
+    from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches
+
+    group = SimpleNamespace(size=lambda: pp, rank=lambda: rank)
+    comm = SimpleNamespace(pp_group=group, virtual_pipeline_model_parallel_size=vpp)
+    _, _, warmup, _ = get_pp_rank_microbatches(microbatches, vpp, pp, p2p_communicator=comm)
+    return warmup
+
+
+@pytest.mark.parametrize("pp,vpp", [(4, 2), (4, 4), (8, 2), (2, 8)])
+def test_interleaved_sends_block_only_in_warmup_and_flush(pp, vpp):
+    spec = spec_of(tp=2, pp=pp, vpp=vpp, sp=True)
+    est = Estimator(spec)
+    lay = layout_of(spec)
+    unit, pipe = est._unit(lay), est.pipeline(lay)
+    assert pipe.fill == pytest.approx(2 * megatron_warmup(pp, vpp, unit.microbatches) * unit.send, rel=1e-12)
+    # Steady state: every send runs behind a chunk's compute, so a stage costs exactly its layers (and ends).
+    for stage, t in enumerate(pipe.times):
+        extra = (unit.embedding if stage == 0 else 0.0) + (unit.head if stage == pp - 1 else 0.0)
+        assert t == pytest.approx(sum(lay.chunks[stage]) * unit.layer_time + extra, rel=1e-12)
+    full = est.estimate(lay)
+    assert full.breakdown["pp_p2p_s"] == pytest.approx(pipe.fill, rel=1e-12)
+
+
+def test_non_interleaved_sends_block_every_microbatch():
+    spec = spec_of(tp=2, pp=4, sp=True)
+    est = Estimator(spec)
+    lay = layout_of(spec)
+    unit, pipe = est._unit(lay), est.pipeline(lay)
+    assert pipe.fill == 0.0
+    middle = pipe.times[1] - sum(lay.chunks[1]) * unit.layer_time
+    assert middle == pytest.approx(2 * unit.send, rel=1e-12), "a middle stage sends forward and backward, blocking"
+
+
+def test_tp_exposure_follows_each_overlap_mode():
+    def tp_comm(**kw):
+        spec = spec_of(tp=4, nodes=1, **kw)
+        est = Estimator(spec)
+        shape = Shape(4, 1, kw.get("sp", False), "none", 1, 1, 4)
+        layer = est.costs.layer(shape, est.bandwidths(layout_of(spec)))
+        return layer.tp_comm, est.costs, est.bandwidths(layout_of(spec))
+
+    overlap, costs, bw = tp_comm(sp=True, overlap=True)
+    blocking, _, _ = tp_comm(sp=True)
+    no_sp, _, _ = tp_comm()
+    c = costs.collective(4096 * 4096 * 2, 4, bw.tp)  # one all-gather of a block's activation
+    assert overlap == pytest.approx(2 * c / 4, rel=1e-12), "one ring step of each forward reduce-scatter"
+    assert blocking == pytest.approx(2 * 3 * c, rel=1e-12), "forward all-gather + reduce-scatter, grad all-gather"
+    assert no_sp == pytest.approx(2 * 2 * c, rel=1e-12), "the forward all-reduce"
+    # Without sequence parallelism Megatron has no TP overlap: the flag changes nothing.
+    assert tp_comm(overlap=True)[0] == pytest.approx(no_sp, rel=1e-12)
+
+
+def test_render_passes_tp_comm_overlap_only_where_megatron_takes_it():
+    cases = {(2, True, True): True, (2, False, True): False, (1, False, True): False, (2, True, False): False}
+    for (tp, sp, overlap), expected in cases.items():
+        plan = compile(spec_of(tp=tp, sp=sp, overlap=overlap, nodes=1))
+        assert ("--tp-comm-overlap" in plan.renders.megatron) is expected, (tp, sp, overlap)
+
+
+@pytest.mark.parametrize("tp,groups", [(1, None), (4, None), (4, 8), (8, 4)])
+def test_activation_memory_is_table_2_with_k_and_v_at_the_gqa_width(tp, groups):
+    """Korthikanti et al. 2022, Table 2 with flash attention (no s^2 terms): sbh (10 + 24/t) for multi-head
+    attention and an MLP four times as wide (bf16, no sequence parallelism); GQA stores K and V g/a as wide."""
+    spec = spec_of(tp=tp, groups=groups)
+    tokens, h = 4096, 4096
+    ffn_term = 4 * spec.model.ffn_hidden_size / h
+    got = activation_bytes_per_layer(spec, tokens, ffn_term)
+    ratio = (groups or 32) / 32
+    assert got == pytest.approx(tokens * h * (10 + (24 - 4 * (1 - ratio)) / tp), rel=1e-12)
+    sp = dataclasses.replace(spec, parallel=dataclasses.replace(spec.parallel, sequence_parallel=tp > 1))
+    if tp > 1:
+        assert activation_bytes_per_layer(sp, tokens, ffn_term) == pytest.approx(
+            tokens * h * (34 - 4 * (1 - ratio)) / tp, rel=1e-12)
