@@ -12,6 +12,7 @@
 - megatron's GPU weight-init path (use_cpu_initialization off, forks of the CUDA RNG tracker) ends with the same
   weights as the CPU path: init_parameters overwrites every parameter, so the tracker's per-rank seeds never reach
   the weights and every layout starts equal.
+- The rank payload sets the sbatch script's NCCL/CUDA environment itself where the launcher did not.
 """
 
 from __future__ import annotations
@@ -177,3 +178,24 @@ def test_gpu_init_path_and_its_rng_tracker_never_reach_the_weights():
     for rank_result in run_distributed(_init_paths_worker, 2, cases, timeout=240):
         for name, got in rank_result.items():
             assert got["params"] > 10 and got["differ"] == [], name
+
+
+def test_the_payload_sets_the_scripts_nccl_environment_where_the_launcher_did_not(monkeypatch):
+    """The local launcher exports nothing: the rank payload sets what the sbatch script would (plan/environment.py),
+    before CUDA starts; a value already set wins. Without CUDA the payload then refuses the GPU plan by name."""
+    import os
+
+    from specdraft.plan.environment import nccl_env
+    from specdraft.runtime.entry import _device
+
+    plan = _compile(None, ["cluster.gpu=h100-80gb", "cluster.num_nodes=2", "cluster.gpus_per_node=2",
+                           "parallel.tp=2", "parallel.cp=1", "parallel.pp=1"])
+    wanted = {name: value for name, value, _ in nccl_env(plan)}
+    assert set(wanted) == {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_DEBUG"}
+    for name in wanted:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="torch.cuda.is_available"):
+            _device(plan, 0)
+    assert {name: os.environ[name] for name in wanted} == {**wanted, "NCCL_DEBUG": "INFO"}

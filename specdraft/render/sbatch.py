@@ -10,6 +10,7 @@ import shlex
 from dataclasses import dataclass
 from functools import cache
 
+from specdraft.plan.environment import nccl_env
 from specdraft.plan.model import LaunchPlan
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -38,23 +39,6 @@ def payload_argv(python: str, plan_path: str, workload: str, steps: int | None, 
     argv += ["--steps", str(steps)] if steps is not None else []
     argv += ["--resume"] if resume else []
     return argv + (["--resume-from", resume_from] if resume_from is not None else [])
-
-
-def nccl_env(plan: LaunchPlan) -> list[tuple[str, str, str]]:
-    """(name, value, why) of the NCCL/CUDA settings this layout calls for; empty on CPU."""
-    cluster = plan.spec.cluster
-    if cluster.gpu == "cpu":
-        return []
-    out = [("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1",
-            "a collective whose peer died raises on the surviving ranks instead of hanging until the time limit")]
-    if plan.parallel.tp > 1:
-        out.append(("CUDA_DEVICE_MAX_CONNECTIONS", "1",
-                    "Megatron needs one hardware queue so TP/sequence-parallel communication kernels start before "
-                    "the GEMMs they overlap with"))
-    if cluster.num_nodes > 1:
-        out.append(("NCCL_DEBUG", "WARN",
-                    "a failed cross-node connection (IB/RoCE/socket) logs NCCL's own reason in the task's stderr"))
-    return out
 
 
 @cache

@@ -145,6 +145,12 @@ def _device(plan: LaunchPlan, local_rank: int) -> tuple[str, str]:
     gpu = plan.spec.cluster.gpu
     if gpu == "cpu":
         return "cpu", "gloo"
+    from specdraft.plan.environment import nccl_env
+
+    # What the sbatch script exports, for launchers that do not (the local one); before CUDA and NCCL start, since
+    # both read them once. A value the launcher or the user set wins.
+    for name, value, _why in nccl_env(plan):
+        os.environ.setdefault(name, value)
     import torch
 
     if not torch.cuda.is_available():
@@ -152,9 +158,6 @@ def _device(plan: LaunchPlan, local_rank: int) -> tuple[str, str]:
                          f"{socket.gethostname()}; use a CUDA build of torch, or cluster.gpu=cpu for a CPU run")
     # Before NCCL's init: every communicator this rank creates binds to its own GPU.
     torch.cuda.set_device(local_rank)
-    # A failed or timed-out NCCL collective tears the rank down (torch's default since 2.2, set here so it does not
-    # depend on the torch version); srun --kill-on-bad-exit and the local launcher then stop its peers.
-    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
     # fp32 means fp32: no TF32 matmuls (torch's default for matmul, not for cuDNN); bf16/fp16 runs are unaffected.
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
