@@ -6,6 +6,7 @@ and the distributed optimizer (main weights and AdamW state sharded by whole par
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -254,10 +255,6 @@ def scaled(loss: torch.Tensor, scaler: LossScaler | None) -> torch.Tensor:
     return loss if scaler is None else scaler.scale_loss(loss)
 
 
-def is_finite(value: float) -> bool:
-    return math.isfinite(value)
-
-
 NONFINITE_ENV = "SPECDRAFT_NONFINITE_STEPS"  # tests: global rank 0 puts an inf into a target grad at these steps
 
 
@@ -270,8 +267,6 @@ def optimizer_steps(trainer) -> dict:
     check_for_nan_in_loss_and_grad) rather than writing NaN into the weights. Returns this step's report for
     metrics.jsonl: grad_norm, draft_grad_norm, loss_scale (the scale this step's backward used), skipped.
     """
-    import os
-
     from megatron.core import parallel_state as ps
 
     from specdraft.runtime.grads import (TargetParams, all_reduce_grads, clip_grads, reduce_target_grads,
