@@ -131,9 +131,11 @@ def main() -> None:
     started = time.perf_counter()
     rows = measure(args.out.absolute(), args.prompts)
     measure_s = time.perf_counter() - started
-    (args.out / "drift.json").write_text(json.dumps({"layout": LAYOUT + args.overrides, "k": K,
-                                                     "prompt_length": PROMPT_LENGTH, "max_new_tokens": MAX_NEW,
-                                                     "prompts": args.prompts, "rows": rows}, indent=1))
+    from specdraft.fsutil import atomic_write_text
+
+    atomic_write_text(args.out / "drift.json", json.dumps({
+        "layout": LAYOUT + args.overrides, "k": K, "prompt_length": PROMPT_LENGTH, "max_new_tokens": MAX_NEW,
+        "prompts": args.prompts, "rows": rows}, indent=1))
     plot(rows, args.png, SHIFT_EVERY)
     print(f"\ntraining {train_s:.0f} s, measuring {measure_s:.0f} s; wrote {args.out / 'drift.json'} and {args.png}")
     print(f"\n| step | data epoch | online accept_len | frozen accept_len | no draft | online wall x | frozen wall x |")

@@ -112,14 +112,14 @@ def test_asp_targets_on_the_default_long_tail_workload(overrides):
     assert _mean(it["asp"]) <= 0.85 * _mean(it["fifo"]), it
     assert all(a <= s for a, s in zip(it["asp"], it["sorted"])), it
     assert all(a <= 1.10 * o for a, o in zip(it["asp"], it["oracle"])), it
-    # Issue 17: within 0.03 of the oracle (both as a fraction of fifo's iteration time); 20 seeds: 0.019 / 0.017.
+    # Issue 17: within 0.03 of the oracle (both as a fraction of fifo's iteration time); 20 seeds: 0.020 / 0.017.
     assert (_mean(it["asp"]) - _mean(it["oracle"])) / _mean(it["fifo"]) <= 0.03, it
 
 
 @pytest.mark.parametrize("path", ["llama3.1-8b-pat.yaml", "qwen3-14b-pat.yaml"])
 def test_asp_stays_near_the_oracle_in_the_paper_like_regimes(path):
     """Seeds 0-2 of the synchronous paper-like layouts (DeepScaleR-like lengths): asp within 0.03 of the oracle,
-    never slower than fifo. Lag 0 leaves the trainer nothing to overlap, so the oracle itself gains only 6-15%."""
+    never slower than fifo. Lag 0 leaves the trainer nothing to overlap, so the oracle itself gains only 7-12%."""
     from specdraft.rollout.workload import LENGTH_PRESETS
     from specdraft.spec.load import load_layout
 
