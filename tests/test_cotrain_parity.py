@@ -2,7 +2,8 @@
 
 Same seed and data under (pp=2, cp=2), (pp=2, cp=1), (pp=1, cp=2), (tp=2, pp=1), interleaved (pp=2, vpp=2) and a
 draft on the first stage must reproduce the target and draft losses of (tp=1, cp=1, pp=1) within float32 tolerance:
-that checks the ring attention, the TapChannel routes, the halo shift and the tensor-parallel draft together. A
+that checks the ring attention, the TapChannel routes, the halo shift and the tensor-parallel draft together, with
+megatron's activation recomputation (full at pp2-cp2, selective at tp2-pp1; none elsewhere). A
 reduced draft vocabulary (the policy's distribution restricted to it over tp, its top-1 mask shifted over cp) is
 checked the same way under (tp=2, cp=2).
 """
@@ -20,10 +21,11 @@ pytestmark = pytest.mark.dist
 STEPS = 3
 COMMON = ["training.warmup_steps=0", "--workload", "cotrain", "--steps", str(STEPS), "--executor", "local"]
 LAYOUTS = {
-    "pp2-cp2": ["cluster.gpus_per_node=4"],
+    "pp2-cp2": ["cluster.gpus_per_node=4", "training.recompute=full"],  # every layer recomputed in backward
     "pp2-cp1": ["cluster.gpus_per_node=2", "parallel.cp=1"],
     "pp1-cp2": ["cluster.gpus_per_node=2", "parallel.pp=1"],
-    "tp2-pp1": ["cluster.gpus_per_node=2", "parallel.tp=2", "parallel.cp=1", "parallel.pp=1"],
+    "tp2-pp1": ["cluster.gpus_per_node=2", "parallel.tp=2", "parallel.cp=1", "parallel.pp=1",
+                "training.recompute=selective"],  # core attention recomputed
     "pp2-vpp2": ["cluster.gpus_per_node=2", "parallel.cp=1", "parallel.vpp=2"],
     "draft-first": ["cluster.gpus_per_node=2", "parallel.cp=1", "draft.stage=first"],
 }

@@ -29,6 +29,9 @@ on a machine that has CUDA, it redirects exactly these
    the embedding with `.cuda()` before its start-up all-reduce over the embedding group (language_module.py:241-244).
    On CPU `_is_in_embd_group` answers False, which skips only that all-reduce: target.init_parameters draws both
    copies from the embedding's global name anyway (and on GPU overwrites what the all-reduce produced).
+10. Activation recomputation (`tensor_parallel.checkpoint`, random.py:444-460) saves and restores the CUDA RNG
+   state around the recomputed forward: on CPU there is none to save (`_get_cuda_rng_state` -> None, its setter a
+   no-op); the CPU RNG state and the tracker's are still saved and restored as on GPU.
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ def apply(device=None) -> bool:
         yield
 
     mc_random.CudaRNGStatesTracker.fork = _fork
+    mc_random._get_cuda_rng_state = lambda *args, **kwargs: None  # (10)
+    mc_random._set_cuda_rng_state = lambda *args, **kwargs: None
 
     from megatron.core.pipeline_parallel import schedules
 

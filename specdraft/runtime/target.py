@@ -20,6 +20,16 @@ INIT_STD = 0.02
 BATCH_P2P_ENV = "SPECDRAFT_BATCH_P2P"
 
 
+def _recompute_kwargs(recompute: str) -> dict:
+    """training.recompute as Megatron-LM's flags set it (render/megatron.py): selective recomputes core attention,
+    full recomputes every layer (uniform, one layer per checkpoint)."""
+    if recompute == "full":
+        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    if recompute == "selective":
+        return {"recompute_granularity": "selective"}
+    return {}
+
+
 def transformer_config(plan: LaunchPlan, dtype: torch.dtype, device=None):
     """megatron's TransformerConfig for ``plan`` with parameters in ``dtype`` on ``device`` (default: CUDA when
     torch sees it): CUDA-only settings (GPU weight init, batched pipeline P2P) follow the device, not the machine."""
@@ -59,6 +69,7 @@ def transformer_config(plan: LaunchPlan, dtype: torch.dtype, device=None):
         bias_dropout_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
         cp_comm_type=par.cp_comm_type if par.cp > 1 else None,
         batch_p2p_comm=batch_p2p,
+        **_recompute_kwargs(plan.spec.training.recompute),
         **moe.config_kwargs(plan),
     )
 

@@ -146,7 +146,9 @@ class TrainingSpec:
     distributed_optimizer: bool = True
     """Shard optimizer state over data-parallel ranks (--use-distributed-optimizer)."""
     recompute: Literal["none", "selective", "full"] = "selective"
-    """Activation recomputation, used by the memory estimate (--recompute-granularity)."""
+    """Activation recomputation as Megatron-LM's --recompute-granularity: selective recomputes core attention, full
+    recomputes every layer (uniform, one layer per checkpoint). The runtime applies it and the memory estimate
+    counts it."""
     train_iters: int = 20
     """Optimizer steps the runtime runs (`specdraft launch --steps` overrides it)."""
     warmup_steps: int = 0
