@@ -124,3 +124,14 @@ def test_dry_run_creates_nothing_and_imports_no_executor(tmp_path, executor):
     assert proc.stdout.startswith("#!/bin/bash\n") and "srun" in proc.stdout
     assert f"executor: {executor}" in proc.stderr and "per-rank command:" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_fp8_layout_plans_but_is_not_launched(specdraft_cli, tmp_path):
+    """fp8 renders for Megatron-LM, but the runtime's local layers have no FP8 GEMMs: launch refuses it up front
+    (exit 2, the field named), before a run folder or an allocation exists."""
+    layout = [Path(__file__).parents[1] / "layouts" / "qwen3-8b.yaml", "training.dtype=fp8"]
+    assert specdraft_cli("plan", *layout).returncode == 0
+    proc = specdraft_cli("launch", *layout, "--executor", "slurm", "--dry-run", "--run-dir", tmp_path / "run")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "training.dtype = 'fp8'" in proc.stderr and "fix: launch with training.dtype=bf16" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()

@@ -57,6 +57,11 @@ def prepare(plan: LaunchPlan, *, executor: str | None = None, run_dir: str | Non
         raise UserError(f"--workload {workload!r} is unknown", f"use one of: {', '.join(WORKLOADS)}")
     if steps is not None and steps < 1:
         raise UserError(f"--steps {steps} must be >= 1", "give a positive number of steps")
+    if workload == "cotrain" and plan.spec.training.dtype == "fp8":
+        # Refused here, before any allocation: the ranks would refuse it only once the job had started.
+        raise UserError("training.dtype = 'fp8': specdraft's co-training runtime builds megatron's local (non-TE) "
+                        "layers, which have no FP8 GEMMs", "launch with training.dtype=bf16; an fp8 layout still "
+                        "plans and renders for Megatron-LM (`specdraft render --to megatron`)")
     chosen, why = executors.choose(executor)
     folder = run_dir_for(plan, run_dir)
     source = os.path.abspath(resume_from) if resume_from is not None else None
