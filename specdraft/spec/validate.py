@@ -11,16 +11,12 @@ import re
 from specdraft.errors import Problem
 from specdraft.spec.accounting import accounted_counts, accounted_split_rules, split_accounting
 from specdraft.spec.bounds import check as check_bounds
-from specdraft.spec.derived import (default_aux_layers, etp, kv_heads, pad_multiple, resolved_dp, slurm_time_seconds,
-                                    world_size)
+from specdraft.spec.derived import (default_aux_layers, etp, kv_heads, pad_multiple, resolved_dp, world_size)
 from specdraft.spec.gpus import CATALOGUE
-from specdraft.spec.sbatch_options import option_problem as sbatch_option_problem
 from specdraft.spec.schema import LayoutSpec
+from specdraft.spec.validate_run import checkpoint_rules, slurm_rules
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-SLURM_WORD_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._,:@+-]*$")
-ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-RESERVED_ENV = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"})
 
 
 def divisors(n: int) -> list[int]:
@@ -126,8 +122,8 @@ def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
              "set training.dtype=fp32 for local CPU layouts")
     _precision_rules(spec, err)
 
-    _slurm_rules(spec, err)
-    _checkpoint_rules(spec, err)
+    slurm_rules(spec, err)
+    checkpoint_rules(spec, err)
     return errors, warnings
 
 
@@ -379,64 +375,3 @@ def _draft_rules(spec: LayoutSpec, err, warn) -> None:
             err("parallel.cp_comm_type", p.cp_comm_type, "the draft's branch attention rides a p2p zigzag ring "
                 "(trunk K/V travels, branch K/V stays rank-local); other CP comm types are not supported with a draft",
                 "set parallel.cp_comm_type=p2p")
-
-
-def _slurm_rules(spec: LayoutSpec, err) -> None:
-    s = spec.slurm
-    for fname in ("partition", "account", "qos"):
-        value = getattr(s, fname)
-        if value is not None and not SLURM_WORD_RE.match(value):
-            err(f"slurm.{fname}", value, "must be a plain Slurm name (letters, digits, '.', '_', '-', ',', ':')",
-                "it goes into an #SBATCH line, where shell quoting does not apply")
-    if not _is_slurm_time(s.time):
-        err("slurm.time", s.time, "must be a Slurm time: MM, MM:SS, HH:MM:SS or D-HH[:MM[:SS]]", "e.g. 04:00:00")
-    if s.cpus_per_task < 1:
-        err("slurm.cpus_per_task", s.cpus_per_task, "must be >= 1", "e.g. 8 per GPU")
-    for key, value in s.env.items():
-        if not ENV_KEY_RE.match(key):
-            err(f"slurm.env.{key}", value, "environment variable names are letters, digits and '_', not starting "
-                "with a digit", "rename the variable")
-        if "\x00" in value:
-            err(f"slurm.env.{key}", value, "must not contain NUL", "remove it")
-    for fname in ("container_image",):
-        value = getattr(s, fname)
-        if value is not None and ("\n" in value or "\r" in value or not value.strip()):
-            err(f"slurm.{fname}", value, "must be one non-empty line", "remove the line break")
-    for i, mount in enumerate(s.container_mounts):
-        if "\n" in mount or "\r" in mount or "," in mount or not mount.strip():
-            err(f"slurm.container_mounts[{i}]", mount, "a mount is one SRC:DST[:FLAGS] line without commas",
-                "list each mount separately")
-    for i, arg in enumerate(s.extra_sbatch_args):
-        problem = sbatch_option_problem(arg)  # one option per element, none the script owns (getopt prefixes too)
-        if problem:
-            err(f"slurm.extra_sbatch_args[{i}]", arg, *problem)
-    for key in s.env:
-        if key in RESERVED_ENV or key.startswith(("SLURM_", "SUBMITIT_")):
-            err(f"slurm.env.{key}", s.env[key], "specdraft's script sets this variable for the rendezvous or submitit",
-                "remove it; MASTER_ADDR/MASTER_PORT come from the allocation and the job id")
-
-
-def _is_slurm_time(text: str) -> bool:
-    try:
-        slurm_time_seconds(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _checkpoint_rules(spec: LayoutSpec, err) -> None:
-    """Checkpointing and requeue counts (runtime/checkpoint.py, runtime/preempt.py)."""
-    t, s = spec.training, spec.slurm
-    if t.save_interval < 0:
-        err("training.save_interval", t.save_interval, "must be >= 0 (steps between checkpoints; 0 turns them off)",
-            "use 0, or e.g. 100")
-    if t.keep_checkpoints < 1:
-        err("training.keep_checkpoints", t.keep_checkpoints, "must be >= 1 (a resume needs at least one)",
-            "use 2: the newest and the one before, should the newest be damaged")
-    if t.data_drift_interval < 0:
-        err("training.data_drift_interval", t.data_drift_interval, "must be >= 0 (steps between data shifts; 0 = no "
-            "drift)", "use 0")
-    if not 0.0 <= t.data_drift_fraction <= 1.0:
-        err("training.data_drift_fraction", t.data_drift_fraction, "must be in [0, 1]", "use 0.5")
-    if s.max_requeues < 0:
-        err("slurm.max_requeues", s.max_requeues, "must be >= 0 (0 never requeues)", "use 0, or e.g. 3")
