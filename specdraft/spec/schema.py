@@ -144,7 +144,8 @@ class TrainingSpec:
     tp_comm_overlap: bool = False
     """Overlap TP collectives with GEMMs (--tp-comm-overlap, TE userbuffers) where tp > 1 and sequence_parallel."""
     distributed_optimizer: bool = True
-    """Shard optimizer state over data-parallel ranks (--use-distributed-optimizer)."""
+    """Shard optimizer state over data-parallel ranks (--use-distributed-optimizer; the Megatron render overlaps its
+    communication with --overlap-grad-reduce and --overlap-param-gather)."""
     recompute: Literal["none", "selective", "full"] = "selective"
     """Activation recomputation as Megatron-LM's --recompute-granularity: selective recomputes core attention, full
     recomputes every layer (uniform, one layer per checkpoint). The runtime applies it and the memory estimate
