@@ -106,6 +106,14 @@ def trunk_forward(qh, kv, cu_local, ring, block: int):
     return acc_o, acc_l
 
 
+def pass_kv_grads(ring, dkv: torch.Tensor, carried):
+    """One backward ring hop: add what earlier ranks accumulated for this same K/V block (the pending receive
+    ``carried``) to this rank's ``dkv`` and send the sum on; after the last step the hop delivers to the owner."""
+    if carried is not None:
+        dkv += carried.wait()
+    return ring.shift(dkv, "bwd")
+
+
 def trunk_backward(qh, kv, doh, lse, delta, cu_local, ring, block: int):
     """Ring backward for the trunk (flash-attention style recompute: P = exp(S - lse), dS = P * (dP - delta)).
 
@@ -126,9 +134,7 @@ def trunk_backward(qh, kv, doh, lse, delta, cu_local, ring, block: int):
             dqh[:, a:a1] += torch.matmul(ds, kt).view(hkv, bq, m, d)
             dkv[0, :, b:b1] += torch.matmul(ds.transpose(1, 2), q2)
         if ring.size > 1:
-            if carried is not None:  # what earlier ranks accumulated for this same K/V
-                dkv += carried.wait()
-            carried = ring.shift(dkv, "bwd")  # after the last step this hop delivers to the owner
+            carried = pass_kv_grads(ring, dkv, carried)
         if nxt is not None:
             cur = nxt.wait()
     return dqh, (carried.wait() if carried is not None else dkv)

@@ -8,7 +8,8 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from specdraft.runtime.attention_ops import Layout, fold, pattern, unfold
-from specdraft.runtime.attention_reference import branch_backward, branch_forward, branch_queries, merge
+from specdraft.runtime.attention_reference import (branch_backward, branch_forward, branch_queries, merge,
+                                                   pass_kv_grads)
 
 # Elements of one fp32 query chunk of the branch diagonal (rows * J * H * D): bounds its temporaries, which at
 # the shape (32768 tokens, H=32, D=128) would otherwise be two fp32 copies of q.
@@ -115,9 +116,7 @@ def trunk_backward(kernel, qf, kv, dof, of, lse, layout: Layout, ring, scale: fl
         else:
             _varlen_backward(kernel, qf, cur, dof, of, lse, layout, kind, scale, dq, dkv)
         if ring.size > 1:
-            if carried is not None:  # what earlier ranks accumulated for this same K/V
-                dkv += carried.wait()
-            carried = ring.shift(dkv, "bwd")  # after the last step this hop delivers to the owner
+            carried = pass_kv_grads(ring, dkv, carried)
         if nxt is not None:
             cur = nxt.wait()
     return dq.t, (carried.wait() if carried is not None else dkv)
