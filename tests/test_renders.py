@@ -68,6 +68,14 @@ def test_nemo_rl_keys_match_the_layout():
     assert "policy.megatron_cfg.num_layers_in_first_pipeline_stage=null" in items
 
 
+def test_nemo_rl_passes_max_num_seqs_to_the_engine():
+    # NeMo-RL's vllm_cfg has no max_num_seqs; its vLLM worker copies vllm_kwargs into the engine's arguments.
+    spec = load_layout(Path(LAYOUTS[0]).with_name("qwen3-8b.yaml"), ["rollout.max_num_seqs=96"])
+    items = to_dotlist(compile(spec).renders.nemo_rl)
+    assert "policy.generation.vllm_kwargs.max_num_seqs=96" in items
+    assert "policy.generation.vllm_kwargs.speculative_config.method=eagle3" in items
+
+
 def test_vllm_schema_catches_bad_settings():
     spec = load_layout(Path(LAYOUTS[0]).with_name("qwen3-8b.yaml"), ["rollout.num_speculative_tokens=5"])
     settings = engine_settings(spec)

@@ -65,11 +65,15 @@ def nemo_rl_overrides(plan: LaunchPlan) -> dict:
             "async_grpo": {"enabled": r.max_policy_lag > 0, "max_trajectory_age_steps": max(r.max_policy_lag, 1)},
         },
     }
+    # vllm_cfg is NeMo-RL's closed set of engine fields; anything else reaches vLLM's engine args through
+    # vllm_kwargs (its vLLM worker copies them into the engine), max_num_seqs included.
+    vllm_kwargs: dict = {"max_num_seqs": r.max_num_seqs}
     if d.enabled and r.speculative:
-        out["policy"]["generation"]["vllm_kwargs"] = {"speculative_config": {
+        vllm_kwargs["speculative_config"] = {
             "method": "eagle3", "model": d.model, "num_speculative_tokens": num_speculative_tokens(spec),
             "draft_tensor_parallel_size": r.tp,
-        }}
+        }
+    out["policy"]["generation"]["vllm_kwargs"] = vllm_kwargs
     return out
 
 
