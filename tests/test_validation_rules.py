@@ -83,6 +83,12 @@ def test_every_problem_is_reported_at_once():
     assert {"parallel.sequence_parallel", "draft.ttt_steps", "draft.stage", "model.seq_length"} <= set(found)
 
 
+def test_a_bad_size_does_not_hide_the_rules_of_the_others():
+    # cp=0 leaves no world-size arithmetic to do, but tp's own rule against the heads still holds.
+    found = errors_for(["parallel.cp=0", "parallel.tp=3", "slurm.time=abc"])
+    assert {"parallel.cp", "parallel.tp", "slurm.time"} <= set(found)
+
+
 def test_memory_over_hbm_is_an_error_and_near_is_a_warning():
     errors, _ = check(load_layout(BIG, ["parallel.tp=1", "parallel.pp=1", "parallel.cp=1",
                                         "parallel.sequence_parallel=false"]))

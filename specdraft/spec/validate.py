@@ -138,6 +138,16 @@ def _parallel_rules(spec: LayoutSpec, err, warn) -> None:
     if p.dp == 0 or p.dp < -1:
         err("parallel.dp", p.dp, "must be >= 1, or -1 to derive it", "use -1")
         sizes_ok = False
+    heads, groups = m.num_attention_heads, kv_heads(m)
+    if p.tp >= 1:  # rules of tp alone, reported even when another size is invalid
+        if heads >= 1 and groups >= 1 and (heads % p.tp or groups % p.tp):
+            err("parallel.tp", p.tp, f"must divide model.num_attention_heads ({heads}) and num_query_groups "
+                f"({groups})", f"use one of {', '.join(map(str, divisors(math.gcd(heads, groups))))}")
+        if p.tp > c.gpus_per_node >= 1:
+            warn("parallel.tp", p.tp, f"tensor parallelism spans nodes (gpus_per_node = {c.gpus_per_node}); "
+                 "its all-reduces cross the inter-node network", f"keep tp <= {c.gpus_per_node}")
+        if p.sequence_parallel and p.tp == 1:
+            err("parallel.sequence_parallel", True, "needs tp > 1", "set parallel.sequence_parallel=false or raise tp")
     if not sizes_ok or world < 1:
         return
     inner = p.tp * p.cp * p.pp
@@ -151,17 +161,6 @@ def _parallel_rules(spec: LayoutSpec, err, warn) -> None:
             f"use parallel.dp=-1 (derives {world // inner})" if world % inner == 0 else
             f"set cluster.num_nodes to {math.ceil(inner * p.dp / c.gpus_per_node)}")
 
-    heads = m.num_attention_heads
-    groups = kv_heads(m)
-    if heads >= 1 and groups >= 1 and (heads % p.tp or groups % p.tp):
-        ok = [d for d in divisors(math.gcd(heads, groups))]
-        err("parallel.tp", p.tp, f"must divide model.num_attention_heads ({heads}) and num_query_groups ({groups})",
-            f"use one of {', '.join(map(str, ok))}")
-    if p.tp > c.gpus_per_node:
-        warn("parallel.tp", p.tp, f"tensor parallelism spans nodes (gpus_per_node = {c.gpus_per_node}); "
-             "its all-reduces cross the inter-node network", f"keep tp <= {c.gpus_per_node}")
-    if p.sequence_parallel and p.tp == 1:
-        err("parallel.sequence_parallel", True, "needs tp > 1", "set parallel.sequence_parallel=false or raise tp")
     _layer_split_rules(spec, err)
 
     seq_mult = pad_multiple(p)
