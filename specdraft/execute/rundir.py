@@ -208,7 +208,8 @@ def resolve_run(arg: str | None, root: str | Path = RUNS_DIR) -> tuple[Path, Run
             raise UserError(f"no readable runs under {os.path.abspath(root)}{broken}",
                             "start one with `specdraft launch`, or name a run folder")
         return good[0].folder, good[0].record, [e for e in runs if e.record is None]
-    for candidate in (Path(arg), Path(root) / arg):
+    candidates = list(dict.fromkeys((Path(arg), Path(root) / arg)))  # an absolute arg is both
+    for candidate in candidates:
         if candidate.is_dir() and (is_run_dir(candidate) or (candidate / RECORD).exists()):
             check_run_dir(candidate)
             record = read_record(candidate)
@@ -217,5 +218,6 @@ def resolve_run(arg: str | None, root: str | Path = RUNS_DIR) -> tuple[Path, Run
                                 "intent; launch again")
             return candidate.absolute(), record, []
     known = ", ".join(e.folder.name for e in list_runs(root)[:8]) or "none"
-    raise UserError(f"no run folder {arg!r} (looked for {arg}/run.json and {Path(root) / arg}/run.json)",
+    looked = " and ".join(str(c / RECORD) for c in candidates)
+    raise UserError(f"no run folder {arg!r} (looked for {looked})",
                     f"give a run folder path or a name from `specdraft runs` (known: {known})")
