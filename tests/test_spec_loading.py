@@ -77,6 +77,14 @@ def test_field_rules_run_even_when_a_field_failed_to_load():
     assert "parallel.bogus" in found and "parallel.tp" in found
 
 
+def test_no_rule_judges_the_default_that_stood_in_for_a_bad_value():
+    # train_iters='abc' loads as its default (20): the warmup rule would then blame warmup_steps=30 for a limit
+    # the user never set. Rules that do not read the bad field still run.
+    found = problems_of(builtin_layout_text(), ["training.train_iters=abc", "parallel.tp=3"])
+    assert "training.train_iters" in found and "parallel.tp" in found
+    assert "training.warmup_steps" not in found
+
+
 def test_missing_file_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="not found"):
         load_layout(tmp_path / "nope.yaml")

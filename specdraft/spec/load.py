@@ -9,6 +9,7 @@ import difflib
 import hashlib
 import json
 import math
+import re
 import types
 import typing
 from dataclasses import MISSING as DC_MISSING
@@ -61,12 +62,22 @@ def load_layout_text(text: str, overrides: Sequence[str] = (), source: str = "<t
     spec, problems = build(LayoutSpec, data, "")
     if problems:
         if spec is not None:
-            # Run the field rules on what did load, so one pass reports everything.
+            # Run the field rules on what did load, so one pass reports everything, except the rules that read a
+            # field whose default stood in for a bad value: their verdict would be about a value nobody wrote.
             from specdraft.spec.validate import validate_fields
 
-            problems += validate_fields(spec)[0]
+            problems += [q for q in validate_fields(spec)[0] if not _reads_any(q, problems)]
         raise SpecError(problems, source)
     return spec
+
+
+def _reads_any(problem: Problem, bad: list[Problem]) -> bool:
+    """Whether ``problem`` is about, or names in its rule, a field that one of ``bad`` reports."""
+    for b in bad:
+        leaf = b.path.rsplit(".", 1)[-1].split("[", 1)[0]
+        if problem.path == b.path or re.search(rf"\b{re.escape(leaf)}\b", f"{problem.rule} {problem.fix}"):
+            return True
+    return False
 
 
 def spec_from_dict(data: dict) -> LayoutSpec:
