@@ -11,6 +11,8 @@ from typing import Callable
 
 from specdraft.errors import SpecError, UserError
 
+PIPED_WIDTH = 160  # columns of a table printed to a file or a pipe: the widest (search's) fits
+
 
 def debug() -> bool:
     return os.environ.get("SPECDRAFT_DEBUG", "") not in ("", "0")
@@ -81,7 +83,11 @@ def console(stderr: bool = False):
     """The one rich console setup every command prints through (rich is imported only when output is due)."""
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    out = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    if not out.is_terminal and not os.environ.get("COLUMNS"):
+        # Piped into a file or a job log, rich assumes 80 columns and elides the tables' cells ("weigh…").
+        out.width = PIPED_WIDTH
+    return out
 
 
 def _print_error(message: str) -> None:
