@@ -29,6 +29,14 @@ def test_plan_default_prints_summary():
         assert needle in out.stdout
 
 
+def test_tables_piped_to_a_file_are_not_cut_to_80_columns():
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "SPECDRAFT_DEBUG")}
+    out = subprocess.run([sys.executable, "-m", "specdraft.cli", "plan"], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "microbatches" in out.stdout and "weights" in out.stdout and "…" not in out.stdout
+
+
 def test_plan_json_is_byte_identical_and_written_atomically(tmp_path):
     first = run("plan", "--format", "json")
     second = run("plan", "--format", "json")
