@@ -52,6 +52,15 @@ def rank_table(plan, results: dict[int, dict], job_state: str) -> Table:
     return table
 
 
+def _short(value) -> str:
+    """A metrics value for one line: 4 significant digits for floats, lists of them likewise."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_short(v) for v in value) + "]"
+    return str(value)
+
+
 def _clip(text: str, width: int) -> str:
     text = re.sub(r"\[/[^\]]*\]\s*", "", text)  # gloo prefixes its errors with a source path in brackets
     return text if len(text) <= width else text[: width - 1] + "…"
@@ -102,7 +111,7 @@ def print_status(console: Console, folder: Path, record) -> None:
         reached = last.get("step")
         reached = reached + 1 if isinstance(reached, int) else count
         console.print(f"progress: step {reached}/{steps} reached ({count} step(s) in metrics.jsonl); last: "
-                      + escape(_clip(", ".join(f"{k}={v}" for k, v in last.items()), 200)))
+                      + escape(_clip(", ".join(f"{k}={_short(v)}" for k, v in last.items() if v is not None), 200)))
         from specdraft.cli.cotrain_view import acceptance_table
 
         table = acceptance_table(folder)
