@@ -130,8 +130,12 @@ def _parse_overrides(overrides: Sequence[str]) -> tuple[list[tuple[str, dict]], 
             item = f"{key}='{value.strip()}'"  # text, as in a file (see SEXAGESIMAL)
         try:
             layer = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=False)
-        except (OmegaConfBaseException, yaml.YAMLError, ValueError, TypeError, KeyError, RecursionError) as err:
-            reason = _yaml_reason(err, MAX_OVERRIDE_YAML_NODES) if isinstance(err, yaml.YAMLError) else _first_line(err)
+        except (OmegaConfBaseException, yaml.YAMLError, ValueError, TypeError, KeyError, IndexError,
+                RecursionError) as err:
+            # IndexError: OmegaConf 2.4's key splitter fails on a key such as `[` instead of refusing it.
+            reason = (_yaml_reason(err, MAX_OVERRIDE_YAML_NODES) if isinstance(err, yaml.YAMLError)
+                      else f"malformed key path {key!r} (write a.b.c, or a.b[0] for a list item)"
+                      if isinstance(err, IndexError) else _first_line(err))
             problems.append(Problem(path=key, value=value, rule=f"cannot apply override: {reason}",
                                     fix="check the key path and the value's YAML syntax"))
             continue
