@@ -59,25 +59,30 @@ def load_layout_text(text: str, overrides: Sequence[str] = (), source: str = "<t
     from specdraft.spec.source import to_plain_dict
 
     data = to_plain_dict(text, overrides, source)
-    spec, problems = build(LayoutSpec, data, "")
+    stood_in: list[str] = []
+    spec, problems = build(LayoutSpec, data, "", stood_in)
     if problems:
         if spec is not None:
             # Run the field rules on what did load, so one pass reports everything, except the rules that read a
             # field whose default stood in for a bad value: their verdict would be about a value nobody wrote.
             from specdraft.spec.validate import validate_fields
 
-            problems += [q for q in validate_fields(spec)[0] if not _reads_any(q, problems)]
+            problems += [q for q in validate_fields(spec)[0] if not any(_reads(q, f) for f in stood_in)]
         raise SpecError(problems, source)
     return spec
 
 
-def _reads_any(problem: Problem, bad: list[Problem]) -> bool:
-    """Whether ``problem`` is about, or names in its rule, a field that one of ``bad`` reports."""
-    for b in bad:
-        leaf = b.path.rsplit(".", 1)[-1].split("[", 1)[0]
-        if problem.path == b.path or re.search(rf"\b{re.escape(leaf)}\b", f"{problem.rule} {problem.fix}"):
-            return True
-    return False
+def _reads(problem: Problem, field_path: str) -> bool:
+    """Whether ``problem`` is about the field at ``field_path`` (or inside it) or names it in its rule or fix: by
+    its full path anywhere, by its bare name in a rule of the same section (`train_iters` in a training rule)."""
+    if problem.path == field_path or problem.path.startswith((f"{field_path}.", f"{field_path}[")):
+        return True
+    text = f"{problem.rule} {problem.fix}"
+    if field_path in text:
+        return True
+    section, _, name = field_path.rpartition(".")
+    in_section = bool(section) and (problem.path == section or problem.path.startswith(f"{section}."))
+    return in_section and re.search(rf"\b{re.escape(name)}\b", text) is not None
 
 
 def spec_from_dict(data: dict) -> LayoutSpec:
@@ -99,11 +104,12 @@ def spec_sha256(spec: LayoutSpec) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def build(cls: type, data: Any, path: str) -> tuple[Any, list[Problem]]:
+def build(cls: type, data: Any, path: str, stood_in: list[str] | None = None) -> tuple[Any, list[Problem]]:
     """Build dataclass ``cls`` from plain ``data``; return (instance or None, every problem found).
 
     A bad or unknown field is reported and, where the field has a default, the default stands in, so the
-    remaining rules can still run and every problem is reported in one pass.
+    remaining rules can still run and every problem is reported in one pass; ``stood_in`` collects the paths of
+    those fields.
     """
     if not isinstance(data, dict):
         return None, [Problem(path=path or "<root>", value=data, rule=f"must be a mapping of {cls.__name__} fields",
@@ -124,12 +130,14 @@ def build(cls: type, data: Any, path: str) -> tuple[Any, list[Problem]]:
                     else f"known fields: {', '.join(known)}")
             problems.append(Problem(path=sub, value=raw, rule="unknown field", fix=hint))
             continue
-        value, errs = _convert(hints[key], raw, sub)
+        value, errs = _convert(hints[key], raw, sub, stood_in)
         problems += errs
         if value is not None or not errs:
             values[key] = value
         elif not _has_default(known[key]):
             complete = False
+        elif stood_in is not None:
+            stood_in.append(sub)
     for name, f in known.items():
         if name not in data and not _has_default(f):
             complete = False
@@ -146,11 +154,11 @@ def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-def _convert(tp: Any, raw: Any, path: str) -> tuple[Any, list[Problem]]:
+def _convert(tp: Any, raw: Any, path: str, stood_in: list[str] | None = None) -> tuple[Any, list[Problem]]:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if is_dataclass(tp):
-        return build(tp, raw, path)
+        return build(tp, raw, path, stood_in)
     if origin in (Union, types.UnionType):
         if raw is None and type(None) in args:
             return None, []
