@@ -111,6 +111,7 @@ def _finish(folder, result) -> None:
     from specdraft.errors import UserError
     from specdraft.execute import monitor
     from specdraft.execute.report import read_results
+    from specdraft.plan.checkpoints import PREEMPTED_EXIT
 
     plan = monitor.read_plan(folder)
     results = read_results(folder, plan.world_size)
@@ -119,7 +120,7 @@ def _finish(folder, result) -> None:
     if result.problem and result.state != "CANCELLED" and monitor.stopped_at(results, plan.world_size) is not None:
         # Not a failure: every rank saved and stopped (EX_TEMPFAIL, the ranks' own exit code): run it again.
         _console(stderr=True).print(f"{result.state}: {result.problem}", markup=False)
-        raise typer.Exit(75)
+        raise typer.Exit(PREEMPTED_EXIT)
     if result.problem:
         raise UserError(result.problem, f"the logs: specdraft logs {folder} --rank N")
     passed = sum(1 for r in results.values() if r.get("ok"))

@@ -22,9 +22,9 @@ from specdraft.execute import runfiles
 from specdraft.execute.executor import Executor, Observation, Progress, ProgressFn
 from specdraft.execute.record import LocalProcesses, RunRecord, now_iso
 from specdraft.execute.rundir import ACTIVE, lock_is_held, read_record, update_record
+from specdraft.plan.checkpoints import PREEMPTED_EXIT
 
 GRACE_S = 5.0
-PREEMPTED_EXIT = 75  # runtime.preempt.PREEMPTED_EXIT (the launcher does not import the runtime): saved and stopped
 POLL_S = 0.2
 HEARTBEAT_S = 5.0  # a progress line at least this often, so a slow start does not look like a hang
 
@@ -239,7 +239,7 @@ class LocalExecutor(Executor):
             state = "CANCELLED"
         elif outcome.timed_out:
             state = "TIMEOUT"
-        elif outcome.exit_order or any(code not in (0, PREEMPTED_EXIT) for code in outcome.exit_codes.values()):
+        elif outcome.exit_order:  # _wait lists every rank that exited neither 0 nor PREEMPTED_EXIT
             state = "FAILED"
         elif PREEMPTED_EXIT in outcome.exit_codes.values():
             state = "PREEMPTED"  # every rank stopped at the same step boundary after saving

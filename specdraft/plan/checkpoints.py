@@ -27,6 +27,9 @@ METRICS = "metrics.jsonl"  # the run's metrics rows 0..N-1, as they were when st
 FORMAT_VERSION = 1
 STEP_RE = re.compile(r"^step-(\d+)$")
 MAX_MARKER_BYTES = 64 << 20  # the manifest lists every shard file: a few hundred bytes per rank
+# A rank's exit code after it saved a checkpoint and stopped on request (EX_TEMPFAIL, sysexits.h): the runtime exits
+# with it, the launchers and `specdraft launch` read it. Run it again with --resume.
+PREEMPTED_EXIT = 75
 
 
 class ResumeError(SpecdraftError):

@@ -14,7 +14,8 @@ import os
 import signal
 import subprocess
 
-PREEMPTED_EXIT = 75  # EX_TEMPFAIL (sysexits.h): stopped on request after saving; run again with --resume
+from specdraft.plan.checkpoints import PREEMPTED_EXIT  # noqa: F401 - the exit code entry.py returns after a stop
+
 REQUEUE_TIMEOUT_S = 30.0
 
 _received: list[int] = []  # stop signals seen by this rank, in order
