@@ -20,7 +20,7 @@ import torch
 
 from specdraft.plan.model import LaunchPlan
 from specdraft.runtime.offline import EXPORT_MARKER as MARKER
-from specdraft.runtime.offline import ExportError
+from specdraft.runtime.offline import ExportError, check_export_target, require_one_layer
 
 FORMAT_VERSION = 1
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -44,9 +44,7 @@ def vllm_aux_ids(aux_layers) -> list[int]:
 def tensors(state: dict[str, torch.Tensor], plan: LaunchPlan) -> dict[str, torch.Tensor]:
     """The EAGLE-3 tensors from the draft's whole state dict (runtime names). fc's input blocks are put in ascending
     layer order, the order in which vLLM and SGLang concatenate the captured states."""
-    if plan.spec.draft.num_layers != 1:
-        raise ExportError(f"draft.num_layers is {plan.spec.draft.num_layers}; the EAGLE-3 format vLLM and SGLang load "
-                          "has one decoder layer (`midlayer`)", "export a run whose draft has one layer")
+    require_one_layer(plan)
     out: dict[str, torch.Tensor] = {}
     for name, value in state.items():
         if name.endswith("._extra_state"):  # megatron's per-layer extra state (fp8 metadata): no weight
@@ -68,7 +66,9 @@ def tensors(state: dict[str, torch.Tensor], plan: LaunchPlan) -> dict[str, torch
 
 def config(plan: LaunchPlan, dtype: torch.dtype) -> dict:
     """config.json: a Llama config with the EAGLE-3 fields vLLM and SGLang read."""
-    m = plan.model
+    from specdraft.runtime.draft import draft_shape
+
+    m, shape = plan.model, draft_shape(plan, tp=1)
     aux = sorted(plan.draft.aux_layers)
     return {
         "architectures": [ARCHITECTURE],
@@ -81,8 +81,8 @@ def config(plan: LaunchPlan, dtype: torch.dtype) -> dict:
         "num_hidden_layers": 1,
         "vocab_size": m.vocab_size,
         "draft_vocab_size": plan.draft_vocab_size,
-        "rms_norm_eps": 1e-5,  # megatron's layernorm_epsilon default: the runtime's draft and target (DraftShape)
-        "rope_theta": 10000.0,  # megatron's rotary_base default
+        "rms_norm_eps": shape.norm_eps,
+        "rope_theta": shape.rope_base,
         "max_position_embeddings": m.seq_length,
         "target_hidden_size": m.hidden_size,
         "hidden_act": "silu",
@@ -106,9 +106,7 @@ def write(folder: Path, plan: LaunchPlan, state: dict[str, torch.Tensor], proven
     named = tensors(state, plan)
     dtype = named["fc.weight"].dtype
     folder.parent.mkdir(parents=True, exist_ok=True)
-    if folder.exists() and not is_export(folder) and not _empty_dir(folder):
-        raise ExportError(f"{folder} exists and is not a specdraft export; refusing to replace it",
-                          "pick another -o folder (an earlier specdraft export there is replaced)")
+    check_export_target(folder)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name[:100]}.", suffix=".tmp", dir=folder.parent))
     try:
         save_file(named, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -134,12 +132,12 @@ def write(folder: Path, plan: LaunchPlan, state: dict[str, torch.Tensor], proven
     return folder
 
 
-def is_export(folder: Path) -> bool:
-    return (Path(folder) / MARKER).is_file()
+def num_tensors(folder: Path) -> int:
+    """How many tensors the export in ``folder`` holds (read from the safetensors header, no tensor loaded)."""
+    from safetensors import safe_open
 
-
-def _empty_dir(folder: Path) -> bool:
-    return folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir())
+    with safe_open(str(Path(folder) / "model.safetensors"), framework="pt") as handle:
+        return len(list(handle.keys()))
 
 
 def _write_text(path: Path, text: str) -> None:

@@ -25,13 +25,8 @@ def export_checkpoint(run_dir: Path, step: int | None, output: Path) -> dict:
 
     plan = offline.read_run_plan(run_dir)
     offline.require_draft(plan, run_dir)
-    if plan.spec.draft.num_layers != 1:
-        raise offline.ExportError(f"run {run_dir} has draft.num_layers = {plan.spec.draft.num_layers}; the EAGLE-3 "
-                                  "format vLLM and SGLang load has one decoder layer", "export a one-layer draft")
-    if output.exists() and not (output / offline.EXPORT_MARKER).is_file() and not (
-            output.is_dir() and not any(output.iterdir())):
-        raise offline.ExportError(f"-o {output} exists and is not a specdraft export; refusing to replace it",
-                                  "pick another -o folder (an earlier specdraft export there is replaced)")
+    offline.require_one_layer(plan)  # both refusals before torch is imported
+    offline.check_export_target(output)
     folder, meta = offline.checkpoint(run_dir, step)
     from specdraft.runtime import eagle3_format  # torch: only once the inputs passed
 
@@ -42,7 +37,7 @@ def export_checkpoint(run_dir: Path, step: int | None, output: Path) -> dict:
             "source": "checkpoint", "checkpoint": str(folder), "step": int(meta["step"]),
             "draft_optimizer_step": int(meta.get("draft_optimizer_step", 0))})
     return {"output": str(written), "step": int(meta["step"]), "checkpoint": str(folder),
-            "tensors": len(eagle3_format.tensors(state, plan)), "draft_vocab_size": plan.draft_vocab_size,
+            "tensors": eagle3_format.num_tensors(written), "draft_vocab_size": plan.draft_vocab_size,
             "vocab_size": plan.model.vocab_size}
 
 

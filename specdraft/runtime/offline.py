@@ -50,6 +50,22 @@ def require_draft(plan: LaunchPlan, run_dir: Path) -> None:
                         "export or measure a run launched with draft.enabled=true")
 
 
+def require_one_layer(plan: LaunchPlan) -> None:
+    """EAGLE-3 as vLLM and SGLang load it has one decoder layer (`midlayer`)."""
+    if plan.spec.draft.num_layers != 1:
+        raise ExportError(f"draft.num_layers is {plan.spec.draft.num_layers}; the EAGLE-3 format vLLM and SGLang load "
+                          "has one decoder layer (`midlayer`)", "export a run whose draft has one layer")
+
+
+def check_export_target(folder: Path) -> None:
+    """An export replaces an earlier specdraft export or fills an empty folder; anything else there is refused."""
+    folder = Path(folder)
+    empty = folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir())
+    if folder.exists() and not (folder / EXPORT_MARKER).is_file() and not empty:
+        raise ExportError(f"{folder} exists and is not a specdraft export; refusing to replace it",
+                          "pick another -o folder (an earlier specdraft export there is replaced)")
+
+
 def checkpoint(run_dir: Path, step: int | None, option: str = "--step") -> tuple[Path, dict]:
     """The complete checkpoint of ``run_dir`` at ``step`` (the newest when None), with its marker."""
     found = files.complete_checkpoints(Path(run_dir), lambda message: None)
