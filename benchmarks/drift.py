@@ -52,12 +52,11 @@ def measure(run_dir: Path, prompts: int) -> list[dict]:
 
     from specdraft.runtime import offline, speculative
     from specdraft.runtime.data import MarkovData
+    from specdraft.runtime.measure import decode
 
     plan = offline.read_run_plan(run_dir)
     t = plan.spec.training
-    data = MarkovData(vocab_size=plan.model.vocab_size, row_tokens=plan.model.seq_length,
-                      pad_multiple=plan.parallel.pad_multiple, seed=t.seed, drift_interval=t.data_drift_interval,
-                      drift_fraction=t.data_drift_fraction)
+    data = MarkovData.for_plan(plan)
     frozen_step = t.data_drift_interval
     rows = []
     with offline.single_process():
@@ -68,24 +67,18 @@ def measure(run_dir: Path, prompts: int) -> list[dict]:
             folder, _ = offline.checkpoint(run_dir, step)
             target, online = offline.load(plan, folder, device=device, dtype=dtype)
             drafts = {"online": online, "frozen": frozen if step > frozen_step else online}
-            engines = {arm: speculative.Engine(target, d, plan.draft.aux_layers, device) for arm, d in drafts.items()}
             data_step = step - 1
-            engines["online"].forward(data.prompt(data_step, 0, PROMPT_LENGTH))  # warm-up, untimed
-            plain, spec = [], {arm: [] for arm in engines}
-            for i in range(prompts):
-                prompt = data.prompt(data_step, i, PROMPT_LENGTH)
-                plain.append(speculative.greedy(engines["online"], prompt, MAX_NEW))
-                for arm, engine in engines.items():
-                    spec[arm].append(speculative.speculative(engine, prompt, MAX_NEW, K))
+            plain, spec = decode(plan, target, drafts, data_step=data_step, k=K, prompts=prompts,
+                                 prompt_length=PROMPT_LENGTH, max_new=MAX_NEW, device=device)
             row = {"step": step, "epoch": data.epoch(data_step), "none": {"accept_len": 1.0,
                                                                           "plain_s": sum(d.seconds for d in plain)}}
-            for arm in engines:
+            for arm in drafts:
                 row[arm] = speculative.summarize(plain, spec[arm], K)
             rows.append(row)
             print(f"step {step:4d} (data epoch {row['epoch']}): accept_len online {row['online']['accept_len']:.3f} "
                   f"frozen {row['frozen']['accept_len']:.3f} none 1.000; lossless "
                   f"{row['online']['lossless'] and row['frozen']['lossless']}", flush=True)
-            del target, online, engines
+            del target, online
             torch.manual_seed(0)
     return rows
 

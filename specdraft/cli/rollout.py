@@ -177,9 +177,10 @@ def simulate_cmd(
                            check_every_steps=check_every, tp_start=tp_start, verl_tp=verl_tp,
                            timeline=plot is not None or plot_tp is not None)
     from specdraft.cli import measure as measured_draft
+    from specdraft.rollout.measured import with_measured
 
     measured = measured_draft.read_measured(acceptance_from, spec) if acceptance_from else None
-    report = run(spec if measured is None else measured_draft.with_measured(spec, measured), opts)
+    report = run(spec if measured is None else with_measured(spec, measured), opts)
     if measured is not None:
         measured_draft.add_speedup(report, spec, opts, measured)
     if plot:

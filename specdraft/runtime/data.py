@@ -51,6 +51,14 @@ class MarkovData:
         self.probs = torch.tensor(SUCCESSOR_PROBS)
         self._epochs = [self.successors]  # successor table of each drift epoch, built on demand
 
+    @classmethod
+    def for_plan(cls, plan) -> "MarkovData":
+        """The data of ``plan``'s run: every rank, and every tool that reads the run afterwards, builds the same."""
+        t = plan.spec.training
+        return cls(vocab_size=plan.model.vocab_size, row_tokens=t.micro_batch_size * plan.model.seq_length,
+                   pad_multiple=plan.parallel.pad_multiple, seed=t.seed, drift_interval=t.data_drift_interval,
+                   drift_fraction=t.data_drift_fraction)
+
     def epoch(self, step: int) -> int:
         """The drift epoch of ``step``: how many shifts happened before it (0 without drift)."""
         return step // self.drift_interval if self.drift_interval > 0 else 0

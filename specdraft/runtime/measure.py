@@ -28,26 +28,36 @@ def check_args(k: int, prompts: int, prompt_length: int, max_new: int) -> None:
             raise LoadError(f"{option} {value}: must be >= 1 ({what})", f"use e.g. {option} {DEFAULT_K if option == '--k' else 8}")
 
 
+def decode(plan, target, drafts: dict, *, data_step: int, k: int, prompts: int, prompt_length: int, max_new: int,
+           device) -> tuple[list, dict[str, list]]:
+    """Greedy decoding and speculative decoding with each of ``drafts`` (arm -> draft) of ``prompts`` held-out
+    prompts of ``data_step``'s distribution: (the greedy runs, {arm: its speculative runs})."""
+    from specdraft.runtime import speculative
+    from specdraft.runtime.data import MarkovData
+
+    data = MarkovData.for_plan(plan)
+    engines = {arm: speculative.Engine(target, d, plan.draft.aux_layers, device) for arm, d in drafts.items()}
+    first = next(iter(engines.values()))  # greedy decoding reads the target only
+    first.forward(data.prompt(data_step, 0, prompt_length))  # warm-up: one-off kernel selection stays untimed
+    plain, spec = [], {arm: [] for arm in engines}
+    for i in range(prompts):  # interleaved, so every arm sees the same machine load
+        prompt = data.prompt(data_step, i, prompt_length)
+        plain.append(speculative.greedy(first, prompt, max_new))
+        for arm, engine in engines.items():
+            spec[arm].append(speculative.speculative(engine, prompt, max_new, k))
+    return plain, spec
+
+
 def measure_loaded(plan, target, draft, *, data_step: int, k: int, prompts: int, prompt_length: int,
                    max_new: int, device) -> dict:
     """Decode ``prompts`` held-out prompts of ``data_step``'s distribution both ways with loaded models."""
     import torch
 
     from specdraft.runtime import speculative
-    from specdraft.runtime.data import MarkovData
 
-    t, par = plan.spec.training, plan.parallel
-    data = MarkovData(vocab_size=plan.model.vocab_size, row_tokens=t.micro_batch_size * plan.model.seq_length,
-                      pad_multiple=par.pad_multiple, seed=t.seed, drift_interval=t.data_drift_interval,
-                      drift_fraction=t.data_drift_fraction)
-    engine = speculative.Engine(target, draft, plan.draft.aux_layers, device)
-    engine.forward(data.prompt(data_step, 0, prompt_length))  # warm-up: one-off kernel selection stays untimed
-    plain, spec = [], []
-    for i in range(prompts):  # interleaved, so both arms see the same machine load
-        prompt = data.prompt(data_step, i, prompt_length)
-        plain.append(speculative.greedy(engine, prompt, max_new))
-        spec.append(speculative.speculative(engine, prompt, max_new, k))
-    out = speculative.summarize(plain, spec, k)
+    plain, spec = decode(plan, target, {"draft": draft}, data_step=data_step, k=k, prompts=prompts,
+                         prompt_length=prompt_length, max_new=max_new, device=device)
+    out = speculative.summarize(plain, spec["draft"], k)
     out.update(prompt_length=prompt_length, max_new_tokens=max_new, data_step=data_step, device=str(device),
                dtype=str(next(draft.parameters()).dtype).removeprefix("torch."), threads=torch.get_num_threads())
     return out

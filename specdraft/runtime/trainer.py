@@ -61,9 +61,7 @@ class CoTrainer:
         for chunk in self.chunks:  # megatron's schedule scales the last stage's loss before backward with it
             chunk.config.grad_scale_func = self.loss_scaler.scale_loss if self.loss_scaler else None
         self.step_report: dict = {}
-        self.data = MarkovData(vocab_size=m.vocab_size, row_tokens=self.row_tokens, pad_multiple=par.pad_multiple,
-                               seed=self.seed, drift_interval=t.data_drift_interval,
-                               drift_fraction=t.data_drift_fraction)
+        self.data = MarkovData.for_plan(plan)
         self.loss_weight, self.clip, self.draft_clip = d.loss_weight, t.clip_grad, d.clip_grad
         self.warmup_steps = t.warmup_steps
         self.cotraining = False
