@@ -292,9 +292,9 @@ class CostModel:
                     + CE_BYTES_PER_LOGIT * tokens * self.draft_vocab / tp / self.hbm)
         compute = self._gemm(tokens, h, self.num_taps * h, bf16) + steps * per_step
         act = tokens * h * self.act_bytes
-        # The runtime's draft layers are megatron's Column/RowParallelLinear without SP or TE's overlap: the two
-        # forward all-reduces per step block, backward's overlap the wgrad GEMMs.
-        comm = steps * self.draft_layers * 2 * self.collective(act, tp, bw.tp, allreduce=True)
+        # The runtime's draft layers are megatron's Column/RowParallelLinear without SP or TE's overlap: two blocks
+        # (attention, MLP) per layer and TTT step, exposed as the target's are without SP.
+        comm = steps * self.draft_layers * 2 * self._tp_exposed(self.collective(act, tp, bw.tp), tp, sp=False, passes=2)
         ring = self.draft_layers * self._cp_ring(s._replace(recompute="none"), tokens, attn_fwd, bw, steps=steps)
         hit = self._cache[key] = (compute, comm, ring)
         return hit

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Optional, Union
 
 from specdraft.plan.codec import PlanFormatError, decode, encode_rows, encode_value
+from specdraft.spec.derived import draft_vocab_size
 from specdraft.spec.schema import LayoutSpec
 
 SCHEMA_VERSION = 2
@@ -311,8 +312,6 @@ class LaunchPlan:
     @property
     def draft_vocab_size(self) -> int:
         """The draft LM head's vocabulary (spec.derived.draft_vocab_size): draft.vocab_size, else the target's."""
-        from specdraft.spec.derived import draft_vocab_size
-
         return draft_vocab_size(self.spec)
 
     def stage_of(self, global_rank: int) -> StagePlan:

@@ -113,6 +113,11 @@ def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
     if not 0 <= t.warmup_steps < t.train_iters:
         err("training.warmup_steps", t.warmup_steps, f"must be in 0..train_iters-1 ({t.train_iters - 1}) so the "
             "draft trains at least one step", "lower it or raise training.train_iters")
+    if t.data_drift_interval < 0:
+        err("training.data_drift_interval", t.data_drift_interval, "must be >= 0 (steps between data shifts; 0 = no "
+            "drift)", "use 0")
+    if not 0.0 <= t.data_drift_fraction <= 1.0:
+        err("training.data_drift_fraction", t.data_drift_fraction, "must be in [0, 1]", "use 0.5")
     if t.lr <= 0:
         err("training.lr", t.lr, "must be > 0", "e.g. 1e-5 for RL post-training")
     if t.clip_grad < 0:

@@ -66,10 +66,5 @@ def checkpoint_rules(spec: LayoutSpec, err) -> None:
     if t.keep_checkpoints < 1:
         err("training.keep_checkpoints", t.keep_checkpoints, "must be >= 1 (a resume needs at least one)",
             "use 2: the newest and the one before, should the newest be damaged")
-    if t.data_drift_interval < 0:
-        err("training.data_drift_interval", t.data_drift_interval, "must be >= 0 (steps between data shifts; 0 = no "
-            "drift)", "use 0")
-    if not 0.0 <= t.data_drift_fraction <= 1.0:
-        err("training.data_drift_fraction", t.data_drift_fraction, "must be in [0, 1]", "use 0.5")
     if s.max_requeues < 0:
         err("slurm.max_requeues", s.max_requeues, "must be >= 0 (0 never requeues)", "use 0, or e.g. 3")
