@@ -31,9 +31,9 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.distributed, the house harness
 from tests.distributed import run_distributed  # noqa: E402
 
-from specdraft.runtime import attention_backend  # noqa: E402
-from specdraft.runtime import attention_reference as ref  # noqa: E402
-from specdraft.runtime import branch_attention as ba  # noqa: E402
+from specdraft.runtime.attention import backend as attention_backend  # noqa: E402
+from specdraft.runtime.attention import reference as ref  # noqa: E402
+from specdraft.runtime.attention import branch as ba  # noqa: E402
 
 _GATHER = {"bytes": 0}
 

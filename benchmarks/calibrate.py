@@ -18,12 +18,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdraft.plan.estimate import CALIBRATED, Estimator  # noqa: E402
+from specdraft.perf.estimate import CALIBRATED, Estimator  # noqa: E402
 from specdraft.search.calibration import load_points, point_spec, published_rank, published_variants  # noqa: E402
 
 POINTS = Path(__file__).with_name("calibration_h100.yaml")
 # Only the two kernel efficiencies are fitted. Which TP and pipeline sends stay exposed follows megatron-core's
-# schedules and TransformerEngine's overlap (specdraft.plan.costs, specdraft.plan.estimate), with each point's
+# schedules and TransformerEngine's overlap (specdraft.perf.costs, specdraft.perf.estimate), with each point's
 # recipe settings; the DP overlap fraction, the link efficiencies and the knees stay at their priors.
 FITTED = {"gemm_fp8": (0.3, 0.8), "attention": (0.2, 0.8)}  # name: (low, high)
 

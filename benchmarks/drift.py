@@ -50,9 +50,10 @@ def train(run_dir: Path, overrides: list[str]) -> float:
 def measure(run_dir: Path, prompts: int) -> list[dict]:
     import torch
 
-    from specdraft.runtime import offline, speculative
-    from specdraft.runtime.data import MarkovData
-    from specdraft.runtime.measure import decode
+    from specdraft.runtime.serve import offline
+    from specdraft.runtime.serve import speculative
+    from specdraft.runtime.train.data import MarkovData
+    from specdraft.runtime.serve.measure import decode
 
     plan = offline.read_run_plan(run_dir)
     t = plan.spec.training

@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 
 from plain_llama import Shape, plain_step_seconds  # this script's folder is on sys.path
-from specdraft.runtime import attention_backend
-from specdraft.runtime.branch_attention import branch_attention
+from specdraft.runtime.attention import backend as attention_backend
+from specdraft.runtime.attention.branch import branch_attention
 
-LAYOUT = Path(__file__).resolve().parents[1] / "layouts" / "one-gpu.yaml"
+LAYOUT = Path(__file__).resolve().parents[1] / "specdraft" / "layouts" / "one-gpu.yaml"
 # (c) on CPU: the one-GPU layout shrunk to seconds per step (8 layers: the draft's default taps must be distinct).
 SMOKE_OVERRIDES = ["cluster.gpu=cpu", "training.dtype=fp32", "model.num_layers=8", "model.hidden_size=64",
                    "model.ffn_hidden_size=128", "model.num_attention_heads=4", "model.num_query_groups=2",

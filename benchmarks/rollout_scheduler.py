@@ -15,8 +15,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdraft.rollout import costmodel, dispatch, scheduler, trainer  # noqa: E402
-from specdraft.rollout.workload import LengthModel, synthetic  # noqa: E402
+from specdraft.rollout.model import costmodel
+from specdraft.rollout.schedule import dispatch
+from specdraft.rollout.schedule import scheduler
+from specdraft.rollout.model import trainer
+from specdraft.rollout.model.workload import LengthModel, synthetic  # noqa: E402
 from specdraft.spec.load import builtin_layout_text, load_layout_text  # noqa: E402
 
 

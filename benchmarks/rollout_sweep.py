@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdraft.rollout.compare import SimulateOptions, run  # noqa: E402
-from specdraft.rollout.workload import LENGTH_PRESETS  # noqa: E402
+from specdraft.rollout.report.compare import SimulateOptions, run  # noqa: E402
+from specdraft.rollout.model.workload import LENGTH_PRESETS  # noqa: E402
 from specdraft.spec.load import builtin_layout_text, load_layout, load_layout_text  # noqa: E402
 
 DEDICATED = ["rollout.colocated=false", "rollout.num_nodes=1"]

@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdraft.rollout.compare import SimulateOptions, cost_model, run  # noqa: E402
-from specdraft.rollout.generation import GenConfig, simulate_generation  # noqa: E402
-from specdraft.rollout.profile import valid_tps  # noqa: E402
-from specdraft.rollout.workload import LENGTH_PRESETS, LengthModel, synthetic  # noqa: E402
+from specdraft.rollout.report.compare import SimulateOptions, cost_model, run  # noqa: E402
+from specdraft.rollout.sim.generation import GenConfig, simulate_generation  # noqa: E402
+from specdraft.rollout.model.profile import valid_tps  # noqa: E402
+from specdraft.rollout.model.workload import LENGTH_PRESETS, LengthModel, synthetic  # noqa: E402
 from specdraft.spec.load import load_layout  # noqa: E402
 
 FRACTIONS = (0.01, 0.02, 0.035, 0.06, 0.085, 0.11, 0.17, 0.23, 0.29, 0.34, 0.46, 0.57, 0.68, 0.8, 0.91, 1.0)

@@ -18,10 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdraft.rollout import costmodel, verl  # noqa: E402
-from specdraft.rollout.adaptive_tp import PlannerConfig, RemainingPredictor  # noqa: E402
-from specdraft.rollout.generation import GenConfig, choose_start, simulate_generation  # noqa: E402
-from specdraft.rollout.workload import LengthModel, synthetic  # noqa: E402
+from specdraft.rollout.model import costmodel
+from specdraft.rollout.schedule import verl
+from specdraft.rollout.schedule.adaptive_tp import PlannerConfig, RemainingPredictor  # noqa: E402
+from specdraft.rollout.sim.generation import GenConfig, choose_start, simulate_generation  # noqa: E402
+from specdraft.rollout.model.workload import LengthModel, synthetic  # noqa: E402
 from specdraft.spec.load import builtin_layout_text, load_layout_text  # noqa: E402
 
 TPS = [1, 2, 4, 8]

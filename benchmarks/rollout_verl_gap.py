@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdraft.rollout import verl  # noqa: E402
-from specdraft.rollout.compare import SimulateOptions, cost_model, run  # noqa: E402
-from specdraft.rollout.generation import GenConfig, simulate_generation  # noqa: E402
-from specdraft.rollout.workload import LENGTH_PRESETS, LengthModel, synthetic  # noqa: E402
+from specdraft.rollout.schedule import verl  # noqa: E402
+from specdraft.rollout.report.compare import SimulateOptions, cost_model, run  # noqa: E402
+from specdraft.rollout.sim.generation import GenConfig, simulate_generation  # noqa: E402
+from specdraft.rollout.model.workload import LENGTH_PRESETS, LengthModel, synthetic  # noqa: E402
 from specdraft.spec.load import load_layout  # noqa: E402
 
 REGIMES = (("layouts/qwen3-8b.yaml", "long-tail"), ("layouts/llama3.1-8b-pat.yaml", "deepscaler"),

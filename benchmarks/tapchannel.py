@@ -50,8 +50,8 @@ def _worker(rank, world_size, plans, rounds, root):
 
     from specdraft.runtime import cpu_compat
     from specdraft.runtime.context import RankContext
-    from specdraft.runtime.cotrain import make_step
-    from specdraft.runtime.trainer import CoTrainer
+    from specdraft.runtime.workloads.cotrain import make_step
+    from specdraft.runtime.train.trainer import CoTrainer
 
     ps.initialize_model_parallel(pipeline_model_parallel_size=2)
     cpu_compat.apply()

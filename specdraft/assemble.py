@@ -18,7 +18,7 @@ from specdraft.plan.model import LaunchPlan, PlanVersionError, Renders
 from specdraft.render.megatron import megatron_argv
 from specdraft.render.nemo_rl import nemo_rl_overrides
 from specdraft.render.vllm import vllm_settings
-from specdraft.rollout.instances import check_rollout, plan_rollout
+from specdraft.rollout.model.instances import check_rollout, plan_rollout
 from specdraft.spec.schema import LayoutSpec
 
 MAX_PLAN_BYTES = 256 * 2**20  # a 131,072-GPU plan is about 25 MB; anything far larger is not a plan

@@ -12,8 +12,8 @@ import torch.distributed as dist
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from specdraft.runtime import attention_reference as ref_kernels
-from specdraft.runtime import branch_attention as ba
+from specdraft.runtime.attention import reference as ref_kernels
+from specdraft.runtime.attention import branch as ba
 from tests.distributed import run_distributed
 
 BACKENDS = ("reference", "fused-cpu-flash")

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from specdraft.assemble import compile
 from specdraft.errors import SpecError
-from specdraft.plan import checkpoints as files
-from specdraft.runtime import preempt
+from specdraft.runs import checkpoints as files
+from specdraft.runtime.train import preempt
 from specdraft.spec.load import load_layout
 
 

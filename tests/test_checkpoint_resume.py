@@ -13,7 +13,7 @@
 A stop by USR2 on one rank (all ranks agree on the step, save, exit 75) and its resume run through the CLI in
 tests/test_launch_resume.py, and on Slurm in tests/test_preempt_slurm.py; the refusals of another spec or model
 shape are checked there too, by the launcher, before any rank starts (the ranks apply the same
-plan/checkpoints.choose). One 4-rank run serves every check here, so this file starts 11 rank processes.
+runs/checkpoints.choose). One 4-rank run serves every check here, so this file starts 11 rank processes.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import signal
 
 import pytest
 
-from specdraft.plan.checkpoints import MARKER
+from specdraft.runs.checkpoints import MARKER
 from tests.rank_procs import RankRun, metrics, result, without_timing, write_plan
 
 pytestmark = pytest.mark.dist

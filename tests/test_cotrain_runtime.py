@@ -31,7 +31,7 @@ def _worker(rank, world_size, cases, root):
     from megatron.core import parallel_state as ps
 
     from specdraft.runtime.context import RankContext
-    from specdraft.runtime.cotrain import run
+    from specdraft.runtime.workloads.cotrain import run
 
     ps.initialize_model_parallel(pipeline_model_parallel_size=3)
     out = []

@@ -24,15 +24,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdraft.plan.checkpoints import MARKER
-from specdraft.runtime.precision import NONFINITE_ENV
-from specdraft.runtime.target import BATCH_P2P_ENV
+from specdraft.runs.checkpoints import MARKER
+from specdraft.runtime.train.precision import NONFINITE_ENV
+from specdraft.runtime.models.target import BATCH_P2P_ENV
 from tests.distributed import run_distributed
 from tests.memory_accuracy import assert_memory_matches_plan
 from tests.rank_procs import RankRun, metrics, result, without_timing, write_plan
 
 pytestmark = pytest.mark.dist
-MIXTRAL = Path(__file__).parent.parent / "layouts" / "mixtral-tiny-cpu.yaml"
+MIXTRAL = Path(__file__).parent.parent / "specdraft" / "layouts" / "mixtral-tiny-cpu.yaml"
 STEPS = 4
 BASE = ["training.warmup_steps=1", f"training.train_iters={STEPS}"]  # the draft joins at step 1
 DP2 = ["cluster.gpus_per_node=2", "parallel.cp=1", "parallel.pp=1"]
@@ -128,8 +128,8 @@ def _init_paths_worker(rank: int, world: int, cases: list) -> dict:
     from megatron.core import parallel_state as ps
 
     from specdraft.runtime import cpu_compat
-    from specdraft.runtime.draft import Eagle3Draft, draft_shape
-    from specdraft.runtime.target import build_chunks, init_parameters, transformer_config
+    from specdraft.runtime.models.draft import Eagle3Draft, draft_shape
+    from specdraft.runtime.models.target import build_chunks, init_parameters, transformer_config
 
     cpu_compat.apply("cpu")
     cpu, out = torch.device("cpu"), {}

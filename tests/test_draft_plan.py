@@ -10,7 +10,7 @@ from specdraft.errors import SpecError
 from specdraft.assemble import compile
 from specdraft.spec.load import load_layout
 
-LAYOUTS = Path(__file__).parents[1] / "layouts"
+LAYOUTS = Path(__file__).parents[1] / "specdraft" / "layouts"
 
 
 def test_moe_141b_layout_routes_taps_across_nodes_with_vpp():

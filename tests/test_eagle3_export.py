@@ -56,8 +56,8 @@ def run(tmp_path_factory):
 def _runtime_logits(rank, world, run_dir: str, length: int):
     """The runtime draft (loaded unsharded from step-6) on random taps and embeddings; plus the decoder's chained
     drafting, teacher-forced, against the same TTT unroll."""
-    from specdraft.runtime import offline
-    from specdraft.runtime.speculative import draft_chain
+    from specdraft.runtime.serve import offline
+    from specdraft.runtime.serve.speculative import draft_chain
 
     plan = offline.read_run_plan(Path(run_dir))
     folder, _ = offline.checkpoint(Path(run_dir), 6)
@@ -158,8 +158,9 @@ def test_published_drafts_equal_the_checkpoint_exports(run, specdraft_cli, tmp_p
 
 
 def _decode(rank, world, run_dir: str):
-    from specdraft.runtime import offline, speculative
-    from specdraft.runtime.data import MarkovData
+    from specdraft.runtime.serve import offline
+    from specdraft.runtime.serve import speculative
+    from specdraft.runtime.train.data import MarkovData
 
     plan = offline.read_run_plan(Path(run_dir))
     folder, _ = offline.checkpoint(Path(run_dir), 6)

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from specdraft.assemble import compile
-from specdraft.plan.costs import Shape
-from specdraft.plan.estimate import Estimator, layout_of
+from specdraft.perf.costs import Shape
+from specdraft.perf.estimate import Estimator, layout_of
 from specdraft.plan.memory import activation_bytes_per_layer
 from specdraft.spec.schema import ClusterSpec, DraftSpec, LayoutSpec, ModelSpec, ParallelSpec, TrainingSpec
 

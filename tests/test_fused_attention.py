@@ -12,11 +12,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdraft.runtime import attention_backend as ab
-from specdraft.runtime import branch_attention as ba
-from specdraft.runtime.attention_ops import CpuFlash, fold, unfold
-from specdraft.runtime.attention_reference import ReferenceAttention
-from specdraft.runtime.fused_attention import FusedAttention
+from specdraft.runtime.attention import backend as ab
+from specdraft.runtime.attention import branch as ba
+from specdraft.runtime.attention.ops import CpuFlash, fold, unfold
+from specdraft.runtime.attention.reference import ReferenceAttention
+from specdraft.runtime.attention.fused import FusedAttention
 
 
 def test_cpu_flash_lse_is_natural_log_per_batch_head_row():

@@ -1,10 +1,10 @@
 """Layering: every import in every module (function-level ones included) points down, and nothing forms a cycle.
 
-Layers, lowest first: the base modules (errors, file helpers), spec, plan, rollout, render, assemble, search,
-execute, cli.
-`runtime` (the job) reads only the plan: it may import the base, plan and itself. spec, plan, rollout, render,
-assemble, search and cli never import torch, megatron or submitit; a CLI run in a fresh process proves none is
-loaded.
+Layers, lowest first: the base modules (errors, file helpers), spec, plan, runs (the run-folder protocol), perf
+(the step-time model), rollout, render, assemble, search, execute, cli.
+`runtime` (the job) reads only the plan and the run folder: it may import the base, plan, runs and itself. No
+layer but runtime and execute imports torch, megatron or submitit (execute only submitit); a CLI run in a fresh
+process proves none is loaded.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[1] / "specdraft"
 HEAVY = ("torch", "megatron", "submitit")
-RANK = {"base": 0, "spec": 1, "plan": 2, "rollout": 3, "render": 4, "assemble": 5, "search": 6, "execute": 7,
-        "cli": 8}
+RANK = {"base": 0, "spec": 1, "plan": 2, "runs": 3, "perf": 4, "rollout": 5, "render": 6, "assemble": 7,
+        "search": 8, "execute": 9, "cli": 10}
 BASE = {"specdraft", "specdraft.errors", "specdraft.fsutil"}
-LIGHT = {"spec", "plan", "rollout", "render", "assemble", "search", "cli"}
+LIGHT = {"spec", "plan", "runs", "perf", "rollout", "render", "assemble", "search", "cli"}
 
 
 def layer(module: str) -> str:
@@ -80,7 +80,7 @@ def test_every_import_points_down():
                 continue
             there = layer(target)
             if here == "runtime":
-                ok = there in ("base", "plan", "runtime")
+                ok = there in ("base", "plan", "runs", "runtime")
             elif there == "runtime":
                 ok = False
             else:
@@ -91,8 +91,8 @@ def test_every_import_points_down():
 
 
 def test_no_import_cycles():
-    edges = {m: sorted({t for t, _ in imports if t in graph_modules() and t != m})
-             for m, imports in graph().items()}
+    known = graph_modules()
+    edges = {m: sorted({t for t, _ in imports if t in known and t != m}) for m, imports in graph().items()}
     state: dict[str, int] = {}
     cycles = []
 
@@ -132,10 +132,10 @@ def test_the_checker_sees_function_level_and_relative_imports(tmp_path):
 PROBE = textwrap.dedent("""
     import importlib, pkgutil, sys
     import specdraft
-    for layer in ("spec", "plan", "render", "rollout", "search"):
+    for layer in ("spec", "plan", "runs", "perf", "render", "rollout", "search"):
         package = importlib.import_module(f"specdraft.{layer}")
-        for info in pkgutil.iter_modules(package.__path__):
-            importlib.import_module(f"specdraft.{layer}.{info.name}")
+        for info in pkgutil.walk_packages(package.__path__, prefix=f"specdraft.{layer}."):
+            importlib.import_module(info.name)
     import specdraft.cli.main as cli
     from specdraft.assemble import compile
     from specdraft.spec.load import load_layout

@@ -14,8 +14,8 @@ import pytest
 from specdraft.errors import UserError
 from specdraft.execute.launch import check_existing
 from specdraft.execute.report import root_cause
-from specdraft.execute.record import Attempt, new_record
-from specdraft.execute.rundir import claim_run_dir, launch_lock, read_record, replace_record
+from specdraft.runs.record import Attempt, new_record
+from specdraft.runs.rundir import claim_run_dir, launch_lock, read_record, replace_record
 from specdraft.assemble import compile
 from specdraft.runtime.entry import check_placement, load_workload, rank_env
 from specdraft.spec.load import load_layout
@@ -134,7 +134,7 @@ def test_relaunch_rules(tmp_path, plan):
 
 
 def test_selftest_expects_megatrons_groups_from_the_plan_arithmetic():
-    from specdraft.runtime.selftest import plan_group, route_pairs
+    from specdraft.runtime.workloads.selftest import plan_group, route_pairs
 
     # tp2 cp2 pp2, order tp-cp-ep-dp-pp: rank = tp + 2*cp + 4*pp.
     plan = compile(load_layout(None, ["cluster.gpus_per_node=8", "parallel.tp=2"]))
@@ -151,6 +151,6 @@ def test_the_launcher_knows_exactly_the_runtime_workloads():
 
 def test_the_launcher_knows_the_runtime_preempted_exit_code():
     from specdraft.execute.local import PREEMPTED_EXIT as LAUNCHER
-    from specdraft.runtime.preempt import PREEMPTED_EXIT
+    from specdraft.runtime.train.preempt import PREEMPTED_EXIT
 
     assert LAUNCHER == PREEMPTED_EXIT == 75

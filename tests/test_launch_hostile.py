@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from specdraft.errors import UserError
-from specdraft.execute import monitor, slurmcmd
-from specdraft.execute.record import Attempt, LocalProcesses, new_record
-from specdraft.execute.rundir import MARKER, claim_run_dir, read_record, replace_record
+from specdraft.execute import monitor
+from specdraft.execute.slurm import commands as slurmcmd
+from specdraft.runs.record import Attempt, LocalProcesses, new_record
+from specdraft.runs.rundir import MARKER, claim_run_dir, read_record, replace_record
 
 STUB = """#!{python}
 import json, os, sys, time

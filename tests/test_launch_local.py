@@ -129,7 +129,7 @@ def test_dry_run_creates_nothing_and_imports_no_executor(tmp_path, executor):
 def test_an_fp8_layout_plans_but_is_not_launched(specdraft_cli, tmp_path):
     """fp8 renders for Megatron-LM, but the runtime's local layers have no FP8 GEMMs: launch refuses it up front
     (exit 2, the field named), before a run folder or an allocation exists."""
-    layout = [Path(__file__).parents[1] / "layouts" / "qwen3-8b.yaml", "training.dtype=fp8"]
+    layout = [Path(__file__).parents[1] / "specdraft" / "layouts" / "qwen3-8b.yaml", "training.dtype=fp8"]
     assert specdraft_cli("plan", *layout).returncode == 0
     proc = specdraft_cli("launch", *layout, "--executor", "slurm", "--dry-run", "--run-dir", tmp_path / "run")
     assert proc.returncode == 2, proc.stdout + proc.stderr

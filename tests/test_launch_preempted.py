@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from specdraft.execute import launch, monitor, slurmcmd
-from specdraft.execute.rundir import read_record
-from specdraft.plan.checkpoints import MARKER, write_marker
+from specdraft.execute import launch, monitor
+from specdraft.execute.slurm import commands as slurmcmd
+from specdraft.runs.rundir import read_record
+from specdraft.runs.checkpoints import MARKER, write_marker
 from tests.test_launch_hostile import _behave, _run_folder, slurm_stubs  # noqa: F401 - slurm_stubs is a fixture
 
 

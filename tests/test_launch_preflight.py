@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specdraft.execute.preflight import Node, Partition, check, gpus_in_gres, parse_nodes, parse_partitions
+from specdraft.execute.slurm.preflight import Node, Partition, check, gpus_in_gres, parse_nodes, parse_partitions
 from specdraft.spec.load import load_layout
 
 SCONTROL = (
@@ -24,7 +24,7 @@ SCONTROL = (
     "Nodes=g[1-3] State=UP TotalNodes=3\n"
 )
 SINFO_GPU = "g1|96|1024000|gpu:h100:8(S:0-1)\ng2|96|1024000|gpu:h100:8(S:0-1)\ng3|96|1024000|gpu:h100:4\n"
-LAYOUT = Path(__file__).parents[1] / "layouts" / "tiny-cpu.yaml"
+LAYOUT = Path(__file__).parents[1] / "specdraft" / "layouts" / "tiny-cpu.yaml"
 
 
 def _spec(*overrides):

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from specdraft.errors import UserError
 from specdraft.execute import executor as executors
 from specdraft.execute.executor import Executor
-from specdraft.execute.record import RECORD_VERSION, Attempt, RunRecord, new_record, parse_record, read_record
-from specdraft.execute.rundir import claim_run_dir, replace_record
+from specdraft.runs.record import RECORD_VERSION, Attempt, RunRecord, new_record, parse_record, read_record
+from specdraft.runs.rundir import claim_run_dir, replace_record
 
 ROOT = Path(__file__).parents[1] / "specdraft"
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from specdraft.plan.checkpoints import MARKER
+from specdraft.runs.checkpoints import MARKER
 
 pytestmark = pytest.mark.dist
 STEPS = 8

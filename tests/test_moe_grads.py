@@ -1,4 +1,4 @@
-"""The target's grad reduction groups and global grad norm (runtime/grads.py) on real MoE models, 4 gloo ranks.
+"""The target's grad reduction groups and global grad norm (runtime/train/grads.py) on real MoE models, 4 gloo ranks.
 
 For each layout, every rank sets each parameter's grad to (its weight / R), R being the number of ranks the
 parameter's grad must be summed over: dp*cp for dense parameters (times tp for sequence-parallel norms and the
@@ -22,7 +22,7 @@ import torch
 from tests.distributed import run_distributed
 
 pytestmark = pytest.mark.dist
-LAYOUT = Path(__file__).parents[1] / "layouts" / "mixtral-tiny-cpu.yaml"
+LAYOUT = Path(__file__).parents[1] / "specdraft" / "layouts" / "mixtral-tiny-cpu.yaml"
 BASE = ["cluster.gpus_per_node=4", "parallel.tp=1", "parallel.cp=1", "parallel.pp=1", "parallel.vpp=null",
         "parallel.ep=1", "parallel.etp=null", "parallel.sequence_parallel=false"]
 CASES = {  # name -> overrides on BASE (4 ranks each)
@@ -47,9 +47,9 @@ def _plan(overrides):
 def _case(rank: int, plan) -> dict:
     from megatron.core import parallel_state as ps
 
-    from specdraft.runtime import moe
-    from specdraft.runtime.grads import TargetParams, reduce_target_grads, target_grad_norm
-    from specdraft.runtime.target import build_chunks
+    from specdraft.runtime.models import moe
+    from specdraft.runtime.train.grads import TargetParams, reduce_target_grads, target_grad_norm
+    from specdraft.runtime.models.target import build_chunks
 
     par = plan.parallel
     ps.initialize_model_parallel(tensor_model_parallel_size=par.tp, pipeline_model_parallel_size=par.pp,
@@ -92,10 +92,10 @@ def _forward_backward(plan, model, params, main: float) -> tuple[torch.Tensor, f
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    from specdraft.runtime import moe
-    from specdraft.runtime.batches import make_microbatch
-    from specdraft.runtime.data import MarkovData
-    from specdraft.runtime.grads import reduce_target_grads, target_grad_norm
+    from specdraft.runtime.models import moe
+    from specdraft.runtime.train.batches import make_microbatch
+    from specdraft.runtime.train.data import MarkovData
+    from specdraft.runtime.train.grads import reduce_target_grads, target_grad_norm
 
     m, par = plan.model, plan.parallel
     data = MarkovData(vocab_size=m.vocab_size, row_tokens=m.seq_length, pad_multiple=par.pad_multiple,
@@ -147,7 +147,7 @@ def test_expert_grads_are_summed_over_expert_dp_and_the_norm_counts_every_shard_
 
 def test_config_and_render_agree_on_the_moe_settings():
     from specdraft.render.megatron import megatron_argv
-    from specdraft.runtime.target import transformer_config
+    from specdraft.runtime.models.target import transformer_config
 
     for topk in (1, 2):
         plan = _plan(["model.moe_router_topk=%d" % topk])

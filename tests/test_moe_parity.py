@@ -24,7 +24,7 @@ from tests.conftest import SPECDRAFT_BIN
 from tests.memory_accuracy import assert_memory_matches_plan
 
 pytestmark = pytest.mark.dist
-LAYOUT = Path(__file__).parents[1] / "layouts" / "mixtral-tiny-cpu.yaml"
+LAYOUT = Path(__file__).parents[1] / "specdraft" / "layouts" / "mixtral-tiny-cpu.yaml"
 STEPS = 3
 COMMON = ["training.warmup_steps=0", "--workload", "cotrain", "--steps", str(STEPS), "--executor", "local"]
 # Every override starts from the single-process shape, so each layout names all it changes.

@@ -14,7 +14,7 @@ from specdraft.plan.stages import chunk_layout
 from specdraft.spec.load import load_layout
 
 ROOT = Path(__file__).parents[1]
-BIG = ROOT / "layouts" / "llama3-70b.yaml"
+BIG = ROOT / "specdraft" / "layouts" / "llama3-70b.yaml"
 ACCOUNT_BOTH = ["parallel.account_for_embedding_in_pipeline_split=true",
                 "parallel.account_for_loss_in_pipeline_split=true"]
 
@@ -78,7 +78,7 @@ def test_fp8_memory_and_render():
 
 def test_runtime_refuses_fp8_clearly():
     torch = pytest.importorskip("torch")
-    from specdraft.runtime.target import transformer_config
+    from specdraft.runtime.models.target import transformer_config
 
     plan = compile(load_layout(None, ["training.dtype=fp8", "cluster.gpu=h100-80gb"]))
     with pytest.raises(ValueError, match="TransformerEngine"):

@@ -108,8 +108,8 @@ def test_launch_render_and_status_refuse_another_schema_version(tmp_path):
         assert f"schema_version is 1, but this specdraft reads schema_version {SCHEMA_VERSION}" in proc.stderr
         assert "Traceback" not in proc.stderr
     # A run folder holding such a plan: status says so and exits 2.
-    from specdraft.execute.record import new_record
-    from specdraft.execute.rundir import claim_run_dir, replace_record
+    from specdraft.runs.record import new_record
+    from specdraft.runs.rundir import claim_run_dir, replace_record
 
     run = tmp_path / "runs" / "old-run"
     claim_run_dir(run)

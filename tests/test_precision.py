@@ -1,4 +1,4 @@
-"""Mixed precision (runtime/precision.py) on CPU, against references:
+"""Mixed precision (runtime/train/precision.py) on CPU, against references:
 
 - fp32 main weights: a bf16 model trained through MainOptimizer stays close to the same model trained in fp32,
   while plain AdamW on the bf16 parameters loses updates below bf16 resolution and drifts away from it.
@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdraft.runtime.precision import LossScaler, MainOptimizer, Policy, owners
+from specdraft.runtime.train.precision import LossScaler, MainOptimizer, Policy, owners
 from tests.distributed import run_distributed
 
 CPU = torch.device("cpu")

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from specdraft.plan.checkpoints import MARKER
+from specdraft.runs.checkpoints import MARKER
 
 pytestmark = pytest.mark.slurm
 LAYOUT = ["cluster.num_nodes=2", "cluster.gpus_per_node=1", "parallel.cp=1", "training.warmup_steps=0",

@@ -20,7 +20,7 @@ from tests.rank_procs import free_port, metrics, write_plan
 pytestmark = pytest.mark.dist
 COUNTING = """
 import runpy, sys
-import specdraft.runtime.core_attention as ca
+import specdraft.runtime.attention.megatron_core as ca
 forward = ca.BranchCoreAttention.forward
 def counted(self, *args, **kwargs):
     print("CORE-ATTENTION-FORWARD", flush=True)

@@ -16,7 +16,7 @@ from specdraft.render.vllm import engine_settings
 from specdraft.spec.load import load_layout
 from tests.golden_util import check_golden
 
-LAYOUTS = sorted((Path(__file__).parents[1] / "layouts").glob("*.yaml"))
+LAYOUTS = sorted((Path(__file__).parents[1] / "specdraft" / "layouts").glob("*.yaml"))
 IDS = [p.stem for p in LAYOUTS]
 
 

@@ -8,15 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdraft.rollout import costmodel
-from specdraft.rollout.adaptive_tp import (PlannerConfig, RemainingPredictor, merge_overhead, predict_makespan,
+from specdraft.rollout.model import costmodel
+from specdraft.rollout.schedule.adaptive_tp import (PlannerConfig, RemainingPredictor, merge_overhead, predict_makespan,
                                           reshard_bytes, run_requests)
-from specdraft.rollout.compare import SimulateOptions, run
-from specdraft.rollout.generation import GenConfig, choose_start, simulate_generation
-from specdraft.rollout.workload import LENGTH_PRESETS, LengthModel, synthetic, uniform
+from specdraft.rollout.report.compare import SimulateOptions, run
+from specdraft.rollout.sim.generation import GenConfig, choose_start, simulate_generation
+from specdraft.rollout.model.workload import LENGTH_PRESETS, LengthModel, synthetic, uniform
 from specdraft.spec.load import builtin_layout_text, load_layout, load_layout_text
 
-LAYOUTS = Path(__file__).parents[1] / "layouts"
+LAYOUTS = Path(__file__).parents[1] / "specdraft" / "layouts"
 SPEC = load_layout_text(builtin_layout_text("qwen3-8b"), [], source="<built-in qwen3-8b>")
 COST = costmodel.from_spec(SPEC)
 

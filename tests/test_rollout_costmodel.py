@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdraft.errors import UserError
-from specdraft.rollout import costmodel
-from specdraft.rollout.costmodel import expected_accepted, steps_time, steps_within
-from specdraft.rollout.instances import kv_budget
-from specdraft.rollout.profile import LLAMA2_7B, CONTEXTS, ProfileCost, read_csv, table_rows, to_csv
+from specdraft.rollout.model import costmodel
+from specdraft.rollout.model.costmodel import expected_accepted, steps_time, steps_within
+from specdraft.rollout.model.instances import kv_budget
+from specdraft.rollout.model.profile import LLAMA2_7B, CONTEXTS, ProfileCost, read_csv, table_rows, to_csv
 from specdraft.spec.load import builtin_layout_text, load_layout_text
 
 
@@ -174,7 +174,7 @@ def test_malformed_profile_names_the_line(tmp_path, text, needle):
 
 def test_max_num_seqs_is_a_rollout_setting_the_engine_and_the_render_share():
     from specdraft.render.vllm import engine_settings
-    from specdraft.rollout.instances import check_rollout
+    from specdraft.rollout.model.instances import check_rollout
 
     assert layout().rollout.max_num_seqs == 1024 and COST.max_num_seqs == 1024  # VeRL's default
     small = layout("rollout.max_num_seqs=64")

@@ -5,11 +5,13 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdraft.rollout import costmodel, dispatch, trainer
-from specdraft.rollout.asp import dp_layout
-from specdraft.rollout.dispatch import CostHint
-from specdraft.rollout.scheduler import POLICIES, build
-from specdraft.rollout.workload import LengthModel, synthetic
+from specdraft.rollout.model import costmodel
+from specdraft.rollout.schedule import dispatch
+from specdraft.rollout.model import trainer
+from specdraft.rollout.schedule.asp import dp_layout
+from specdraft.rollout.schedule.dispatch import CostHint
+from specdraft.rollout.schedule.scheduler import POLICIES, build
+from specdraft.rollout.model.workload import LengthModel, synthetic
 from specdraft.spec.load import builtin_layout_text, load_layout_text
 
 SPEC = load_layout_text(builtin_layout_text("qwen3-8b"), [], source="<built-in qwen3-8b>")

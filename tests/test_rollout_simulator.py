@@ -11,14 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdraft.errors import UserError
-from specdraft.rollout import costmodel, dispatch, trainer
-from specdraft.rollout.compare import SimulateOptions, run
-from specdraft.rollout.scheduler import POLICIES, build
-from specdraft.rollout.simulator import SimConfig, plan_steps, simulate
-from specdraft.rollout.workload import LengthModel, from_file, load_history, synthetic, uniform
+from specdraft.rollout.model import costmodel
+from specdraft.rollout.schedule import dispatch
+from specdraft.rollout.model import trainer
+from specdraft.rollout.report.compare import SimulateOptions, run
+from specdraft.rollout.schedule.scheduler import POLICIES, build
+from specdraft.rollout.sim.simulator import SimConfig, plan_steps, simulate
+from specdraft.rollout.model.workload import LengthModel, from_file, load_history, synthetic, uniform
 from specdraft.spec.load import builtin_layout_text, load_layout_text
 
-LAYOUTS = Path(__file__).parents[1] / "layouts"
+LAYOUTS = Path(__file__).parents[1] / "specdraft" / "layouts"
 SPEC = load_layout_text(builtin_layout_text("qwen3-8b"), [], source="<built-in qwen3-8b>")
 COST = costmodel.from_spec(SPEC)
 TRAINER = trainer.from_spec(SPEC)
@@ -120,7 +122,7 @@ def test_asp_targets_on_the_default_long_tail_workload(overrides):
 def test_asp_stays_near_the_oracle_in_the_paper_like_regimes(path):
     """Seeds 0-2 of the synchronous paper-like layouts (DeepScaleR-like lengths): asp within 0.03 of the oracle,
     never slower than fifo. Lag 0 leaves the trainer nothing to overlap, so the oracle itself gains only 7-12%."""
-    from specdraft.rollout.workload import LENGTH_PRESETS
+    from specdraft.rollout.model.workload import LENGTH_PRESETS
     from specdraft.spec.load import load_layout
 
     median, sigma, correlation = LENGTH_PRESETS["deepscaler"]
@@ -167,7 +169,7 @@ def test_malformed_workload_lines_name_the_line(tmp_path, text, needle):
 def test_an_instance_never_runs_more_than_max_num_seqs(cap, per_step, n, instances, seed):
     from dataclasses import replace
 
-    from specdraft.rollout.simulator import Simulation
+    from specdraft.rollout.sim.simulator import Simulation
 
     work = synthetic(LengthModel(median=300, sigma=1.0, cap=2048), 2, per_step, n, 64, seed, 0.3)
     cfg = SimConfig(cost=replace(COST, max_num_seqs=cap), trainer=TRAINER, num_instances=instances, tp=1,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from specdraft.errors import SpecError, UserError
-from specdraft.execute.rundir import run_dir_for
+from specdraft.runs.rundir import run_dir_for
 from specdraft.assemble import compile
 from specdraft.render.sbatch import nccl_env, render_sbatch
 from specdraft.spec.derived import signal_delay_s, slurm_time_seconds
@@ -80,7 +80,7 @@ def test_srun_runs_the_payload_itself_on_every_task():
 
 
 def test_submission_goes_through_submitit_without_its_wrapper_or_pickles(tmp_path, monkeypatch):
-    from specdraft.execute import submit
+    from specdraft.execute.slurm import submit
 
     plan = _plan()
     run_dir = tmp_path / "run"

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 
 from specdraft.assemble import check, compile
 from specdraft.plan.compile import plan_memory
-from specdraft.plan.estimate import Estimator, estimate, layout_of
+from specdraft.perf.estimate import Estimator, estimate, layout_of
 from specdraft.plan.memory import peak_lower_bound
 from specdraft.search.ranking import search
 from specdraft.search.space import bases, candidate_spec, splits
@@ -25,7 +25,7 @@ from specdraft.spec.schema import ClusterSpec, LayoutSpec, ModelSpec, TrainingSp
 from tests.layouts import valid_layouts
 
 ROOT = Path(__file__).parents[1]
-BIG = ROOT / "layouts" / "llama3-70b.yaml"
+BIG = ROOT / "specdraft" / "layouts" / "llama3-70b.yaml"
 ISSUE_KEYS = {"parallel", "training", "draft_stage", "step_time_s", "tokens_per_s_per_gpu", "mfu",
               "peak_memory_bytes", "breakdown"}
 

@@ -119,7 +119,7 @@ def test_every_field_is_documented_and_explainable():
 def test_shipped_default_is_the_packaged_file():
     from pathlib import Path
 
-    assert builtin_layout_text() == (Path(__file__).parents[1] / "layouts" / "tiny-cpu.yaml").read_text()
+    assert builtin_layout_text() == (Path(__file__).parents[1] / "specdraft" / "layouts" / "tiny-cpu.yaml").read_text()
 
 
 def test_docs_spec_reference_is_current():

@@ -10,8 +10,8 @@ from specdraft.errors import SpecError
 from specdraft.assemble import check, compile
 from specdraft.spec.load import load_layout
 
-LAYOUTS = sorted((Path(__file__).parents[1] / "layouts").glob("*.yaml"))
-BIG = Path(__file__).parents[1] / "layouts" / "llama3-70b.yaml"
+LAYOUTS = sorted((Path(__file__).parents[1] / "specdraft" / "layouts").glob("*.yaml"))
+BIG = Path(__file__).parents[1] / "specdraft" / "layouts" / "llama3-70b.yaml"
 
 
 def errors_for(overrides, layout=None):
@@ -61,7 +61,7 @@ def test_rule_reports_path_value_rule_and_fix(overrides, path, needle):
 
 
 def test_moe_rules_name_the_field_value_rule_and_fix():
-    moe = Path(__file__).parents[1] / "layouts" / "mixtral-tiny-cpu.yaml"
+    moe = Path(__file__).parents[1] / "specdraft" / "layouts" / "mixtral-tiny-cpu.yaml"
     found = errors_for(["parallel.sequence_parallel=false", "model.moe_aux_loss_coeff=-0.1"], layout=moe)
     [sp] = found["parallel.sequence_parallel"]
     assert "MoE model with tp > 1 (tp = 2) needs sequence parallelism" in sp.rule

@@ -19,8 +19,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdraft.runtime.data import MarkovData
-from specdraft.runtime.vocab_map import count_tokens, mapping
+from specdraft.runtime.train.data import MarkovData
+from specdraft.runtime.models.vocab.reduced import count_tokens, mapping
 from tests.distributed import run_distributed
 
 # sha256 of rows (steps 0, 1, 17, 250; rows 0-2) of MarkovData(128, 64, 4, seed 1234) as it was before drift.
@@ -66,7 +66,7 @@ def test_count_tokens_counts_the_loss_bearing_labels():
 def _restriction(rank, world, cases):
     import torch.distributed as dist
 
-    from specdraft.runtime.vocab_map import Restriction
+    from specdraft.runtime.models.vocab.reduced import Restriction
 
     group = dist.new_group([0, 1])
     out = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdraft.runtime.vocab_parallel import argmax, head_kl_and_matches, log_softmax, vocab_parallel_kl
+from specdraft.runtime.models.vocab.parallel import argmax, head_kl_and_matches, log_softmax, vocab_parallel_kl
 from tests.distributed import run_distributed
 
 

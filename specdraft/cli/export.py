@@ -1,5 +1,5 @@
 """`specdraft export RUN [--step N] -o DIR`: a run's draft as an EAGLE-3 checkpoint vLLM and SGLang load (thin; the
-work is runtime/export.py, run in a subprocess like launch runs the runtime)."""
+work is runtime/serve/export.py, run in a subprocess like launch runs the runtime)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def export_cmd(
 
     from specdraft.errors import UserError
     from specdraft.execute import payload
-    from specdraft.execute.rundir import resolve_run
+    from specdraft.runs.rundir import resolve_run
 
     folder, _, _ = resolve_run(run)
     if os.path.exists(output) and not os.path.isdir(output):
@@ -31,7 +31,7 @@ def export_cmd(
     payload.require_runtime("export")
     err = _console(stderr=True)
     argv = [str(folder), "-o", os.path.abspath(output)] + (["--step", str(step)] if step is not None else [])
-    result = json.loads(payload.run("export", argv, lambda line: err.print(line, markup=False)))
+    result = json.loads(payload.run("serve.export", argv, lambda line: err.print(line, markup=False)))
     vocab = (f"draft vocabulary {result['draft_vocab_size']:,} of {result['vocab_size']:,} (d2t/t2d included)"
              if result["draft_vocab_size"] != result["vocab_size"] else f"vocabulary {result['vocab_size']:,}")
     _console().print(f"wrote {result['output']}: config.json + model.safetensors ({result['tensors']} tensors, "

@@ -111,7 +111,7 @@ def _finish(folder, result) -> None:
     from specdraft.errors import UserError
     from specdraft.execute import monitor
     from specdraft.execute.report import read_results
-    from specdraft.plan.checkpoints import PREEMPTED_EXIT
+    from specdraft.runs.checkpoints import PREEMPTED_EXIT
 
     plan = monitor.read_plan(folder)
     results = read_results(folder, plan.world_size)
@@ -137,7 +137,7 @@ def runs(root: str = typer.Option("runs", "--root", help="Folder holding run fol
     """List runs: name, executor, job id, state, submitted (a folder that cannot be read is a row saying why)."""
     from specdraft.cli.runs_view import runs_table
     from specdraft.execute import monitor
-    from specdraft.execute.rundir import list_runs
+    from specdraft.runs.rundir import list_runs
 
     entries = list_runs(root)
     fresh = monitor.refresh_all([(e.folder, e.record) for e in entries if e.record is not None])
@@ -147,7 +147,7 @@ def runs(root: str = typer.Option("runs", "--root", help="Folder holding run fol
 def status(run: Optional[str] = RunArg) -> None:
     """Show a run's state (sacct/squeue, bounded; a pending job's reason) and each rank's progress."""
     from specdraft.cli.runs_view import print_status
-    from specdraft.execute.rundir import resolve_run
+    from specdraft.runs.rundir import resolve_run
 
     folder, record, broken = resolve_run(run)
     if broken:
@@ -163,7 +163,7 @@ def logs(
 ) -> None:
     """Show the logs of a run's ranks (submitit's per-task logs on Slurm, logs/ locally)."""
     from specdraft.cli.runs_view import show_logs
-    from specdraft.execute.rundir import resolve_run
+    from specdraft.runs.rundir import resolve_run
 
     folder, record, _ = resolve_run(run)
     show_logs(folder, record, rank, follow)
@@ -172,7 +172,7 @@ def logs(
 def cancel(run: Optional[str] = RunArg) -> None:
     """Cancel a run (scancel on Slurm, bounded; the ranks' process group locally)."""
     from specdraft.execute import monitor
-    from specdraft.execute.rundir import resolve_run
+    from specdraft.runs.rundir import resolve_run
 
     folder, record, _ = resolve_run(run)
     _console().print(monitor.cancel(folder, record), markup=False)

@@ -96,7 +96,7 @@ def validate(
     console.print(f"[green]valid:[/] {spec.name} ({spec.cluster.num_nodes * spec.cluster.gpus_per_node} GPUs, "
                   f"{len(warnings)} warning{'s' if len(warnings) != 1 else ''})")
     if cluster:
-        from specdraft.execute.preflight import describe, require
+        from specdraft.execute.slurm.preflight import describe, require
 
         part = require(spec, lambda message: console.print(f"warning: {message}", markup=False), strict=True)
         console.print(f"[green]the cluster can run it:[/] {describe(spec, part)}")

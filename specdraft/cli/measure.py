@@ -1,6 +1,6 @@
 """`specdraft rollout measure RUN`: real speculative decoding with a run's own policy and draft, against plain greedy
-decoding in the same process (thin; the work is runtime/measure.py, run in a subprocess); and the measured draft in
-`rollout simulate --acceptance-from` (the model is rollout/measured.py)."""
+decoding in the same process (thin; the work is runtime/serve/measure.py, run in a subprocess); and the measured draft in
+`rollout simulate --acceptance-from` (the model is rollout/model/measured.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def measure_cmd(
 
     from specdraft.errors import UserError
     from specdraft.execute import payload
-    from specdraft.execute.rundir import resolve_run
+    from specdraft.runs.rundir import resolve_run
 
     if format not in ("text", "json"):
         raise UserError(f"--format {format!r} is not supported", "use --format text or --format json")
@@ -46,7 +46,7 @@ def measure_cmd(
     argv += ["--step", str(step)] if step is not None else []
     argv += ["--draft-step", str(draft_step)] if draft_step is not None else []
     err = _console(stderr=True)
-    result = json.loads(payload.run("measure", argv, lambda line: err.print(line, markup=False)))
+    result = json.loads(payload.run("serve.measure", argv, lambda line: err.print(line, markup=False)))
     if format == "json":
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
         return
@@ -77,13 +77,13 @@ def read_measured(path: str, spec):
     import os
 
     from specdraft.errors import UserError
-    from specdraft.rollout import measured
+    from specdraft.rollout.model import measured
 
     if not spec.draft.enabled:
         raise UserError("--acceptance-from speculates with a draft, but the layout has draft.enabled=false",
                         "use a layout with a draft")
     if not os.path.exists(path):
-        from specdraft.execute.rundir import resolve_run
+        from specdraft.runs.rundir import resolve_run
 
         path = str(resolve_run(path)[0])
     return measured.read(path)
@@ -93,8 +93,8 @@ def add_speedup(report, spec, opts, draft) -> None:
     """The same simulation without speculation, and the ratios: what the measured draft buys in this model."""
     from dataclasses import replace
 
-    from specdraft.rollout.compare import run
-    from specdraft.rollout.measured import speedups, without_speculation
+    from specdraft.rollout.report.compare import run
+    from specdraft.rollout.model.measured import speedups, without_speculation
 
     none = run(without_speculation(spec), replace(opts, adaptive_tp=False, timeline=False))
     report.data["acceptance_from"] = {

@@ -25,7 +25,7 @@ def register(app) -> None:
 
 def _spec(args):
     from specdraft.cli.args import split_target
-    from specdraft.rollout.overview import load
+    from specdraft.rollout.report.overview import load
 
     path, overrides = split_target(args)
     return load(path, overrides)
@@ -91,7 +91,7 @@ def _format(value: str) -> None:
 def plan_cmd(args: Optional[List[str]] = TargetArgs,
              format: str = typer.Option("text", "--format", "-f", help="text (rich tables) or json.")) -> None:
     """Show the rollout instances, their vLLM settings and a model-based estimate of one instance."""
-    from specdraft.rollout.overview import plan_overview
+    from specdraft.rollout.report.overview import plan_overview
 
     _format(format)
     data = plan_overview(_spec(args))
@@ -147,8 +147,8 @@ def simulate_cmd(
 ) -> None:
     """Simulate verl, fifo, random, sorted, longest_first, asp and the oracle side by side (model-based estimates)."""
     from specdraft.errors import UserError
-    from specdraft.rollout.compare import SimulateOptions, run
-    from specdraft.rollout.workload import LENGTH_PRESETS
+    from specdraft.rollout.report.compare import SimulateOptions, run
+    from specdraft.rollout.model.workload import LENGTH_PRESETS
 
     from specdraft.errors import UserError
 
@@ -177,18 +177,18 @@ def simulate_cmd(
                            check_every_steps=check_every, tp_start=tp_start, verl_tp=verl_tp,
                            timeline=plot is not None or plot_tp is not None)
     from specdraft.cli import measure as measured_draft
-    from specdraft.rollout.measured import with_measured
+    from specdraft.rollout.model.measured import with_measured
 
     measured = measured_draft.read_measured(acceptance_from, spec) if acceptance_from else None
     report = run(spec if measured is None else with_measured(spec, measured), opts)
     if measured is not None:
         measured_draft.add_speedup(report, spec, opts, measured)
     if plot:
-        from specdraft.rollout.plot import write_timeline
+        from specdraft.rollout.report.plot import write_timeline
 
         write_timeline(plot, report)
     if plot_tp:
-        from specdraft.rollout.plot import write_tp_timeline
+        from specdraft.rollout.report.plot import write_tp_timeline
 
         write_tp_timeline(plot_tp, report)
     if format == "json":
@@ -211,8 +211,8 @@ def profile_cmd(args: Optional[List[str]] = TargetArgs,
                                                   "`--csv -`.")
                 ) -> None:
     """Per-step decode latency by (tp, batch, context) from the cost model; the CSV format --profile reads."""
-    from specdraft.rollout.costmodel import from_spec
-    from specdraft.rollout.profile import table_rows, to_csv, valid_tps
+    from specdraft.rollout.model.costmodel import from_spec
+    from specdraft.rollout.model.profile import table_rows, to_csv, valid_tps
 
     from specdraft.fsutil import STDOUT, write_output
 
@@ -225,7 +225,7 @@ def profile_cmd(args: Optional[List[str]] = TargetArgs,
     if csv == STDOUT:
         return  # the CSV is the output; tables next to it would corrupt it
     _print_profile(_console(), spec.name, rows)
-    from specdraft.rollout.profile import calibration_rows
+    from specdraft.rollout.model.profile import calibration_rows
 
     title = f"calibration against the shared notes' anchors ({spec.cluster.gpu}, model-based)"
     table = _table(title, ["anchor", "published", "model"])

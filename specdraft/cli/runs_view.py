@@ -144,7 +144,8 @@ MAX_PRINT_BYTES = 4 << 20  # `logs` without --follow prints at most the last 4 M
 
 def show_logs(folder: Path, record, rank: int | None, follow: bool) -> None:
     from specdraft.errors import UserError
-    from specdraft.execute import monitor, runfiles
+    from specdraft.execute import monitor
+    from specdraft.runs import files as runfiles
 
     world = record.world_size
     if rank is not None and not 0 <= rank < world:

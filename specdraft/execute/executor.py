@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Callable, ClassVar
 
 from specdraft.errors import UserError
-from specdraft.execute.record import RunRecord
+from specdraft.runs.record import RunRecord
 from specdraft.execute.request import LaunchRequest
 from specdraft.plan.model import LaunchPlan
 
 # name -> "module:class"; the order is the automatic choice's preference.
-REGISTRY = {"slurm": "specdraft.execute.slurm:SlurmExecutor", "local": "specdraft.execute.local:LocalExecutor"}
+REGISTRY = {"slurm": "specdraft.execute.slurm.executor:SlurmExecutor", "local": "specdraft.execute.local:LocalExecutor"}
 
 
 @dataclass(frozen=True)

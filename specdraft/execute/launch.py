@@ -19,13 +19,13 @@ from specdraft.errors import UserError
 from specdraft.execute import executor as executors
 from specdraft.execute import monitor
 from specdraft.execute.executor import Executor, ProgressFn
-from specdraft.execute.record import Attempt, RunRecord, new_record, now_iso, read_record
+from specdraft.runs.record import Attempt, RunRecord, new_record, now_iso, read_record
 from specdraft.execute.request import LaunchRequest
-from specdraft.execute.rundir import (ACTIVE, TERMINAL, claim_run_dir, is_run_dir, launch_lock, refuse_foreign,
+from specdraft.runs.rundir import (ACTIVE, TERMINAL, claim_run_dir, is_run_dir, launch_lock, refuse_foreign,
                                       replace_record, run_dir_for)
-from specdraft.execute.runfiles import is_dir
+from specdraft.runs.files import is_dir
 from specdraft.fsutil import atomic_write_text
-from specdraft.plan import checkpoints
+from specdraft.runs import checkpoints
 from specdraft.plan.model import LaunchPlan
 from specdraft.render.sbatch import render_sbatch
 
@@ -81,7 +81,7 @@ def prepare(plan: LaunchPlan, *, executor: str | None = None, run_dir: str | Non
 def check_resume(plan: LaunchPlan, run_dir: str, workload: str, resume: bool,
                  resume_from: str | None) -> tuple[str | None, tuple[str, ...]]:
     """The checkpoint a --resume / --resume-from launch will continue from, checked as the ranks will check it
-    (plan/checkpoints.choose), and the warnings about damaged ones it skips; UserError for a resume that cannot go
+    (runs/checkpoints.choose), and the warnings about damaged ones it skips; UserError for a resume that cannot go
     ahead (no checkpoint, another spec's, another model shape), before anything is written or submitted."""
     if not resume and resume_from is None:
         return None, ()

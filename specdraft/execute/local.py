@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from specdraft.execute import runfiles
+from specdraft.runs import files as runfiles
 from specdraft.execute.executor import Executor, Observation, Progress, ProgressFn
-from specdraft.execute.record import LocalProcesses, RunRecord, now_iso
-from specdraft.execute.rundir import ACTIVE, lock_is_held, read_record, update_record
-from specdraft.plan.checkpoints import PREEMPTED_EXIT
+from specdraft.runs.record import LocalProcesses, RunRecord, now_iso
+from specdraft.runs.rundir import ACTIVE, lock_is_held, read_record, update_record
+from specdraft.runs.checkpoints import PREEMPTED_EXIT
 
 GRACE_S = 5.0
 POLL_S = 0.2

@@ -15,12 +15,12 @@ from typing import Callable, Iterator
 
 from specdraft.errors import UserError
 from specdraft.execute import executor as executors
-from specdraft.execute import runfiles
+from specdraft.runs import files as runfiles
 from specdraft.execute.executor import Observation, Progress, ProgressFn
-from specdraft.execute.record import RunRecord, read_record
+from specdraft.runs.record import RunRecord, read_record
 from specdraft.execute.report import failure_message, read_results, root_cause
-from specdraft.execute.rundir import ACTIVE, TERMINAL, check_run_dir, update_record
-from specdraft.plan import checkpoints
+from specdraft.runs.rundir import ACTIVE, TERMINAL, check_run_dir, update_record
+from specdraft.runs import checkpoints
 
 FAILED_STATES = frozenset({"FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "LOST"})
 MAX_PLAN_BYTES = 256 * 2**20  # as assemble.read_plan: a 131,072-GPU plan is about 25 MB

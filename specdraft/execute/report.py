@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from specdraft.errors import UserError
-from specdraft.execute import runfiles
+from specdraft.runs import files as runfiles
 
 TAIL_LINES = 15
 TAIL_BYTES = 65536

@@ -14,7 +14,7 @@ from specdraft.spec.schema import LayoutSpec
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 # fp8 parameters (--fp8-param-gather): the fp8 weight and the transpose Hopper's fp8 GEMMs read for backward.
 FP8_WEIGHT_BYTES = 2
-HEAD_CHUNK_TOKENS = 2048  # the runtime's checkpointed LM-head/KL chunk (specdraft.runtime.vocab_parallel)
+HEAD_CHUNK_TOKENS = 2048  # the runtime's checkpointed LM-head/KL chunk (specdraft.runtime.models.vocab.parallel)
 
 
 def attention_params(spec: LayoutSpec) -> int:
@@ -192,14 +192,14 @@ def draft_memory(spec: LayoutSpec, tokens: int, draft_slots: int) -> float:
     ffn_term = 4 * m.ffn_hidden_size / m.hidden_size
     vocab = draft_vocab_size(spec)
     logits = 4 * tokens * vocab / p.tp  # one fp32 vocab-parallel tensor over the draft vocabulary
-    # The LM head and KL run in checkpointed token chunks (runtime/vocab_parallel.py), so per TTT step only the
+    # The LM head and KL run in checkpointed token chunks (runtime/models/vocab/parallel.py), so per TTT step only the
     # output hidden state is kept; one chunk's logits, log-probs and target slice live transiently.
     chunk = 4 * min(tokens, HEAD_CHUNK_TOKENS) * vocab / p.tp
     per_step = (activation_bytes_per_layer(spec, tokens, ffn_term, recompute="none") * d.num_layers
                 + tokens * 2 * m.hidden_size * act_bytes  # [embedding ; hidden] input of the draft layer
                 + tokens * m.hidden_size * act_bytes)  # the step's output hidden state
     # The policy's log-probs restricted to the draft vocabulary and their halo copy, plus one chunk in flight; a
-    # reduced vocabulary gathers one chunk of the selected columns from every TP rank (runtime/vocab_map.py).
+    # reduced vocabulary gathers one chunk of the selected columns from every TP rank (runtime/models/vocab/reduced.py).
     target_probs = 2 * logits + 3 * chunk + (chunk * p.tp if vocab != m.vocab_size else 0)
     fc_in = tokens * num_taps * m.hidden_size * act_bytes
     # A landing slot holds one microbatch's taps: the aux hidden states plus the token embeddings.

@@ -72,7 +72,7 @@ def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
     if t.tp_comm_overlap and p.tp > 1 and p.sequence_parallel:
         args.append("--tp-comm-overlap")
     if t.distributed_optimizer:
-        # Overlapped as in NVIDIA's performance recipes: the step estimate (plan/costs.py, dp_exposed) counts only a
+        # Overlapped as in NVIDIA's performance recipes: the step estimate (perf/costs.py, dp_exposed) counts only a
         # fifth of the distributed optimizer's reduce-scatter and all-gather, which holds only with these two on.
         args += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
     if t.recompute == "selective":

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 from specdraft.plan.model import LaunchPlan, VllmRender
-from specdraft.rollout.instances import rollout_gpus
+from specdraft.rollout.model.instances import rollout_gpus
 from specdraft.spec.derived import max_model_len, num_speculative_tokens
 from specdraft.spec.schema import LayoutSpec
 

@@ -9,7 +9,7 @@ on a machine that has CUDA, it redirects exactly these
    dist_checkpointing's save (strategies/state_dict_saver.py:252, save_state_dict_async_finalize's failure flag).
 2. `torch.cuda.synchronize()` -> no-op (p2p_communication.py:398, after batched P2P; and dist_checkpointing's
    strategies/filesystem_async.py:230, FileSystemWriterAsync.preload_tensors). With (1) and (2), checkpoints
-   save and load on gloo (runtime/checkpoint.py).
+   save and load on gloo (runtime/train/checkpoint.py).
 3. `CudaRNGStatesTracker.fork` -> a context that just yields: it wraps every attention forward even with
    dropout 0 (dot_product_attention.py:217) and would read CUDA RNG state.
 4. The schedules' `torch.zeros(..., device="cuda")` token counters (schedules.py:596,983,2138) -> CPU tensors.

@@ -22,15 +22,15 @@ from pathlib import Path
 from specdraft.errors import SpecdraftError
 from specdraft.plan.codec import PlanFormatError
 from specdraft.plan.model import LaunchPlan
-from specdraft.runtime import preempt
-from specdraft.plan.checkpoints import ResumeError
+from specdraft.runtime.train import preempt
+from specdraft.runs.checkpoints import ResumeError
 from specdraft.runtime.context import RankContext
-from specdraft.runtime.preempt import Terminated
+from specdraft.runtime.train.preempt import Terminated
 
 # name -> "module:function"; imported only when chosen, so a missing module fails only the workload that needs it.
 WORKLOADS = {
-    "selftest": "specdraft.runtime.selftest:run",
-    "cotrain": "specdraft.runtime.cotrain:run",
+    "selftest": "specdraft.runtime.workloads.selftest:run",
+    "cotrain": "specdraft.runtime.workloads.cotrain:run",
 }
 FAULT_ENV = "SPECDRAFT_FAULT_RANK"  # test-only: this rank raises just before the workload (a real fault)
 TIMEOUT_ENV = "SPECDRAFT_DIST_TIMEOUT_S"
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         record["megatron"] = check_megatron_ranks(plan, rank)
         steps = args.steps if args.steps is not None else plan.spec.training.train_iters
         # A job Slurm restarted continues its own newest checkpoint whatever flag it was launched with: the
-        # script (and so --resume-from) is the same on every restart (plan/checkpoints.choose, mode "auto").
+        # script (and so --resume-from) is the same on every restart (runs/checkpoints.choose, mode "auto").
         mode = (preempt.resume_mode_from_env(os.environ)
                 or ("from" if args.resume_from is not None else "newest" if args.resume else None))
         ctx = RankContext(plan=plan, run_dir=run_dir, global_rank=rank, local_rank=local_rank, world_size=world_size,

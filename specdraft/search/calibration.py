@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from specdraft.plan.costs import Efficiency
-from specdraft.plan.estimate import CALIBRATED
+from specdraft.perf.costs import Efficiency
+from specdraft.perf.estimate import CALIBRATED
 from specdraft.search.ranking import Row, search
 from specdraft.spec.schema import ClusterSpec, DraftSpec, LayoutSpec, ModelSpec, TrainingSpec
 

@@ -1,6 +1,6 @@
 """Rank every candidate layout by estimated step time, then verify the best with the real rules until K pass.
 
-Every candidate gets an estimate (the cached per-stage costs of specdraft.plan.estimate make that cheap); a base
+Every candidate gets an estimate (the cached per-stage costs of specdraft.perf.estimate make that cheap); a base
 whose memory lower bound (specdraft.plan.memory.peak_lower_bound, provably below the real peak) exceeds the HBM
 is dropped unbuilt. Candidates then leave a heap best first, and each one runs the whole validation, memory
 included (specdraft.assemble.check), until `top_k` have passed: the rules run on the few survivors that matter,
@@ -16,8 +16,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Optional
 
-from specdraft.plan.costs import Efficiency
-from specdraft.plan.estimate import CALIBRATED, Estimator, Layout, StepEstimate
+from specdraft.perf.costs import Efficiency
+from specdraft.perf.estimate import CALIBRATED, Estimator, Layout, StepEstimate
 from specdraft.search.space import Base, Split, bases, candidate_spec, splits
 from specdraft.spec import derived
 from specdraft.spec.gpus import CATALOGUE

@@ -27,18 +27,38 @@ DEFAULT_LAYOUT = "tiny-cpu"
 
 
 def builtin_layout_text(name: str = DEFAULT_LAYOUT) -> str:
-    """The YAML text of a layout shipped inside the package (layouts/ in the source tree)."""
+    """The YAML text of a layout shipped inside the package (specdraft/layouts/)."""
     return resources.files("specdraft.layouts").joinpath(f"{name}.yaml").read_text(encoding="utf-8")
 
 
 def load_layout(path: str | Path | None, overrides: Sequence[str] = ()) -> LayoutSpec:
     """Load ``path`` (None = the built-in default layout), apply dotlist ``overrides``, build the spec."""
     source = str(path) if path is not None else f"<built-in {DEFAULT_LAYOUT}>"
-    if path is None:
-        text = builtin_layout_text()
+    shipped = shipped_layout_name(path)
+    if shipped is not None:
+        text = builtin_layout_text(shipped)
     else:
-        text = _read_layout(Path(path))
+        text = _read_layout(Path(path))  # type: ignore[arg-type]  # None is always shipped
     return load_layout_text(text, overrides, source=source)
+
+
+def shipped_layouts() -> list[str]:
+    """The names of the layouts shipped inside the package, sorted."""
+    return sorted(p.name[: -len(".yaml")] for p in resources.files("specdraft.layouts").iterdir()
+                  if p.name.endswith(".yaml"))
+
+
+def shipped_layout_name(path: str | Path | None) -> str | None:
+    """The shipped layout ``path`` names, or None for a file of the user's. A path that exists is always the
+    user's file; otherwise `NAME`, `NAME.yaml` and `layouts/NAME.yaml` name a shipped layout, from any folder."""
+    if path is None:
+        return DEFAULT_LAYOUT
+    text = str(path)
+    if Path(text).exists():
+        return None
+    name = text[len("layouts/"):] if text.startswith("layouts/") else text
+    name = name[: -len(".yaml")] if name.endswith(".yaml") else name
+    return name if name in shipped_layouts() else None
 
 
 def _read_layout(file: Path) -> str:

@@ -58,7 +58,7 @@ def _is_slurm_time(text: str) -> bool:
 
 
 def checkpoint_rules(spec: LayoutSpec, err) -> None:
-    """Checkpointing and requeue counts (runtime/checkpoint.py, runtime/preempt.py)."""
+    """Checkpointing and requeue counts (runtime/train/checkpoint.py, runtime/train/preempt.py)."""
     t, s = spec.training, spec.slurm
     if t.save_interval < 0:
         err("training.save_interval", t.save_interval, "must be >= 0 (steps between checkpoints; 0 turns them off)",

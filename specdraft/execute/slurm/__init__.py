@@ -1,0 +1,1 @@
+"""The Slurm executor: bounded Slurm tools, preflight, submission through submitit."""

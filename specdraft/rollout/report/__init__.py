@@ -1,0 +1,1 @@
+"""What the rollout commands report: comparisons over seeds, metrics, the overview and plots."""

@@ -1,0 +1,1 @@
+"""Offline rollout schedules (fifo, verl, asp) and the adaptive-TP planner."""

@@ -1,0 +1,1 @@
+"""Discrete-event rollout simulation: one instance, the event queue, the asynchronous simulator and synchronous generation."""

@@ -1,0 +1,2 @@
+"""Ring attention with the EAGLE-3 branch merge: zigzag CP ring over the trunk K/V, rank-local branch keys merged by log-sum-exp;
+reference and fused kernels, backend choice, halo shifts, and the one megatron core-attention adapter."""

@@ -1,0 +1,221 @@
+"""The EAGLE-3 draft: fc over the concatenated taps, decoder layer(s) with TTT branch attention, a final norm and
+an LM head over the (possibly reduced) draft vocabulary; the forward is vLLM's and SpecForge's (DraftLayer).
+
+Training-time test (TTT) unrolls S steps: step j's input at row p is [emb(x_{p+1+j}) ; h_j(p)], where h_0 is the
+fused taps and h_j the draft's own step j-1 output; it is trained towards the (detached) target distribution at
+row p+1+j by forward KL. The query of step j attends to the trunk (step 0) keys causally and to the branch keys of
+steps 1..j at its own row, in one softmax: `branch_attention` (zigzag ring under CP). EAGLE-3:
+https://arxiv.org/abs/2503.01840; mask as in SpecForge's generate_eagle3_mask.
+
+Like the target, the draft is tensor-parallel: heads, MLP and a vocab-parallel LM head are split over tp with
+megatron-core's Column/RowParallelLinear, and the KL is computed on vocab shards (vocab_parallel.py); a reduced
+vocabulary restricts the target's distribution to it (vocab_map.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdraft.plan.model import LaunchPlan
+from specdraft.runtime.attention.branch import branch_attention
+
+
+@dataclass(frozen=True, kw_only=True)
+class DraftShape:
+    hidden: int
+    num_taps: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int  # the draft LM head's vocabulary (draft.vocab_size, else the target's)
+    target_vocab: int
+    num_layers: int
+    tp: int = 1
+    rope_base: float = 10000.0  # megatron's rotary_base default, the target's RoPE
+    norm_eps: float = 1e-5  # megatron's layernorm_epsilon default, the target's RMSNorm eps
+
+    @property
+    def reduced_vocab(self) -> bool:
+        return self.vocab != self.target_vocab
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotate-half RoPE. x: (t, h, d); positions: (t,) global positions within each sequence."""
+    d = x.shape[-1]
+    inv = 1.0 / base ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)  # (d/2,)
+    angles = positions.to(torch.float32)[:, None] * inv[None, :]  # (t, d/2)
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[:, None, :].to(x.dtype)  # (t, 1, d)
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[:, None, :].to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class RMSNorm(nn.Module):
+    """Llama's RMSNorm as vLLM and SpecForge compute it: normalise in fp32, cast back, then scale by the weight."""
+
+    def __init__(self, hidden: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+def _column(config, fan_in: int, fan_out: int):
+    from megatron.core.tensor_parallel import ColumnParallelLinear
+
+    return ColumnParallelLinear(fan_in, fan_out, config=config, init_method=nn.init.zeros_, bias=False,
+                                gather_output=False)
+
+
+def _row(config, fan_in: int, fan_out: int):
+    from megatron.core.tensor_parallel import RowParallelLinear
+
+    return RowParallelLinear(fan_in, fan_out, config=config, init_method=nn.init.zeros_, bias=False,
+                             input_is_parallel=True, skip_bias_add=True)
+
+
+class DraftLayer(nn.Module):
+    """One EAGLE-3 decoder layer (vLLM llama_eagle3.LlamaDecoderLayer, SpecForge llama3_eagle.LlamaDecoderLayer).
+
+    Layer 0 normalises the token embedding (input_layernorm) and the incoming hidden state (hidden_norm) separately
+    and attends over their concatenation (2h wide q/k/v inputs); its residual is the *un-normalised* hidden state.
+    A later layer normalises its h-wide input with input_layernorm, as a Llama layer does. Then o_proj plus the
+    residual, post_attention_layernorm, SwiGLU MLP plus the residual. Names are EAGLE-3's, so the export only
+    renames `layers.0.` to `midlayer.`.
+    """
+
+    def __init__(self, shape: DraftShape, config, first: bool):
+        super().__init__()
+        h, d = shape.hidden, shape.head_dim
+        self.shape = shape
+        self.first = first
+        in_dim = 2 * h if first else h
+        self.input_layernorm = RMSNorm(h, shape.norm_eps)
+        if first:
+            self.hidden_norm = RMSNorm(h, shape.norm_eps)
+        self.q_proj = _column(config, in_dim, shape.heads * d)
+        self.k_proj = _column(config, in_dim, shape.kv_heads * d)
+        self.v_proj = _column(config, in_dim, shape.kv_heads * d)
+        self.o_proj = _row(config, shape.heads * d, h)
+        self.post_attention_layernorm = RMSNorm(h, shape.norm_eps)
+        self.gate_proj = _column(config, h, shape.ffn)
+        self.up_proj = _column(config, h, shape.ffn)
+        self.down_proj = _row(config, shape.ffn, h)
+
+    def attention_input(self, hidden: torch.Tensor, emb: torch.Tensor | None) -> torch.Tensor:
+        """(t, h) hidden [and (t, h) embeddings] -> (t, 2h) for layer 0, (t, h) after."""
+        if self.first:
+            return torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1)  # (t, 2h)
+        return self.input_layernorm(hidden)
+
+    def project(self, hidden: torch.Tensor, emb: torch.Tensor | None, positions: torch.Tensor):
+        """q, k, v of one TTT step on this rank's heads. hidden, emb: (t, h) -> q (t, H/tp, d), k, v (t, Hkv/tp, d)."""
+        s = self.shape
+        x = self.attention_input(hidden, emb)
+        t = x.shape[0]
+        q = rope(self.q_proj(x)[0].view(t, s.heads // s.tp, s.head_dim), positions, s.rope_base)
+        k = rope(self.k_proj(x)[0].view(t, s.kv_heads // s.tp, s.head_dim), positions, s.rope_base)
+        v = self.v_proj(x)[0].view(t, s.kv_heads // s.tp, s.head_dim)
+        return q, k, v
+
+    def finish(self, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Residual + SwiGLU MLP. attn: (t, H/tp, d) -> (t, h), reduced over tp by the row-parallel layers."""
+        out = hidden + self.o_proj(attn.flatten(1))[0]
+        x = self.post_attention_layernorm(out)
+        return out + self.down_proj(F.silu(self.gate_proj(x)[0]) * self.up_proj(x)[0])[0]
+
+
+class VocabMap(nn.Module):
+    """The reduced draft vocabulary (SpecForge's buffers): draft id i is target id i + d2t[i]; t2d[v] says whether
+    target id v is in the draft vocabulary. Buffers, so checkpoints carry the mapping the draft was trained with."""
+
+    def __init__(self, draft_vocab: int, target_vocab: int):
+        super().__init__()
+        self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.int64))
+        self.register_buffer("t2d", torch.zeros(target_vocab, dtype=torch.bool))
+
+    def set(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+    def target_ids(self) -> torch.Tensor:
+        """(Vd,) the target id of every draft id (ascending)."""
+        return torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t
+
+
+class Eagle3Draft(nn.Module):
+    def __init__(self, shape: DraftShape, config):
+        super().__init__()
+        self.shape = shape
+        self.fc = nn.Linear(shape.num_taps * shape.hidden, shape.hidden, bias=False)
+        self.layers = nn.ModuleList(DraftLayer(shape, config, first=i == 0) for i in range(shape.num_layers))
+        self.norm = RMSNorm(shape.hidden, shape.norm_eps)
+        self.lm_head = _column(config, shape.hidden, shape.vocab)
+        self.vocab = VocabMap(shape.vocab, shape.target_vocab) if shape.reduced_vocab else None
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
+        """dist_checkpointing's view of the draft: megatron's Column/RowParallelLinear shard themselves over tp (the
+        global tensor is the same at any tp); fc and the norms are replicated, written once (tp rank 0, dp-cp 0).
+        Keys are the parameters' own names, so a draft saved at one layout loads into any other."""
+        from megatron.core import parallel_state as ps
+        from megatron.core.transformer.utils import sharded_state_dict_default
+
+        # Without the TP group, megatron would give every TP rank replica id 0 for the replicated tensors.
+        tp_group = ps.get_tensor_model_parallel_group()
+        children = [(f"{name}.{i}.{child_name}", child) for name, module in self.named_children()
+                    if isinstance(module, nn.ModuleList) for i, layer in enumerate(module)
+                    for child_name, child in layer.named_children()]
+        children += [(name, m) for name, m in self.named_children() if not isinstance(m, nn.ModuleList)]
+        out: dict = {}
+        for name, module in children:
+            out.update(sharded_state_dict_default(module, f"{prefix}{name}.", sharded_offsets, metadata, tp_group))
+        return out
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(rows, h) -> (rows, vocab/tp) vocab-parallel logits."""
+        return self.lm_head(self.norm(hidden))[0]
+
+    def ttt(self, aux: torch.Tensor, emb: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor,
+            cp_group=None) -> list[torch.Tensor]:
+        """Unroll the S TTT steps; return each step's output hidden state (apply `head` for its logits).
+
+        aux: (n_taps, t, h) target hidden states; emb: (S, t, h) embeddings of x_{p+1+j}; positions: (S, t) RoPE
+        positions p + j. Returns S tensors (t, h).
+        """
+        steps = emb.shape[0]
+        hidden = self.fc(aux.permute(1, 0, 2).flatten(1))  # (t, n_taps*h) -> (t, h)
+        ks: list[list[torch.Tensor]] = [[] for _ in self.layers]
+        vs: list[list[torch.Tensor]] = [[] for _ in self.layers]
+        outputs = []
+        for j in range(steps):
+            x = hidden
+            for i, layer in enumerate(self.layers):
+                q, k, v = layer.project(x, emb[j] if i == 0 else None, positions[j])
+                ks[i].append(k)
+                vs[i].append(v)
+                # Only step j's queries (its input depends on step j-1's output) against the k/v of steps 0..j:
+                # trunk keys (step 0) ride the ring, branch keys 1..j stay on this rank.
+                attn = branch_attention(q[None], torch.stack(ks[i]), torch.stack(vs[i]), cu_seqlens,
+                                        cp_group=cp_group)[0]  # (t, H/tp, d)
+                x = layer.finish(x, attn)
+            hidden = x
+            outputs.append(hidden)
+        return outputs
+
+
+def draft_shape(plan: LaunchPlan, tp: int | None = None) -> DraftShape:
+    """The draft's shape for ``plan`` (at the plan's tp unless ``tp`` is given: 1 to load it whole)."""
+    m = plan.model
+    return DraftShape(hidden=m.hidden_size, num_taps=len(plan.draft.aux_layers), heads=m.num_attention_heads,
+                      kv_heads=m.num_query_groups, head_dim=m.head_dim, ffn=m.ffn_hidden_size,
+                      vocab=plan.draft_vocab_size, target_vocab=m.vocab_size, num_layers=plan.spec.draft.num_layers,
+                      tp=plan.parallel.tp if tp is None else tp)

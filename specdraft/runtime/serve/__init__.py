@@ -1,0 +1,1 @@
+"""What serves the trained draft: offline loading, the EAGLE-3 export, lossless speculative decoding and its measurement."""

@@ -1,0 +1,85 @@
+"""The draft as an EAGLE-3 checkpoint for vLLM and SGLang: from a run's checkpoint (`specdraft export`, this module's
+`python -m` payload), or published from the live draft every draft.export_interval steps into RUN_DIR/draft/step-N/.
+
+From a checkpoint, dist_checkpointing loads the draft's TP shards into an unsharded template on one process
+(offline.py). While training, the draft ranks of data/context rank 0 all-gather their TP shards and the tp-rank-0
+one writes; either way eagle3_format.write makes the folder appear whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+PUBLISH_DIR = "draft"  # RUN_DIR/draft/step-N/: the versioned drafts a rollout engine reloads between RL steps
+
+
+def published_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / PUBLISH_DIR / f"step-{step}"
+
+
+def export_checkpoint(run_dir: Path, step: int | None, output: Path) -> dict:
+    """Write the draft of ``run_dir``'s checkpoint at ``step`` (the newest when None) to ``output``."""
+    from specdraft.runtime.serve import offline
+
+    plan = offline.read_run_plan(run_dir)
+    offline.require_draft(plan, run_dir)
+    offline.require_one_layer(plan)  # both refusals before torch is imported
+    offline.check_export_target(output)
+    folder, meta = offline.checkpoint(run_dir, step)
+    from specdraft.runtime.serve import eagle3 as eagle3_format  # torch: only once the inputs passed
+
+    with offline.single_process():
+        _, draft = offline.load(plan, folder, target=False)
+        state = draft.state_dict()
+        written = eagle3_format.write(output, plan, state, {
+            "source": "checkpoint", "checkpoint": str(folder), "step": int(meta["step"]),
+            "draft_optimizer_step": int(meta.get("draft_optimizer_step", 0))})
+    return {"output": str(written), "step": int(meta["step"]), "checkpoint": str(folder),
+            "tensors": eagle3_format.num_tensors(written), "draft_vocab_size": plan.draft_vocab_size,
+            "vocab_size": plan.model.vocab_size}
+
+
+def publish(ctx, trainer, step: int) -> Path | None:
+    """Every draft rank: gather the draft's TP shards on the (dp, cp) = 0 ranks; tp rank 0 writes
+    RUN_DIR/draft/step-<step>/. Returns the folder on the writing rank, else None."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from specdraft.runtime.serve import eagle3 as eagle3_format
+
+    if trainer.draft is None or ctx.coords.dp != 0 or ctx.coords.cp != 0:
+        return None
+    group = ps.get_tensor_model_parallel_group() if trainer.tp > 1 else None
+    params = dict(trainer.draft.named_parameters())
+    state = {}
+    for name, value in trainer.draft.state_dict().items():
+        param = params.get(name)
+        if group is not None and param is not None and getattr(param, "tensor_model_parallel", False):
+            parts = [torch.empty_like(value) for _ in range(trainer.tp)]
+            dist.all_gather(parts, value.contiguous(), group=group)
+            value = torch.cat(parts, dim=param.partition_dim)
+        state[name] = value
+    if ps.get_tensor_model_parallel_rank() != 0:
+        return None
+    folder = published_dir(ctx.run_dir, step)
+    return eagle3_format.write(folder, ctx.plan, state, {"source": "training", "step": step})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specdraft.runtime.serve.export", description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path, help="the run folder")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest complete one)")
+    parser.add_argument("-o", "--output", type=Path, required=True, help="the folder to write")
+    args = parser.parse_args(argv)
+    from specdraft.runtime.serve.offline import run_tool
+
+    return run_tool(lambda: export_checkpoint(args.run.absolute(), args.step, args.output.absolute()))
+
+
+if __name__ == "__main__":
+    from specdraft.runtime.entry import exit_now
+
+    exit_now(main())

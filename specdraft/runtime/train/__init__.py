@@ -1,0 +1,1 @@
+"""One rank's training step: trainer, batches, data, TapChannel, gradients, precision, metrics, checkpoints and preemption."""

@@ -1,0 +1,1 @@
+"""The workloads `runtime.entry` runs on every rank (`--workload NAME`)."""

@@ -1,0 +1,98 @@
+"""The `cotrain` workload: the target trains under the plan's TP/CP/PP layout on megatron-core's schedule while
+the EAGLE-3 draft trains online on the draft stage from taps that TapChannel delivers.
+
+The draft runs inside the last stage's loss function when it sits on the last stage (its backward then rides the
+schedule's own backward), else after the schedule. Either way the schedule itself is untouched. Around the steps:
+a resume loads a checkpoint first (checkpoint.py), every training.save_interval steps one is saved, and a stop
+signal is agreed on at each step boundary (preempt.py); every draft.export_interval steps the draft is published
+for rollout engines (export.py).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from functools import partial
+
+import torch
+import torch.distributed as dist
+
+from specdraft.runtime.context import RankContext
+
+PAUSE_ENV = "SPECDRAFT_STEP_PAUSE_S"  # tests: seconds to idle after each step, so a run outlasts a Slurm time limit
+
+
+def run(ctx: RankContext) -> dict:
+    from specdraft.runtime import cpu_compat
+    from specdraft.runtime.train import checkpoint
+    from specdraft.runtime.serve import export
+    from specdraft.runtime.train import preempt
+    from specdraft.runtime.train.metrics import StepMetrics
+    from specdraft.runtime.train.trainer import CoTrainer
+
+    cpu_compat.apply(ctx.device)
+    trainer = CoTrainer(ctx)
+    start, resumed = checkpoint.restore(ctx, trainer)
+    metrics = StepMetrics(ctx, trainer)
+    step = make_step(trainer)
+    vote = preempt.StopVote(trainer.device)
+    interval = ctx.plan.spec.training.save_interval
+    publish_every = ctx.plan.spec.draft.export_interval
+    saved = None
+    with preempt.graceful():
+        for index in range(start, ctx.steps):
+            started = time.perf_counter()
+            step(index)
+            metrics.record(index, time.perf_counter() - started)
+            time.sleep(float(os.environ.get(PAUSE_ENV, "0")))
+            done = index + 1
+            stop = vote.agreed()
+            if stop is not None or (interval and (done % interval == 0 or done == ctx.steps)):
+                saved = checkpoint.save(ctx, trainer, done)
+            if publish_every and trainer.cotraining and (done % publish_every == 0 or done == ctx.steps):
+                export.publish(ctx, trainer, done)
+            if stop is not None:
+                return {"steps": done, "final": metrics.last, **resumed,
+                        **preempt.stopped(ctx.global_rank, ctx.plan, stop, done, saved)}
+    dist.barrier()
+    return {"steps": ctx.steps, "final": metrics.last, **resumed, "checkpoint": str(saved) if saved else None,
+            "memory": trainer.state_bytes()}
+
+
+def make_step(trainer):
+    """One optimizer step of ``trainer``: the schedule (target + draft when it shares the last stage), the draft
+    elsewhere, the taps' completion, both optimizers."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    forward_backward = get_forward_backward_func()
+    chunk_of = {id(c): i for i, c in enumerate(trainer.chunks)}
+    single = len(trainer.chunks) == 1
+
+    def step(index: int) -> None:
+        trainer.begin_step(index)
+        iterators = [iter(trainer.microbatches) for _ in trainer.chunks]
+        forward_backward(
+            forward_step_func=partial(_forward_step, trainer, chunk_of),
+            data_iterator=iterators[0] if single else iterators,
+            model=trainer.chunks[0] if single else trainer.chunks,
+            num_microbatches=trainer.num_microbatches, seq_length=trainer.row_tokens, micro_batch_size=1,
+        )
+        trainer.draft_after_schedule()
+        trainer.channel.end_step()
+        trainer.optimizer_steps()
+        if trainer.device.type == "cuda":
+            torch.cuda.synchronize(trainer.device)  # step_time_s is the device's time, not the time to queue it
+
+    return step
+
+
+def _forward_step(trainer, chunk_of: dict, data_iterator, model):
+    mb = next(data_iterator)
+    chunk = chunk_of[id(model)]
+    trainer.channel.set_microbatch(chunk, mb.index)
+    if model.pre_process:
+        trainer.put_embedding(model, mb)
+    output = model(input_ids=mb.tokens[None], position_ids=mb.positions[None], attention_mask=None,
+                   packed_seq_params=mb.packed_seq_params())
+    trainer.channel.flush(chunk)  # this microbatch's taps leave as one message per draft rank
+    return output, partial(trainer.loss, chunk, mb)
