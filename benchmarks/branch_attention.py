@@ -29,11 +29,10 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.distributed, the house harness
-from tests.distributed import run_distributed  # noqa: E402
-
-from specdraft.runtime.attention import backend as attention_backend  # noqa: E402
-from specdraft.runtime.attention import reference as ref  # noqa: E402
-from specdraft.runtime.attention import branch as ba  # noqa: E402
+from specdraft.runtime.attention import backend as attention_backend
+from specdraft.runtime.attention import branch as ba
+from specdraft.runtime.attention import reference as ref
+from tests.distributed import run_distributed
 
 _GATHER = {"bytes": 0}
 
@@ -71,16 +70,17 @@ def allgather_dense(q, k, v, cu, group, scale):
     outs, lo = [], 0
     for start, end in zip(cu, cu[1:]):
         n, c = end - start, (end - start) // (2 * cp)
-        pos = torch.cat([torch.arange(rank * c, (rank + 1) * c), torch.arange((2 * cp - 1 - rank) * c,
-                                                                             (2 * cp - rank) * c)]).to(q.device)
-        qb = q[:, lo:lo + 2 * c].reshape(S, 2 * c, hkv, g, D) * scale
+        pos = torch.cat(
+            [torch.arange(rank * c, (rank + 1) * c), torch.arange((2 * cp - 1 - rank) * c, (2 * cp - rank) * c)]
+        ).to(q.device)
+        qb = q[:, lo : lo + 2 * c].reshape(S, 2 * c, hkv, g, D) * scale
         s_t = torch.einsum("stngd,knd->stngk", qb, kv[0, start:end])  # (S, 2c, Hkv, G, n)
         s_t = s_t.masked_fill((torch.arange(n, device=q.device) > pos[:, None])[None, :, None, None], -math.inf)
-        s_b = torch.einsum("stngd,itnd->stngi", qb, k[1:, lo:lo + 2 * c])  # (S, 2c, Hkv, G, S-1)
+        s_b = torch.einsum("stngd,itnd->stngi", qb, k[1:, lo : lo + 2 * c])  # (S, 2c, Hkv, G, S-1)
         later = torch.arange(1, S, device=q.device)[None, :] > torch.arange(S, device=q.device)[:, None]
         p = torch.softmax(torch.cat([s_t, s_b.masked_fill(later[:, None, None, None], -math.inf)], -1), -1)
         o = torch.einsum("stngk,knd->stngd", p[..., :n], kv[1, start:end])
-        o = o + torch.einsum("stngi,itnd->stngd", p[..., n:], v[1:, lo:lo + 2 * c])
+        o = o + torch.einsum("stngi,itnd->stngd", p[..., n:], v[1:, lo : lo + 2 * c])
         outs.append(o.reshape(S, 2 * c, H, D))
         lo += 2 * c
     return torch.cat(outs, 1)
@@ -99,11 +99,17 @@ class _PerStepRing(torch.autograd.Function):
         cu_local = [c // ring.size for c in cu]
         outs, lses = [], []
         for j in range(S):
-            qh = ref.heads_first(q[j:j + 1], hkv, cdt, scale)  # (Hkv, T, G, D)
+            qh = ref.heads_first(q[j : j + 1], hkv, cdt, scale)  # (Hkv, T, G, D)
             o, lse = ref.trunk_forward(qh, kv, cu_local, ring, ref.block_rows(H))
             if j:
-                ref.branch_forward(qh.view(hkv, T, 1, g, D), kb[:, :, :j], vb[:, :, :j], o.view(hkv, T, 1, g, D),
-                                  lse.view(hkv, T, 1, g), first_step=j)
+                ref.branch_forward(
+                    qh.view(hkv, T, 1, g, D),
+                    kb[:, :, :j],
+                    vb[:, :, :j],
+                    o.view(hkv, T, 1, g, D),
+                    lse.view(hkv, T, 1, g),
+                    first_step=j,
+                )
             outs.append(ref.heads_last(o, 1, q.dtype))
             lses.append(lse)
         out = torch.cat(outs)
@@ -121,16 +127,23 @@ class _PerStepRing(torch.autograd.Function):
         dq, dkv = torch.empty_like(q), 0
         dkb, dvb = torch.zeros_like(kb, dtype=lses.dtype), torch.zeros_like(vb, dtype=lses.dtype)
         for j in range(S):
-            prod = dout[j:j + 1].to(lses.dtype) * out[j:j + 1].to(lses.dtype)
+            prod = dout[j : j + 1].to(lses.dtype) * out[j : j + 1].to(lses.dtype)
             delta = ref.heads_first(prod.sum(-1, keepdim=True), hkv)[..., 0]
-            qh = ref.heads_first(q[j:j + 1], hkv, lses.dtype, ctx.scale)
-            doh = ref.heads_first(dout[j:j + 1], hkv, lses.dtype)
+            qh = ref.heads_first(q[j : j + 1], hkv, lses.dtype, ctx.scale)
+            doh = ref.heads_first(dout[j : j + 1], hkv, lses.dtype)
             dqh, dkv_j = ref.trunk_backward(qh, kv, doh, lses[j], delta, ctx.cu_local, ctx.ring, ref.block_rows(H))
             dkv = dkv + dkv_j
             if j:
                 five = (hkv, T, 1, g, D)
-                dq5, dk_j, dv_j = ref.branch_backward(qh.view(five), kb[:, :, :j], vb[:, :, :j], doh.view(five),
-                                                     lses[j].view(five[:-1]), delta.view(five[:-1]), first_step=j)
+                dq5, dk_j, dv_j = ref.branch_backward(
+                    qh.view(five),
+                    kb[:, :, :j],
+                    vb[:, :, :j],
+                    doh.view(five),
+                    lses[j].view(five[:-1]),
+                    delta.view(five[:-1]),
+                    first_step=j,
+                )
                 dqh.view(five).add_(dq5)
                 dkb[:, :, :j] += dk_j
                 dvb[:, :, :j] += dv_j
@@ -141,8 +154,9 @@ class _PerStepRing(torch.autograd.Function):
 
 
 METHODS = {
-    "ring": lambda q, k, v, cu, group, scale: ba.branch_attention(q, k, v, torch.tensor(cu), group, scale,
-                                                                  backend="reference"),
+    "ring": lambda q, k, v, cu, group, scale: ba.branch_attention(
+        q, k, v, torch.tensor(cu), group, scale, backend="reference"
+    ),
     "fused": lambda q, k, v, cu, group, scale: ba.branch_attention(q, k, v, torch.tensor(cu), group, scale),
     "a_allgather": allgather_dense,
     "b_per_step": lambda q, k, v, cu, group, scale: _PerStepRing.apply(q, k, v, cu, ba._Ring(group), scale),
@@ -236,12 +250,33 @@ def main(argv=None):
     p.add_argument("--repeat", type=int, default=2, help="timed runs per configuration; the fastest is reported")
     p.add_argument("--timeout", type=float, default=600)
     args = p.parse_args(argv)
-    print(f"S={args.steps} H={args.heads} Hkv={args.kv_heads} D={args.head_dim} {args.dtype} seq_len={args.seq_len} "
-          f"device={args.device} backend={args.backend} repeat={args.repeat}; per rank (max over ranks); "
-          f"x/a, x/b, x/ring = this row / baseline a, b, the reference ring; same proc = fused/ring wall time, "
-          f"timed alternately in the same processes")
-    cols = ["cp", "tokens", "method", "peak MiB", "sent MiB", "wall s", "cpu s", "mem/a", "mem/b", "sent/a",
-            "sent/b", "wall/a", "wall/b", "cpu/a", "cpu/b", "mem/ring", "wall/ring", "cpu/ring", "same proc"]
+    print(
+        f"S={args.steps} H={args.heads} Hkv={args.kv_heads} D={args.head_dim} {args.dtype} seq_len={args.seq_len} "
+        f"device={args.device} backend={args.backend} repeat={args.repeat}; per rank (max over ranks); "
+        f"x/a, x/b, x/ring = this row / baseline a, b, the reference ring; same proc = fused/ring wall time, "
+        f"timed alternately in the same processes"
+    )
+    cols = [
+        "cp",
+        "tokens",
+        "method",
+        "peak MiB",
+        "sent MiB",
+        "wall s",
+        "cpu s",
+        "mem/a",
+        "mem/b",
+        "sent/a",
+        "sent/b",
+        "wall/a",
+        "wall/b",
+        "cpu/a",
+        "cpu/b",
+        "mem/ring",
+        "wall/ring",
+        "cpu/ring",
+        "same proc",
+    ]
     print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     fused_backend = None
     for cp in args.cp:
@@ -250,10 +285,17 @@ def main(argv=None):
             r = {m: _measure(dict(base, method=m), args.timeout) for m in METHODS}
             fused_backend = r["fused"]["backend"]
             for m in ("a_allgather", "b_per_step", "ring", "fused"):
-                fig = [f"{r[m]['peak'] / 2**20:.1f}", f"{r[m]['sent'] / 2**20:.1f}", f"{r[m]['time']:.2f}",
-                       f"{r[m]['cpu']:.2f}"]
-                ratios = [f"{r[m][key] / r[b][key]:.2f}" if r[b][key] else "-"
-                          for key in ("peak", "sent", "time", "cpu") for b in ("a_allgather", "b_per_step")]
+                fig = [
+                    f"{r[m]['peak'] / 2**20:.1f}",
+                    f"{r[m]['sent'] / 2**20:.1f}",
+                    f"{r[m]['time']:.2f}",
+                    f"{r[m]['cpu']:.2f}",
+                ]
+                ratios = [
+                    f"{r[m][key] / r[b][key]:.2f}" if r[b][key] else "-"
+                    for key in ("peak", "sent", "time", "cpu")
+                    for b in ("a_allgather", "b_per_step")
+                ]
                 ratios += [f"{r[m][key] / r['ring'][key]:.2f}" for key in ("peak", "time", "cpu")]
                 ratios.append(f"{r[m]['same']:.2f}" if "same" in r[m] else "-")
                 print(f"| {cp} | {tokens} | {m} | " + " | ".join(fig + ratios) + " |", flush=True)

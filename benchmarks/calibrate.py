@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdraft.perf.estimate import CALIBRATED, Estimator  # noqa: E402
-from specdraft.search.calibration import load_points, point_spec, published_rank, published_variants  # noqa: E402
+from specdraft.perf.estimate import CALIBRATED, Estimator
+from specdraft.search.calibration import load_points, point_spec, published_rank, published_variants
 
 POINTS = Path(__file__).with_name("calibration_h100.yaml")
 # Only the two kernel efficiencies are fitted. Which TP and pipeline sends stay exposed follows megatron-core's
@@ -36,7 +36,7 @@ def _variants(points):
 def _estimates(variants, eff) -> list[float]:
     """Per point: the best estimate (tokens/s/GPU) among its published-field variants."""
     out = []
-    for point, spec, layouts in variants:
+    for _point, spec, layouts in variants:
         est = Estimator(spec, eff)
         out.append(max((est.estimate(lay).tokens_per_s_per_gpu for lay in layouts), default=float("nan")))
     return out
@@ -44,8 +44,9 @@ def _estimates(variants, eff) -> list[float]:
 
 def _loss(variants, eff) -> float:
     """Mean squared log error against the published tokens/s/GPU."""
-    errs = [math.log(e / p.tokens_per_s_per_gpu) ** 2 for (p, _, _), e in zip(variants, _estimates(variants, eff))
-            if e == e]
+    errs = [
+        math.log(e / p.tokens_per_s_per_gpu) ** 2 for (p, _, _), e in zip(variants, _estimates(variants, eff)) if e == e
+    ]
     return sum(errs) / len(errs)
 
 
@@ -54,7 +55,7 @@ def fit(variants, eff, rounds: int = 6):
     best = _loss(variants, eff)
     for r in range(rounds):
         for name, (low, high) in FITTED.items():
-            span = (high - low) / (3 ** r)
+            span = (high - low) / (3**r)
             centre = getattr(eff, name)
             for step in range(-6, 7):
                 value = min(high, max(low, centre + span * step / 6))
@@ -78,11 +79,13 @@ def main() -> None:
     if args.fit:
         eff = fit(variants, eff)
         print("fitted:", {name: round(getattr(eff, name), 4) for name in FITTED})
-    print("| point | GPUs | layout (tp pp cp vp ep mbs) | published tokens/s/GPU | estimate | error | search rank "
-          "| search's best (its estimate) |")
+    print(
+        "| point | GPUs | layout (tp pp cp vp ep mbs) | published tokens/s/GPU | estimate | error | search rank "
+        "| search's best (its estimate) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     errors = []
-    for (point, spec, layouts), estimate in zip(variants, _estimates(variants, eff)):
+    for (point, _spec, _layouts), estimate in zip(variants, _estimates(variants, eff)):
         error = estimate / point.tokens_per_s_per_gpu - 1
         errors.append(abs(error))
         tp, pp, cp, vpp, ep, mbs = point.key
@@ -91,10 +94,13 @@ def main() -> None:
             found, keys, top = published_rank(point, eff)
             rank = found or ">5"
             best = f"{' '.join(str(v or '-') for v in keys[0])} ({top:,.0f})"
-        print(f"| {point.id} | {point.gpus} | {tp} {pp} {cp} {vpp or '-'} {ep} {mbs} | "
-              f"{point.tokens_per_s_per_gpu:,.0f} | {estimate:,.0f} | {error:+.1%} | {rank} | {best} |")
-    print(f"\nmean |error| {sum(errors) / len(errors):.1%}, max {max(errors):.1%}; "
-          f"{time.perf_counter() - started:.1f} s")
+        print(
+            f"| {point.id} | {point.gpus} | {tp} {pp} {cp} {vpp or '-'} {ep} {mbs} | "
+            f"{point.tokens_per_s_per_gpu:,.0f} | {estimate:,.0f} | {error:+.1%} | {rank} | {best} |"
+        )
+    print(
+        f"\nmean |error| {sum(errors) / len(errors):.1%}, max {max(errors):.1%}; {time.perf_counter() - started:.1f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -30,18 +30,41 @@ sys.path.insert(0, str(ROOT))
 STEPS, WARMUP, SHIFT_EVERY, INTERVAL = 150, 20, 50, 10
 # Seed 2024's chain (128 tokens) sends greedy paths into a few cycles of 5-10 tokens rather than one fixed point,
 # so greedy decoding visits many tokens; the shifts then move half of every cycle's successors.
-LAYOUT = ["cluster.gpus_per_node=1", "parallel.cp=1", "parallel.pp=1", "training.seed=2024",
-          f"training.train_iters={STEPS}", f"training.warmup_steps={WARMUP}",
-          f"training.data_drift_interval={SHIFT_EVERY}", "training.data_drift_fraction=0.5",
-          f"training.save_interval={INTERVAL}", "training.keep_checkpoints=100"]
+LAYOUT = [
+    "cluster.gpus_per_node=1",
+    "parallel.cp=1",
+    "parallel.pp=1",
+    "training.seed=2024",
+    f"training.train_iters={STEPS}",
+    f"training.warmup_steps={WARMUP}",
+    f"training.data_drift_interval={SHIFT_EVERY}",
+    "training.data_drift_fraction=0.5",
+    f"training.save_interval={INTERVAL}",
+    "training.keep_checkpoints=100",
+]
 K, PROMPT_LENGTH, MAX_NEW = 3, 8, 16
 
 
 def train(run_dir: Path, overrides: list[str]) -> float:
     started = time.perf_counter()
     cli = Path(sys.executable).with_name("specdraft")
-    proc = subprocess.run([str(cli), "launch", *LAYOUT, *overrides, "--workload", "cotrain", "--executor", "local",
-                           "--run-dir", str(run_dir), "--force"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            str(cli),
+            "launch",
+            *LAYOUT,
+            *overrides,
+            "--workload",
+            "cotrain",
+            "--executor",
+            "local",
+            "--run-dir",
+            str(run_dir),
+            "--force",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"training failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return time.perf_counter() - started
@@ -50,10 +73,9 @@ def train(run_dir: Path, overrides: list[str]) -> float:
 def measure(run_dir: Path, prompts: int) -> list[dict]:
     import torch
 
-    from specdraft.runtime.serve import offline
-    from specdraft.runtime.serve import speculative
-    from specdraft.runtime.train.data import MarkovData
+    from specdraft.runtime.serve import offline, speculative
     from specdraft.runtime.serve.measure import decode
+    from specdraft.runtime.train.data import MarkovData
 
     plan = offline.read_run_plan(run_dir)
     t = plan.spec.training
@@ -69,16 +91,31 @@ def measure(run_dir: Path, prompts: int) -> list[dict]:
             target, online = offline.load(plan, folder, device=device, dtype=dtype)
             drafts = {"online": online, "frozen": frozen if step > frozen_step else online}
             data_step = step - 1
-            plain, spec = decode(plan, target, drafts, data_step=data_step, k=K, prompts=prompts,
-                                 prompt_length=PROMPT_LENGTH, max_new=MAX_NEW, device=device)
-            row = {"step": step, "epoch": data.epoch(data_step), "none": {"accept_len": 1.0,
-                                                                          "plain_s": sum(d.seconds for d in plain)}}
+            plain, spec = decode(
+                plan,
+                target,
+                drafts,
+                data_step=data_step,
+                k=K,
+                prompts=prompts,
+                prompt_length=PROMPT_LENGTH,
+                max_new=MAX_NEW,
+                device=device,
+            )
+            row = {
+                "step": step,
+                "epoch": data.epoch(data_step),
+                "none": {"accept_len": 1.0, "plain_s": sum(d.seconds for d in plain)},
+            }
             for arm in drafts:
                 row[arm] = speculative.summarize(plain, spec[arm], K)
             rows.append(row)
-            print(f"step {step:4d} (data epoch {row['epoch']}): accept_len online {row['online']['accept_len']:.3f} "
-                  f"frozen {row['frozen']['accept_len']:.3f} none 1.000; lossless "
-                  f"{row['online']['lossless'] and row['frozen']['lossless']}", flush=True)
+            print(
+                f"step {step:4d} (data epoch {row['epoch']}): accept_len online {row['online']['accept_len']:.3f} "
+                f"frozen {row['frozen']['accept_len']:.3f} none 1.000; lossless "
+                f"{row['online']['lossless'] and row['frozen']['lossless']}",
+                flush=True,
+            )
             del target, online
             torch.manual_seed(0)
     return rows
@@ -93,9 +130,16 @@ def plot(rows: list[dict], path: Path, shift_every: int) -> None:
     steps = [r["step"] for r in rows]
     fig, ax = plt.subplots(figsize=(8, 4.2), dpi=120)
     for arm, style in (("online", "o-"), ("frozen", "s--"), ("none", ":")):
-        ax.plot(steps, [r[arm]["accept_len"] for r in rows], style, label={
-            "online": "draft co-trained online", "frozen": f"draft frozen at the first shift (step {shift_every})",
-            "none": "no draft"}[arm])
+        ax.plot(
+            steps,
+            [r[arm]["accept_len"] for r in rows],
+            style,
+            label={
+                "online": "draft co-trained online",
+                "frozen": f"draft frozen at the first shift (step {shift_every})",
+                "none": "no draft",
+            }[arm],
+        )
     for shift in range(shift_every, steps[-1], shift_every):
         ax.axvline(shift, color="grey", lw=0.8, alpha=0.6)
     ax.axvspan(0, WARMUP, color="grey", alpha=0.12, label="policy warm-up (no draft training)")
@@ -127,16 +171,29 @@ def main() -> None:
     measure_s = time.perf_counter() - started
     from specdraft.fsutil import atomic_write_text
 
-    atomic_write_text(args.out / "drift.json", json.dumps({
-        "layout": LAYOUT + args.overrides, "k": K, "prompt_length": PROMPT_LENGTH, "max_new_tokens": MAX_NEW,
-        "prompts": args.prompts, "rows": rows}, indent=1))
+    atomic_write_text(
+        args.out / "drift.json",
+        json.dumps(
+            {
+                "layout": LAYOUT + args.overrides,
+                "k": K,
+                "prompt_length": PROMPT_LENGTH,
+                "max_new_tokens": MAX_NEW,
+                "prompts": args.prompts,
+                "rows": rows,
+            },
+            indent=1,
+        ),
+    )
     plot(rows, args.png, SHIFT_EVERY)
     print(f"\ntraining {train_s:.0f} s, measuring {measure_s:.0f} s; wrote {args.out / 'drift.json'} and {args.png}")
-    print(f"\n| step | data epoch | online accept_len | frozen accept_len | no draft | online wall x | frozen wall x |")
+    print("\n| step | data epoch | online accept_len | frozen accept_len | no draft | online wall x | frozen wall x |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['step']} | {r['epoch']} | {r['online']['accept_len']:.3f} | {r['frozen']['accept_len']:.3f} | "
-              f"1.000 | {r['online']['speedup_wall']:.2f} | {r['frozen']['speedup_wall']:.2f} |")
+        print(
+            f"| {r['step']} | {r['epoch']} | {r['online']['accept_len']:.3f} | {r['frozen']['accept_len']:.3f} | "
+            f"1.000 | {r['online']['speedup_wall']:.2f} | {r['frozen']['speedup_wall']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

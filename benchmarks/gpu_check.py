@@ -1,16 +1,16 @@
 """The project's GPU check (issue 13), one command on a CUDA machine (scripts/gpu-check.sh installs what it needs):
 
-  (a) branch attention against a dense float64 reference on the device: out, dq, dk, dv errors per dtype and
-      backend, beside the same math in plain torch at that dtype;
-  (b) branch attention forward+backward at the issue's shape (S=3, 8 x 4096 packed tokens, H=32, Hkv=8, D=128,
-      bf16): ms and peak GiB beside the SDPA floor (S causal calls, default backend) and FlexAttention over the
-      whole TTT mask, all timed in this process;
-  (c) short co-training runs of layouts/one-gpu.yaml with and without the draft (`specdraft launch --executor
-      local`): step time, tokens/s, MFU, draft overhead, beside a plain PyTorch Llama step of the same shape
-      (benchmarks/plain_llama.py) timed in this run.
+(a) branch attention against a dense float64 reference on the device: out, dq, dk, dv errors per dtype and
+    backend, beside the same math in plain torch at that dtype;
+(b) branch attention forward+backward at the issue's shape (S=3, 8 x 4096 packed tokens, H=32, Hkv=8, D=128,
+    bf16): ms and peak GiB beside the SDPA floor (S causal calls, default backend) and FlexAttention over the
+    whole TTT mask, all timed in this process;
+(c) short co-training runs of layouts/one-gpu.yaml with and without the draft (`specdraft launch --executor
+    local`): step time, tokens/s, MFU, draft overhead, beside a plain PyTorch Llama step of the same shape
+    (benchmarks/plain_llama.py) timed in this run.
 
-    python benchmarks/gpu_check.py [--parts a b c]      # CUDA
-    python benchmarks/gpu_check.py --smoke              # every part on CPU at a tiny shape (tests/test_gpu_check.py)
+  python benchmarks/gpu_check.py [--parts a b c]      # CUDA
+  python benchmarks/gpu_check.py --smoke              # every part on CPU at a tiny shape (tests/test_gpu_check.py)
 """
 
 from __future__ import annotations
@@ -26,16 +26,25 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
 from plain_llama import Shape, plain_step_seconds  # this script's folder is on sys.path
+
 from specdraft.runtime.attention import backend as attention_backend
 from specdraft.runtime.attention.branch import branch_attention
 
 LAYOUT = Path(__file__).resolve().parents[1] / "specdraft" / "layouts" / "one-gpu.yaml"
 # (c) on CPU: the one-GPU layout shrunk to seconds per step (8 layers: the draft's default taps must be distinct).
-SMOKE_OVERRIDES = ["cluster.gpu=cpu", "training.dtype=fp32", "model.num_layers=8", "model.hidden_size=64",
-                   "model.ffn_hidden_size=128", "model.num_attention_heads=4", "model.num_query_groups=2",
-                   "model.vocab_size=128", "model.seq_length=128", "training.global_batch_size=2"]
+SMOKE_OVERRIDES = [
+    "cluster.gpu=cpu",
+    "training.dtype=fp32",
+    "model.num_layers=8",
+    "model.hidden_size=64",
+    "model.ffn_hidden_size=128",
+    "model.num_attention_heads=4",
+    "model.num_query_groups=2",
+    "model.vocab_size=128",
+    "model.seq_length=128",
+    "training.global_batch_size=2",
+]
 FULL = dict(steps=3, seqs=[4096] * 8, heads=32, kv_heads=8, head_dim=128, dtype=torch.bfloat16)
 SMOKE = dict(steps=3, seqs=[64] * 2, heads=4, kv_heads=2, head_dim=16, dtype=torch.float32)
 
@@ -67,8 +76,9 @@ def _grads(fn, q, k, v, dout):
 def _inputs(cfg, device, dtype, seed=0):
     g = torch.Generator(device="cpu").manual_seed(seed)
     n = sum(cfg["seqs"])
-    shapes = [(cfg["steps"], n, h, cfg["head_dim"]) for h in (cfg["heads"], cfg["kv_heads"], cfg["kv_heads"],
-                                                              cfg["heads"])]
+    shapes = [
+        (cfg["steps"], n, h, cfg["head_dim"]) for h in (cfg["heads"], cfg["kv_heads"], cfg["kv_heads"], cfg["heads"])
+    ]
     return [torch.randn(s, generator=g).to(device=device, dtype=dtype) for s in shapes]
 
 
@@ -86,8 +96,10 @@ def part_a(device, smoke: bool) -> None:
     cu_t, scale = torch.tensor(cu, device=device), cfg["head_dim"] ** -0.5
     q, k, v, dout = _inputs(cfg, device, torch.float64)
     want = _grads(lambda *x: dense_reference(*x, cu, scale), q, k, v, dout)
-    print(f"(a) branch attention vs dense float64 on {device}: S={cfg['steps']}, sequences {cfg['seqs']}, "
-          f"H={cfg['heads']}, Hkv={cfg['kv_heads']}, D={cfg['head_dim']}; relative errors (norm) out/dq/dk/dv")
+    print(
+        f"(a) branch attention vs dense float64 on {device}: S={cfg['steps']}, sequences {cfg['seqs']}, "
+        f"H={cfg['heads']}, Hkv={cfg['kv_heads']}, D={cfg['head_dim']}; relative errors (norm) out/dq/dk/dv"
+    )
     print("| dtype | backend | out | dq | dk | dv | plain torch at this dtype (out/dq/dk/dv) |")
     print("|---|---|---|---|---|---|---|")
     for dtype in (torch.float64, torch.float32, torch.bfloat16):
@@ -100,11 +112,20 @@ def part_a(device, smoke: bool) -> None:
                 if name in attention_backend._ORDER.get(device.type, ()):
                     print(f"| {_short(dtype)} | {name} | n/a: {why} | | | | |")
                 continue
-            got = _grads(lambda *x: branch_attention(*x, cu_t, softmax_scale=scale, backend=name), *low)
-            print(f"| {_short(dtype)} | {name} | " + " | ".join(f"{_rel(a, b):.2g}" for a, b in zip(got, want))
-                  + f" | {yard} |", flush=True)
-    print("auto picks: " + ", ".join(f"{_short(d)} {attention_backend.describe(device, d, cfg['head_dim'])}"
-                                      for d in (torch.float64, torch.float32, torch.bfloat16)))
+            got = _grads(lambda *x: branch_attention(*x, cu_t, softmax_scale=scale, backend=name), *low)  # noqa: B023
+            print(
+                f"| {_short(dtype)} | {name} | "
+                + " | ".join(f"{_rel(a, b):.2g}" for a, b in zip(got, want))
+                + f" | {yard} |",
+                flush=True,
+            )
+    print(
+        "auto picks: "
+        + ", ".join(
+            f"{_short(d)} {attention_backend.describe(device, d, cfg['head_dim'])}"
+            for d in (torch.float64, torch.float32, torch.bfloat16)
+        )
+    )
 
 
 def _rel(a, b) -> float:
@@ -140,12 +161,13 @@ def part_b(device, smoke: bool, reps: int) -> None:
     cfg = SMOKE if smoke else FULL
     S, L, B = cfg["steps"], cfg["seqs"][0], len(cfg["seqs"])
     H, hkv, D, dtype = cfg["heads"], cfg["kv_heads"], cfg["head_dim"], cfg["dtype"]
-    N = B * L
     q, k, v, dout = _inputs(cfg, device, dtype)
     cu = torch.tensor(_cu(cfg["seqs"]), device=device)
     leaves = [x.requires_grad_() for x in (q, k, v)]
-    print(f"\n(b) forward+backward on {device}: S={S}, {B} x {L} packed tokens, H={H}, Hkv={hkv}, D={D}, "
-          f"{_short(dtype)}; fastest of {reps}; peak = allocated above the inputs")
+    print(
+        f"\n(b) forward+backward on {device}: S={S}, {B} x {L} packed tokens, H={H}, Hkv={hkv}, D={D}, "
+        f"{_short(dtype)}; fastest of {reps}; peak = allocated above the inputs"
+    )
     rows = []
 
     def ours(backend):
@@ -153,6 +175,7 @@ def part_b(device, smoke: bool, reps: int) -> None:
             for x in leaves:
                 x.grad = None
             branch_attention(*leaves, cu, backend=backend).backward(dout)
+
         return run
 
     default = attention_backend.describe(device, dtype, D)
@@ -163,8 +186,10 @@ def part_b(device, smoke: bool, reps: int) -> None:
 
     # (S, B, heads, L, D) for q and dout, (B, Hkv, L, D) for the trunk K/V
     qs, dos = (x.detach().view(S, B, L, H, D).transpose(2, 3) for x in (q, dout))
-    floor_leaves = [qs.clone().requires_grad_(),
-                    *(x.detach()[0].view(B, L, hkv, D).transpose(1, 2).clone().requires_grad_() for x in (k, v))]
+    floor_leaves = [
+        qs.clone().requires_grad_(),
+        *(x.detach()[0].view(B, L, hkv, D).transpose(1, 2).clone().requires_grad_() for x in (k, v)),
+    ]
 
     def floor():  # the trunk work alone: S causal calls, default SDPA backend (cuDNN attention on Hopper)
         for x in floor_leaves:
@@ -206,8 +231,9 @@ def _flex(q, k, v, dout, cfg, device):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     S, N = q.shape[0], q.shape[1]
-    seq = torch.repeat_interleave(torch.arange(len(cfg["seqs"]), device=device),
-                                  torch.tensor(cfg["seqs"], device=device))
+    seq = torch.repeat_interleave(
+        torch.arange(len(cfg["seqs"]), device=device), torch.tensor(cfg["seqs"], device=device)
+    )
 
     def mask_mod(b, h, qi, ki):  # flattened index = step * N + row
         qj, qr, kj, kr = qi // N, qi % N, ki // N, ki % N
@@ -222,6 +248,7 @@ def _flex(q, k, v, dout, cfg, device):
         for x in leaves:
             x.grad = None
         compiled(*leaves, block_mask=mask, enable_gqa=True).backward(flat[3])
+
     return run
 
 
@@ -233,15 +260,23 @@ def part_c(device, smoke: bool, steps: int, skip: int) -> None:
     overrides = SMOKE_OVERRIDES if smoke else []
     spec = load_layout(LAYOUT, overrides)
     m = spec.model
-    shape = Shape(layers=m.num_layers, hidden=m.hidden_size, heads=m.num_attention_heads,
-                  kv_heads=m.num_query_groups or m.num_attention_heads, ffn=m.ffn_hidden_size, vocab=m.vocab_size)
+    shape = Shape(
+        layers=m.num_layers,
+        hidden=m.hidden_size,
+        heads=m.num_attention_heads,
+        kv_heads=m.num_query_groups or m.num_attention_heads,
+        ffn=m.ffn_hidden_size,
+        vocab=m.vocab_size,
+    )
     rows, seq = spec.training.global_batch_size, m.seq_length
     tokens, peak = rows * seq, CATALOGUE[spec.cluster.gpu].peak_flops
     flops = shape.step_flops(tokens, seq)
-    print(f"\n(c) one-GPU step: {LAYOUT.name} {' '.join(overrides)}; {rows} x {seq} tokens per step, "
-          f"{shape.matmul_params() / 1e6:.3g}M matmul params; MFU = {flops / 1e12:.3g} TFLOP per step (target "
-          f"only, nominal causal attention) / step time / {peak / 1e12:.3g} TFLOP/s ({spec.cluster.gpu}); median "
-          f"of steps {skip + 1}..{steps}")
+    print(
+        f"\n(c) one-GPU step: {LAYOUT.name} {' '.join(overrides)}; {rows} x {seq} tokens per step, "
+        f"{shape.matmul_params() / 1e6:.3g}M matmul params; MFU = {flops / 1e12:.3g} TFLOP per step (target "
+        f"only, nominal causal attention) / step time / {peak / 1e12:.3g} TFLOP/s ({spec.cluster.gpu}); median "
+        f"of steps {skip + 1}..{steps}"
+    )
     plain = "plain PyTorch (SDPA, " + ("fused AdamW, bf16 autocast)" if device.type == "cuda" else "AdamW, fp32)")
     results = {plain: plain_step_seconds(shape, seq, rows, device, steps=max(1, steps - skip), warmup=skip)}
     for label, extra in (("specdraft, no draft", ["draft.enabled=false"]), ("specdraft, with draft", [])):
@@ -263,8 +298,20 @@ def _cotrain_step(overrides, steps: int, skip: int):
     """(median step seconds, attention backends) of `specdraft launch` of the layout, or why it failed."""
     with tempfile.TemporaryDirectory(prefix="specdraft-gpu-check-") as tmp:
         run_dir = Path(tmp) / "run"
-        argv = [sys.executable, "-m", "specdraft.cli", "launch", str(LAYOUT), *overrides, "--executor", "local",
-                "--steps", str(steps), "--run-dir", str(run_dir)]
+        argv = [
+            sys.executable,
+            "-m",
+            "specdraft.cli",
+            "launch",
+            str(LAYOUT),
+            *overrides,
+            "--executor",
+            "local",
+            "--steps",
+            str(steps),
+            "--run-dir",
+            str(run_dir),
+        ]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
         metrics = run_dir / "metrics.jsonl"
         if done.returncode != 0 or not metrics.exists():

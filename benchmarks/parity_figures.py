@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.memory_accuracy import memory_errors  # noqa: E402 - after the repo root is importable
+from tests.memory_accuracy import memory_errors
 
 KEYS = ("target_loss", "draft_loss", "moe_aux_loss")
 
@@ -29,8 +29,11 @@ def main(base: Path) -> None:
     # pytest also links `<name>current` to the newest `<name>N`: resolve to count each launch once
     [reference] = {p.parent.resolve() for p in base.glob("single*/run/metrics.jsonl")}
     want = rows(reference)
-    print(f"{'launch':18s} {'ranks':>5s} " + " ".join(f"{k:>13s}" for k in KEYS)
-          + f" {'mem weights':>12s} {'mem grads':>10s} {'mem optim':>10s}")
+    print(
+        f"{'launch':18s} {'ranks':>5s} "
+        + " ".join(f"{k:>13s}" for k in KEYS)
+        + f" {'mem weights':>12s} {'mem grads':>10s} {'mem optim':>10s}"
+    )
     for folder in sorted({p.parent.resolve() for p in base.glob("test_*/*/metrics.jsonl")}):
         got = rows(folder)
         deviation = []
@@ -39,9 +42,11 @@ def main(base: Path) -> None:
             deviation.append(max(abs(g - w) / abs(w) for g, w in pairs) if pairs else None)
         errors = memory_errors(folder)
         worst = [max(abs(per_rank[k]) for per_rank in errors.values()) for k in ("weights", "grads", "optimizer")]
-        print(f"{folder.name:18s} {len(errors):5d} "
-              + " ".join(f"{d:13.1e}" if d is not None else f"{'-':>13s}" for d in deviation)
-              + f" {worst[0]:12.1e} {worst[1]:10.1e} {worst[2]:10.1e}")
+        print(
+            f"{folder.name:18s} {len(errors):5d} "
+            + " ".join(f"{d:13.1e}" if d is not None else f"{'-':>13s}" for d in deviation)
+            + f" {worst[0]:12.1e} {worst[1]:10.1e} {worst[2]:10.1e}"
+        )
 
 
 if __name__ == "__main__":

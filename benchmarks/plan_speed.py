@@ -17,12 +17,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BIG = ["layouts/llama3-70b.yaml", "cluster.num_nodes=2048", "parallel.tp=8", "parallel.cp=8", "parallel.pp=16"]
 SPECDRAFT = [sys.executable, "-m", "specdraft.cli"]
-BASELINE = [sys.executable, "-c", (
-    "from megatron.core.parallel_state import RankGenerator\n"
-    "g = RankGenerator(tp=8, ep=1, dp=16, pp=16, cp=8, order='tp-cp-ep-dp-pp')\n"
-    "for t in ('tp', 'cp', 'dp', 'pp', 'tp-cp', 'dp-cp', 'tp-pp'):\n"
-    "    g.get_ranks(t)\n"
-)]
+BASELINE = [
+    sys.executable,
+    "-c",
+    (
+        "from megatron.core.parallel_state import RankGenerator\n"
+        "g = RankGenerator(tp=8, ep=1, dp=16, pp=16, cp=8, order='tp-cp-ep-dp-pp')\n"
+        "for t in ('tp', 'cp', 'dp', 'pp', 'tp-cp', 'dp-cp', 'tp-pp'):\n"
+        "    g.get_ranks(t)\n"
+    ),
+]
 
 CASES = [
     ("specdraft --help", SPECDRAFT + ["--help"]),

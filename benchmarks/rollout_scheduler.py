@@ -15,12 +15,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdraft.rollout.model import costmodel
-from specdraft.rollout.schedule import dispatch
-from specdraft.rollout.schedule import scheduler
-from specdraft.rollout.model import trainer
-from specdraft.rollout.model.workload import LengthModel, synthetic  # noqa: E402
-from specdraft.spec.load import builtin_layout_text, load_layout_text  # noqa: E402
+from specdraft.rollout.model import costmodel, trainer
+from specdraft.rollout.model.workload import LengthModel, synthetic
+from specdraft.rollout.schedule import dispatch, scheduler
+from specdraft.spec.load import builtin_layout_text, load_layout_text
 
 
 def timed(fn, repeats: int) -> float:
@@ -44,15 +42,17 @@ def main() -> None:
     steps = -(-args.prompts // args.per_step)
     start = time.perf_counter()
     work = synthetic(LengthModel(cap=spec.rollout.max_response_length), steps, args.per_step, 8, 1024, seed=0)
-    work[-1] = work[-1][:args.prompts - args.per_step * (steps - 1)]
+    work[-1] = work[-1][: args.prompts - args.per_step * (steps - 1)]
     build_s = time.perf_counter() - start
     hint = dispatch.hint_from_cost(cost, 1, 64)
     mb = dispatch.minibatch_prompts(spec.training.global_batch_size, 8)
     total = sum(len(s) for s in work)
     base = timed(lambda: scheduler.build("fifo", work, args.instances, mb), args.repeats)
     asp = timed(lambda: scheduler.build("asp", work, args.instances, mb, hint=hint, trainer=train), args.repeats)
-    print(f"{total:,} prompts x 8 samples over {args.instances} instances ({steps} steps; workload built in "
-          f"{build_s:.2f} s)")
+    print(
+        f"{total:,} prompts x 8 samples over {args.instances} instances ({steps} steps; workload built in "
+        f"{build_s:.2f} s)"
+    )
     print(f"{'policy':<28} {'median s':>9} {'vs fifo':>9}")
     print(f"{'fifo (naive baseline)':<28} {base:>9.3f} {'1.00x':>9}")
     print(f"{'asp':<28} {asp:>9.3f} {asp / base:>8.2f}x")

@@ -19,11 +19,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdraft.rollout.model import costmodel
+from specdraft.rollout.model.workload import LengthModel, synthetic
 from specdraft.rollout.schedule import verl
-from specdraft.rollout.schedule.adaptive_tp import PlannerConfig, RemainingPredictor  # noqa: E402
-from specdraft.rollout.sim.generation import GenConfig, choose_start, simulate_generation  # noqa: E402
-from specdraft.rollout.model.workload import LengthModel, synthetic  # noqa: E402
-from specdraft.spec.load import builtin_layout_text, load_layout_text  # noqa: E402
+from specdraft.rollout.schedule.adaptive_tp import PlannerConfig, RemainingPredictor
+from specdraft.rollout.sim.generation import GenConfig, choose_start, simulate_generation
+from specdraft.spec.load import builtin_layout_text, load_layout_text
 
 TPS = [1, 2, 4, 8]
 REGIMES = ((300, 4096), (500, 4096), (1000, 8192), (1000, 16384), (3000, 16384))
@@ -47,23 +47,27 @@ def regimes(cost, verl_cost, seeds: int) -> None:
         best, base, ours, x_best, x_verl = [], [], [], [], []
         for seed in range(seeds):
             prompts = step(median, cap, seed)
-            static = min(simulate_generation(GenConfig(cost=cost, gpus_per_node=8), prompts, tp).makespan_s
-                         for tp in TPS)
+            static = min(
+                simulate_generation(GenConfig(cost=cost, gpus_per_node=8), prompts, tp).makespan_s for tp in TPS
+            )
             even = GenConfig(cost=verl_cost, gpus_per_node=8, dispatch="even")
             baseline = simulate_generation(even, prompts, verl.VERL_TP).makespan_s
             cfg = GenConfig(cost=cost, gpus_per_node=8, planner=planner(median, cap))
             start, merges = choose_start(cfg, prompts, TPS)
-            adaptive = simulate_generation(cfg if merges else GenConfig(cost=cost, gpus_per_node=8), prompts,
-                                           start).makespan_s
+            adaptive = simulate_generation(
+                cfg if merges else GenConfig(cost=cost, gpus_per_node=8), prompts, start
+            ).makespan_s
             best.append(static)
             base.append(baseline)
             ours.append(adaptive)
             x_best.append(adaptive / static)
             x_verl.append(adaptive / baseline)
         mean = statistics.fmean
-        print(f"| {median}, {cap} | {mean(best):.1f} s | {mean(base):.1f} s | {mean(ours):.1f} s | "
-              f"{mean(ours) / mean(best):.3f}x | {min(x_best):.3f}x .. {max(x_best):.3f}x | "
-              f"{mean(ours) / mean(base):.3f}x | {min(x_verl):.3f}x .. {max(x_verl):.3f}x |")
+        print(
+            f"| {median}, {cap} | {mean(best):.1f} s | {mean(base):.1f} s | {mean(ours):.1f} s | "
+            f"{mean(ours) / mean(best):.3f}x | {min(x_best):.3f}x .. {max(x_best):.3f}x | "
+            f"{mean(ours) / mean(base):.3f}x | {min(x_verl):.3f}x .. {max(x_verl):.3f}x |"
+        )
 
 
 def heterogeneous(cost, seeds: int) -> None:
@@ -72,14 +76,16 @@ def heterogeneous(cost, seeds: int) -> None:
     rows: dict = {}
     for seed in range(seeds):
         prompts = step(median, cap, seed)
-        static_best.append(min(simulate_generation(GenConfig(cost=cost, gpus_per_node=8), prompts, tp).makespan_s
-                               for tp in TPS))
+        static_best.append(
+            min(simulate_generation(GenConfig(cost=cost, gpus_per_node=8), prompts, tp).makespan_s for tp in TPS)
+        )
         for groups in STARTS:
             for k in WIDE_FIRST:
                 for plan in (None, planner(median, cap)):
                     cfg = GenConfig(cost=cost, gpus_per_node=8, planner=plan, start_groups=groups, wide_first=k)
                     rows.setdefault((groups, k, plan is not None), []).append(
-                        simulate_generation(cfg, prompts, groups[0]).makespan_s)
+                        simulate_generation(cfg, prompts, groups[0]).makespan_s
+                    )
     best = statistics.fmean(static_best)
     print(f"\ndefault workload, best static TP {best:.1f} s (mean of {seeds} seeds); heterogeneous starts:")
     print("| start groups | longest on the wide group | static (no merges) | with the planner's merges |")
@@ -88,8 +94,10 @@ def heterogeneous(cost, seeds: int) -> None:
         for k in WIDE_FIRST:
             fixed = statistics.fmean(rows[(groups, k, False)])
             merged = statistics.fmean(rows[(groups, k, True)])
-            print(f"| {'+'.join(map(str, groups))} | {k} | {fixed:.1f} s ({fixed / best - 1:+.1%}) | "
-                  f"{merged:.1f} s ({merged / best - 1:+.1%}) |")
+            print(
+                f"| {'+'.join(map(str, groups))} | {k} | {fixed:.1f} s ({fixed / best - 1:+.1%}) | "
+                f"{merged:.1f} s ({merged / best - 1:+.1%}) |"
+            )
 
 
 def main() -> None:

@@ -18,14 +18,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdraft.rollout.schedule import verl  # noqa: E402
-from specdraft.rollout.report.compare import SimulateOptions, cost_model, run  # noqa: E402
-from specdraft.rollout.sim.generation import GenConfig, simulate_generation  # noqa: E402
-from specdraft.rollout.model.workload import LENGTH_PRESETS, LengthModel, synthetic  # noqa: E402
-from specdraft.spec.load import load_layout  # noqa: E402
+from specdraft.rollout.model.workload import LENGTH_PRESETS, LengthModel, synthetic
+from specdraft.rollout.report.compare import SimulateOptions, cost_model, run
+from specdraft.rollout.schedule import verl
+from specdraft.rollout.sim.generation import GenConfig, simulate_generation
+from specdraft.spec.load import load_layout
 
-REGIMES = (("layouts/qwen3-8b.yaml", "long-tail"), ("layouts/llama3.1-8b-pat.yaml", "deepscaler"),
-           ("layouts/qwen3-14b-pat.yaml", "deepscaler"))
+REGIMES = (
+    ("layouts/qwen3-8b.yaml", "long-tail"),
+    ("layouts/llama3.1-8b-pat.yaml", "deepscaler"),
+    ("layouts/qwen3-14b-pat.yaml", "deepscaler"),
+)
 
 
 def main() -> None:
@@ -33,22 +36,39 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=20)
     args = parser.parse_args()
     start = time.perf_counter()
-    print("| layout | (a) verl | (b) + layout's engine | (c) + LPT dispatch | (d) + best static TP | (e) adaptive | "
-          "(e) / (a) |")
+    print(
+        "| layout | (a) verl | (b) + layout's engine | (c) + LPT dispatch | (d) + best static TP | (e) adaptive | "
+        "(e) / (a) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for path, lengths in REGIMES:
         spec = load_layout(path)
         r, gpus = spec.rollout, spec.cluster.gpus_per_node
         median, sigma, correlation = LENGTH_PRESETS[lengths]
-        opts = SimulateOptions(seeds=args.seeds, steps=1, policies=(), adaptive_tp=True, lengths=lengths,
-                               median=median, sigma=sigma, correlation=correlation)
+        opts = SimulateOptions(
+            seeds=args.seeds,
+            steps=1,
+            policies=(),
+            adaptive_tp=True,
+            lengths=lengths,
+            median=median,
+            sigma=sigma,
+            correlation=correlation,
+        )
         gen = run(spec, opts).data["generation"]
         cost = cost_model(spec, None, [verl.VERL_TP])
         model = LengthModel(median=median, sigma=sigma, cap=r.max_response_length, correlation=correlation)
         even = []
         for seed in range(args.seeds):
-            prompts = synthetic(model, 1, r.num_prompts_per_step, r.num_generations_per_prompt, r.prompt_length,
-                                seed, opts.prediction_error)[0]
+            prompts = synthetic(
+                model,
+                1,
+                r.num_prompts_per_step,
+                r.num_generations_per_prompt,
+                r.prompt_length,
+                seed,
+                opts.prediction_error,
+            )[0]
             cfg = GenConfig(cost=cost, gpus_per_node=gpus, dispatch="even")
             even.append(simulate_generation(cfg, prompts, verl.VERL_TP).makespan_s)
         a = gen["verl"]["makespan_s"]["mean"]
@@ -57,9 +77,11 @@ def main() -> None:
         d = gen["best_static_tp"]["makespan_s"]["mean"]
         e = gen["adaptive"]["makespan_s"]["mean"]
         best_tp = gen["best_static_tp"]["tp"]
-        print(f"| {spec.name} (--lengths {lengths}) | {a:.1f} s | {b:.1f} s ({b / a:.3f}x) | {c:.1f} s "
-              f"({c / a:.3f}x) | {d:.1f} s, tp {best_tp} ({d / a:.3f}x) | {e:.1f} s ({e / a:.3f}x) | {e / a:.3f}x |",
-              flush=True)
+        print(
+            f"| {spec.name} (--lengths {lengths}) | {a:.1f} s | {b:.1f} s ({b / a:.3f}x) | {c:.1f} s "
+            f"({c / a:.3f}x) | {d:.1f} s, tp {best_tp} ({d / a:.3f}x) | {e:.1f} s ({e / a:.3f}x) | {e / a:.3f}x |",
+            flush=True,
+        )
     print(f"\n{args.seeds} seeds, wall {time.perf_counter() - start:.0f} s")
 
 

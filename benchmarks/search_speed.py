@@ -63,8 +63,13 @@ def cli_seconds() -> float:
     times = []
     for _ in range(3):
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "specdraft.cli", "search", str(LAYOUT), *OVERRIDES, "--format", "json"],
-                       check=True, capture_output=True, env=env, cwd=ROOT)
+        subprocess.run(
+            [sys.executable, "-m", "specdraft.cli", "search", str(LAYOUT), *OVERRIDES, "--format", "json"],
+            check=True,
+            capture_output=True,
+            env=env,
+            cwd=ROOT,
+        )
         times.append(time.perf_counter() - started)
     return statistics.median(times)
 
@@ -84,19 +89,27 @@ def main() -> None:
     per = naive_seconds_per_candidate(spec, candidates, args.naive_sample)
     naive = per * len(candidates)
     best = result.rows[0]
-    print(f"model Llama-3.1-70B, {spec.cluster.num_nodes} x {spec.cluster.gpus_per_node} {spec.cluster.gpu}, "
-          f"seq {spec.model.seq_length}, global batch {spec.training.global_batch_size}, draft on")
-    print(f"candidates: {len(candidates):,} (search counted {result.num_candidates:,}); "
-          f"{result.num_pruned:,} over the memory bound, {result.num_estimated:,} estimated, "
-          f"{result.num_verified} verified")
+    print(
+        f"model Llama-3.1-70B, {spec.cluster.num_nodes} x {spec.cluster.gpus_per_node} {spec.cluster.gpu}, "
+        f"seq {spec.model.seq_length}, global batch {spec.training.global_batch_size}, draft on"
+    )
+    print(
+        f"candidates: {len(candidates):,} (search counted {result.num_candidates:,}); "
+        f"{result.num_pruned:,} over the memory bound, {result.num_estimated:,} estimated, "
+        f"{result.num_verified} verified"
+    )
     print(f"search (top 10), median of 5 in-process runs: {fast:.3f} s")
-    print(f"naive: every candidate through the full compile: {per * 1e3:.2f} ms each over a sample of "
-          f"{args.naive_sample}, extrapolated to {len(candidates):,} candidates = {naive:,.0f} s "
-          f"({naive / 3600:.1f} h; not run in full)")
+    print(
+        f"naive: every candidate through the full compile: {per * 1e3:.2f} ms each over a sample of "
+        f"{args.naive_sample}, extrapolated to {len(candidates):,} candidates = {naive:,.0f} s "
+        f"({naive / 3600:.1f} h; not run in full)"
+    )
     print(f"ratio: search is {naive / fast:,.0f}x faster than naive enumeration")
     print(f"whole process `specdraft search ... --format json`, median of 3: {cli_seconds():.3f} s")
-    print(f"best: tp{best.layout.tp} cp{best.layout.cp} pp{best.layout.pp} vpp{best.layout.vpp} "
-          f"dp{best.layout.dp}, {best.estimate.step_time_s:.3f} s/step")
+    print(
+        f"best: tp{best.layout.tp} cp{best.layout.cp} pp{best.layout.pp} vpp{best.layout.vpp} "
+        f"dp{best.layout.dp}, {best.estimate.step_time_s:.3f} s/step"
+    )
 
 
 if __name__ == "__main__":

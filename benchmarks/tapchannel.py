@@ -22,11 +22,18 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.distributed, the house harness
-from tests.distributed import run_distributed  # noqa: E402
+from tests.distributed import run_distributed
 
-BASE = ["cluster.gpus_per_node=2", "parallel.cp=1", "parallel.pp=2", "model.hidden_size=256",
-        "model.ffn_hidden_size=1024", "model.seq_length=512", "training.global_batch_size=8",
-        "training.warmup_steps=0"]
+BASE = [
+    "cluster.gpus_per_node=2",
+    "parallel.cp=1",
+    "parallel.pp=2",
+    "model.hidden_size=256",
+    "model.ffn_hidden_size=1024",
+    "model.seq_length=512",
+    "training.global_batch_size=8",
+    "training.warmup_steps=0",
+]
 MODES = {  # name -> (extra overrides, environment read when the co-trainer is built)
     "no draft": (["draft.enabled=false"], {}),
     "equal work": ([], {"SPECDRAFT_TAPS_SYNTHETIC": "1"}),
@@ -39,8 +46,7 @@ def _plans(overrides: list[str]) -> dict:
     from specdraft.assemble import compile
     from specdraft.spec.load import load_layout
 
-    return {mode: compile(load_layout(None, [*BASE, *overrides, *extra]))
-            for mode, (extra, _) in MODES.items()}
+    return {mode: compile(load_layout(None, [*BASE, *overrides, *extra])) for mode, (extra, _) in MODES.items()}
 
 
 def _worker(rank, world_size, plans, rounds, root):
@@ -50,8 +56,8 @@ def _worker(rank, world_size, plans, rounds, root):
 
     from specdraft.runtime import cpu_compat
     from specdraft.runtime.context import RankContext
-    from specdraft.runtime.workloads.cotrain import make_step
     from specdraft.runtime.train.trainer import CoTrainer
+    from specdraft.runtime.workloads.cotrain import make_step
 
     ps.initialize_model_parallel(pipeline_model_parallel_size=2)
     cpu_compat.apply()
@@ -60,8 +66,18 @@ def _worker(rank, world_size, plans, rounds, root):
         for key in ("SPECDRAFT_TAPS_SYNTHETIC", "SPECDRAFT_TAPS_BLOCKING"):
             os.environ.pop(key, None)
         os.environ.update(MODES[mode][1])
-        ctx = RankContext(plan=plan, run_dir=Path(root), global_rank=rank, local_rank=rank, world_size=world_size,
-                          node=0, device="cpu", backend="gloo", steps=rounds, workload="cotrain")
+        ctx = RankContext(
+            plan=plan,
+            run_dir=Path(root),
+            global_rank=rank,
+            local_rank=rank,
+            world_size=world_size,
+            node=0,
+            device="cpu",
+            backend="gloo",
+            steps=rounds,
+            workload="cotrain",
+        )
         trainer = CoTrainer(ctx)
         steps[mode] = (trainer, make_step(trainer))
     times = {mode: [] for mode in plans}
@@ -89,14 +105,18 @@ def main() -> None:
         results = run_distributed(_worker, 2, plans, args.rounds, tmp, timeout=3600)
     times, _ = results[0]
     sent = results[0][1]["TapChannel"] + results[1][1]["TapChannel"]
-    med = {mode: statistics.median(t[args.skip:]) for mode, t in times.items()}
+    med = {mode: statistics.median(t[args.skip :]) for mode, t in times.items()}
     print(f"layout: {' '.join([*BASE, *args.overrides])}")
-    print(f"{args.rounds} rounds of the four modes interleaved; medians over the last {args.rounds - args.skip}; "
-          f"TapChannel moves {sent:,} bytes per step")
+    print(
+        f"{args.rounds} rounds of the four modes interleaved; medians over the last {args.rounds - args.skip}; "
+        f"TapChannel moves {sent:,} bytes per step"
+    )
     print(f"{'mode':<12} {'step s':>8} {'vs no draft':>12} {'vs equal work':>14}")
     for mode in MODES:
-        print(f"{mode:<12} {med[mode]:>8.3f} {med[mode] / med['no draft']:>11.3f}x "
-              f"{med[mode] / med['equal work']:>13.3f}x")
+        print(
+            f"{mode:<12} {med[mode]:>8.3f} {med[mode] / med['no draft']:>11.3f}x "
+            f"{med[mode] / med['equal work']:>13.3f}x"
+        )
     print(f"TapChannel overhead over equal work: {med['TapChannel'] / med['equal work'] - 1:+.1%} (target <= 10%)")
     print(f"TapChannel step / blocking step: {med['TapChannel'] / med['blocking']:.3f}x (target <= 1)")
 

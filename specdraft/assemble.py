@@ -31,7 +31,7 @@ def check(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
     return errors + r_errors, warnings + r_warnings
 
 
-def compile(spec: LayoutSpec) -> LaunchPlan:  # noqa: A001 - the name the design uses
+def compile(spec: LayoutSpec) -> LaunchPlan:
     """Validate and compile ``spec`` into the whole plan; raise SpecError listing every problem at once."""
     r_errors, r_warnings = check_rollout(spec)
     core = compile_core(spec, extra_errors=r_errors, extra_warnings=r_warnings)
@@ -46,12 +46,17 @@ def verify(plan: LaunchPlan, source: str) -> LaunchPlan:
     except SpecError as err:
         raise SpecError(err.problems, f"the spec inside {source}") from None
     if fresh.to_json() != plan.to_json():
-        differ = [f.name for f in dataclasses.fields(LaunchPlan)
-                  if encode_value(getattr(fresh, f.name)) != encode_value(getattr(plan, f.name))]
-        raise UserError(f"{source} does not match what specdraft {fresh.specdraft_version} compiles from the spec "
-                        f"inside it (sections that differ: {', '.join(differ[:8])})",
-                        "it was edited by hand or written by another specdraft version; recompile it from the "
-                        "layout with `specdraft plan LAYOUT -o plan.json` (or launch the layout itself)")
+        differ = [
+            f.name
+            for f in dataclasses.fields(LaunchPlan)
+            if encode_value(getattr(fresh, f.name)) != encode_value(getattr(plan, f.name))
+        ]
+        raise UserError(
+            f"{source} does not match what specdraft {fresh.specdraft_version} compiles from the spec "
+            f"inside it (sections that differ: {', '.join(differ[:8])})",
+            "it was edited by hand or written by another specdraft version; recompile it from the "
+            "layout with `specdraft plan LAYOUT -o plan.json` (or launch the layout itself)",
+        )
     return plan
 
 
@@ -60,8 +65,10 @@ def parse_plan(text: str, source: str) -> LaunchPlan:
     try:
         return LaunchPlan.from_json(text)
     except PlanVersionError as err:
-        raise UserError(f"{source}: {err}", "recompile it with this specdraft: `specdraft plan LAYOUT -o "
-                        "plan.json`, or launch the layout itself") from None
+        raise UserError(
+            f"{source}: {err}",
+            "recompile it with this specdraft: `specdraft plan LAYOUT -o plan.json`, or launch the layout itself",
+        ) from None
     except PlanFormatError as err:
         raise UserError(f"{source} is not a specdraft plan: {err}", "recompile it with `specdraft plan`") from None
 

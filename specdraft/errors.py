@@ -111,7 +111,7 @@ def parse_payload_error(line: str) -> UserError | None:
     if not line.startswith(PAYLOAD_ERROR_PREFIX):
         return None
     try:
-        data = json.loads(line[len(PAYLOAD_ERROR_PREFIX):])
+        data = json.loads(line[len(PAYLOAD_ERROR_PREFIX) :])
     except json.JSONDecodeError:
         return None
     if not isinstance(data, dict):

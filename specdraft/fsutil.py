@@ -24,10 +24,15 @@ class NotRegularFile(UserError):
 
 def file_kind(mode: int) -> str:
     """What a stat mode is, in words ('a regular file', 'a FIFO (named pipe)', ...)."""
-    for test, kind in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"),
-                       (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
+    for test, kind in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return kind
     return "a special file"
@@ -49,12 +54,15 @@ def check_output_path(path: str | os.PathLike, what: str = "output") -> Path:
     except NotADirectoryError:
         raise UserError(f"cannot write {what} {target}: a folder on its path is a file", "pick another path") from None
     except (OSError, ValueError) as err:  # ValueError: a NUL in the path
-        raise UserError(f"cannot write {what} {target}: {getattr(err, 'strerror', None) or err}",
-                        "pick another path") from None
+        raise UserError(
+            f"cannot write {what} {target}: {getattr(err, 'strerror', None) or err}", "pick another path"
+        ) from None
     if mode is not None and not stat.S_ISREG(mode):
-        raise UserError(f"refusing to write {what} {target}: it is {file_kind(mode)}, not a regular file",
-                        "name a regular file (or `-` for standard output where the option offers it); specdraft "
-                        "never replaces a link, pipe, device or folder")
+        raise UserError(
+            f"refusing to write {what} {target}: it is {file_kind(mode)}, not a regular file",
+            "name a regular file (or `-` for standard output where the option offers it); specdraft "
+            "never replaces a link, pipe, device or folder",
+        )
     parent = target.parent
     if parent.exists() and not parent.is_dir():
         raise UserError(f"cannot write {what} {target}: {parent} is not a folder", "pick another path")
@@ -107,7 +115,9 @@ def write_output(path: str, data: str | bytes, what: str = "output") -> None:
     try:
         atomic_write_bytes(path, payload)
     except OSError as err:
-        raise UserError(f"cannot write {what} {path}: {err.strerror or err}", "check the folder and its permissions")
+        raise UserError(
+            f"cannot write {what} {path}: {err.strerror or err}", "check the folder and its permissions"
+        ) from None
 
 
 def read_regular_file(path: str | os.PathLike, max_bytes: int, what: str = "file") -> bytes:
@@ -121,16 +131,20 @@ def read_regular_file(path: str | os.PathLike, max_bytes: int, what: str = "file
     except FileNotFoundError:
         raise UserError(f"{what} not found: {path}", f"pass the path of an existing {what}") from None
     except (OSError, ValueError) as err:  # ValueError: a NUL in the path
-        raise UserError(f"cannot read {what} {path}: {getattr(err, 'strerror', None) or err}",
-                        "check the path and its permissions") from None
+        raise UserError(
+            f"cannot read {what} {path}: {getattr(err, 'strerror', None) or err}", "check the path and its permissions"
+        ) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise NotRegularFile(f"{what} {path} is {file_kind(st.st_mode)}, not a regular file",
-                            "pass the path of a regular file")
+            raise NotRegularFile(
+                f"{what} {path} is {file_kind(st.st_mode)}, not a regular file", "pass the path of a regular file"
+            )
         if st.st_size > max_bytes:
-            raise UserError(f"{what} {path} is {st.st_size:,} bytes; the limit is {max_bytes:,}",
-                            f"a {what} this large is not one specdraft reads")
+            raise UserError(
+                f"{what} {path} is {st.st_size:,} bytes; the limit is {max_bytes:,}",
+                f"a {what} this large is not one specdraft reads",
+            )
         chunks, total = [], 0
         while total <= max_bytes:  # bounded even if the file grows while it is read
             chunk = os.read(fd, min(1 << 16, max_bytes + 1 - total))

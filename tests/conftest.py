@@ -33,7 +33,10 @@ def _probe_slurm() -> tuple[int, str]:
     try:
         proc = subprocess.run(
             ["sinfo", "-h", "-N", "-p", SLURM_PARTITION, "-o", "%N %t"],
-            capture_output=True, text=True, timeout=15, check=False,
+            capture_output=True,
+            text=True,
+            timeout=15,
+            check=False,
         )
     except subprocess.TimeoutExpired:
         return 0, "`sinfo` did not answer within 15 s"
@@ -97,8 +100,15 @@ def specdraft_cli(tmp_path):
     def run(*args, cwd=None, env=None, timeout=120, text=True):
         full_env = {**os.environ, **(env or {})}
         full_env.pop("SPECDRAFT_DEBUG", None)  # the boundary's messages are what the tests read
-        return subprocess.run([str(SPECDRAFT_BIN), *map(str, args)], cwd=cwd or tmp_path, env=full_env,
-                              capture_output=True, text=text, timeout=timeout, check=False)
+        return subprocess.run(
+            [str(SPECDRAFT_BIN), *map(str, args)],
+            cwd=cwd or tmp_path,
+            env=full_env,
+            capture_output=True,
+            text=text,
+            timeout=timeout,
+            check=False,
+        )
 
     return run
 

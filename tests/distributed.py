@@ -43,8 +43,13 @@ def _child(rank, world_size, port, backend, timeout, fn, args, results):
     try:
         # Ranks share the cores; without this each rank starts one thread per core and they thrash.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout))
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
         # Plain pickle copies tensor bytes into the message. The queue's own pickler would pass shared-memory file
         # descriptors instead, which the parent can only fetch while this rank is alive: a rank that finishes
         # first and exits makes the parent's unpickling fail (FileNotFoundError on the resource sharer's socket).
@@ -70,8 +75,12 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 120, backend: s
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_child, args=(r, world_size, port, backend, timeout, fn, args, results),
-                         daemon=True, name=f"rank{r}") for r in range(world_size)]
+    procs = [
+        ctx.Process(
+            target=_child, args=(r, world_size, port, backend, timeout, fn, args, results), daemon=True, name=f"rank{r}"
+        )
+        for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout
@@ -83,13 +92,18 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 120, backend: s
             except queue_mod.Empty:
                 if time.monotonic() > deadline:
                     missing = sorted(set(range(world_size)) - set(values))
-                    raise DistributedTestError(f"{fn.__name__}: ranks {missing} did not finish within {timeout} s "
-                                               f"(world_size={world_size}); killed them") from None
-                dead = [r for r, p in enumerate(procs)
-                        if r not in values and p.exitcode is not None and p.exitcode != 0]
+                    raise DistributedTestError(
+                        f"{fn.__name__}: ranks {missing} did not finish within {timeout} s "
+                        f"(world_size={world_size}); killed them"
+                    ) from None
+                dead = [
+                    r for r, p in enumerate(procs) if r not in values and p.exitcode is not None and p.exitcode != 0
+                ]
                 if dead:
-                    raise DistributedTestError(f"{fn.__name__}: rank {dead[0]} exited with code "
-                                               f"{procs[dead[0]].exitcode} without reporting a result")
+                    raise DistributedTestError(
+                        f"{fn.__name__}: rank {dead[0]} exited with code "
+                        f"{procs[dead[0]].exitcode} without reporting a result"
+                    ) from None
                 continue
             if not ok:
                 raise DistributedTestError(f"{fn.__name__} failed on rank {rank} of {world_size}:\n{value}")

@@ -28,8 +28,10 @@ class Eagle3Reader:
         from safetensors.torch import load_file
 
         self.config = json.loads((Path(folder) / "config.json").read_text())
-        self.weights = {k: (v.double() if v.is_floating_point() else v)
-                        for k, v in load_file(str(Path(folder) / "model.safetensors")).items()}
+        self.weights = {
+            k: (v.double() if v.is_floating_point() else v)
+            for k, v in load_file(str(Path(folder) / "model.safetensors")).items()
+        }
         c = self.config
         self.eps, self.theta = c["rms_norm_eps"], c["rope_theta"]
         self.heads, self.kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
@@ -47,7 +49,7 @@ class Eagle3Reader:
         inv = 1.0 / self.theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
         freqs = positions.double()[:, None] * inv[None]
         emb = torch.cat([freqs, freqs], -1)[:, None, :]
-        rotated = torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1)
+        rotated = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1)
         return x * emb.cos() + rotated * emb.sin()
 
     def ttt(self, hidden_by_layer: dict[int, torch.Tensor], emb: torch.Tensor) -> list[torch.Tensor]:
@@ -58,8 +60,13 @@ class Eagle3Reader:
         length = hidden.shape[0]
         keys, values, out = [], [], []
         for j in range(emb.shape[0]):
-            x = torch.cat([self._rms(emb[j].double(), "midlayer.input_layernorm.weight"),
-                           self._rms(hidden, "midlayer.hidden_norm.weight")], -1)  # (L, 2H)
+            x = torch.cat(
+                [
+                    self._rms(emb[j].double(), "midlayer.input_layernorm.weight"),
+                    self._rms(hidden, "midlayer.hidden_norm.weight"),
+                ],
+                -1,
+            )  # (L, 2H)
             positions = torch.arange(length) + j
             q = (x @ self.w("midlayer.self_attn.q_proj.weight").T).view(length, self.heads, self.head_dim)
             k = (x @ self.w("midlayer.self_attn.k_proj.weight").T).view(length, self.kv_heads, self.head_dim)
@@ -96,8 +103,13 @@ class Eagle3Reader:
 
 
 # vLLM's Eagle3LlamaForCausalLM.load_weights and LlamaModel.load_weights renames, as the loader applies them.
-STACKED = ((".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"), (".qkv_proj", ".v_proj", "v"),
-           (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1))
+STACKED = (
+    (".qkv_proj", ".q_proj", "q"),
+    (".qkv_proj", ".k_proj", "k"),
+    (".qkv_proj", ".v_proj", "v"),
+    (".gate_up_proj", ".gate_proj", 0),
+    (".gate_up_proj", ".up_proj", 1),
+)
 
 
 def vllm_param_name(name: str) -> tuple[str | None, object]:

@@ -6,8 +6,7 @@ import math
 
 from hypothesis import strategies as st
 
-from specdraft.spec.schema import (ClusterSpec, DraftSpec, LayoutSpec, ModelSpec, ParallelSpec, SlurmSpec,
-                                   TrainingSpec)
+from specdraft.spec.schema import ClusterSpec, DraftSpec, LayoutSpec, ModelSpec, ParallelSpec, SlurmSpec, TrainingSpec
 
 
 @st.composite
@@ -76,17 +75,37 @@ def valid_layouts(draw, max_world: int = 512, moe: bool | None = None) -> Layout
     m = draw(st.integers(1, 4))
     return LayoutSpec(
         name="prop",
-        model=ModelSpec(num_layers=num_layers, hidden_size=heads * 8, ffn_hidden_size=heads * 16,
-                        num_attention_heads=heads, num_query_groups=groups, vocab_size=64 * tp, seq_length=seq,
-                        num_experts=experts, moe_ffn_hidden_size=16 if experts else None,
-                        moe_router_topk=1 if experts else 2),
+        model=ModelSpec(
+            num_layers=num_layers,
+            hidden_size=heads * 8,
+            ffn_hidden_size=heads * 16,
+            num_attention_heads=heads,
+            num_query_groups=groups,
+            vocab_size=64 * tp,
+            seq_length=seq,
+            num_experts=experts,
+            moe_ffn_hidden_size=16 if experts else None,
+            moe_router_topk=1 if experts else 2,
+        ),
         cluster=ClusterSpec(num_nodes=world // gpn, gpus_per_node=gpn, gpu="b200"),
-        parallel=ParallelSpec(tp=tp, cp=cp, pp=pp, dp=draw(st.sampled_from([dp, -1])), ep=ep, etp=etp, vpp=vpp,
-                              sequence_parallel=sp, first_stage_layers=first, last_stage_layers=last, order=order,
-                              account_for_embedding_in_pipeline_split=account_embedding,
-                              account_for_loss_in_pipeline_split=account_loss),
+        parallel=ParallelSpec(
+            tp=tp,
+            cp=cp,
+            pp=pp,
+            dp=draw(st.sampled_from([dp, -1])),
+            ep=ep,
+            etp=etp,
+            vpp=vpp,
+            sequence_parallel=sp,
+            first_stage_layers=first,
+            last_stage_layers=last,
+            order=order,
+            account_for_embedding_in_pipeline_split=account_embedding,
+            account_for_loss_in_pipeline_split=account_loss,
+        ),
         draft=DraftSpec(enabled=True, aux_layers=aux, ttt_steps=draw(st.integers(1, 4)), stage=stage),
-        training=TrainingSpec(micro_batch_size=mbs, global_batch_size=mbs * dp * m,
-                              dtype=draw(st.sampled_from(["bf16", "fp32", "fp8"]))),
+        training=TrainingSpec(
+            micro_batch_size=mbs, global_batch_size=mbs * dp * m, dtype=draw(st.sampled_from(["bf16", "fp32", "fp8"]))
+        ),
         slurm=SlurmSpec(),
     )

@@ -25,8 +25,9 @@ def memory_errors(folder: Path) -> dict[int, dict[str, float]]:
         result = json.loads(path.read_text())
         rank, measured = result["global_rank"], result["memory"]
         estimate = plan.memory[plan.ranks[rank].pp]
-        errors[rank] = {key: (getattr(estimate, key) - measured[key]) / measured[key]
-                        for key in ("weights", "grads", "optimizer")}
+        errors[rank] = {
+            key: (getattr(estimate, key) - measured[key]) / measured[key] for key in ("weights", "grads", "optimizer")
+        }
     assert sorted(errors) == list(range(plan.world_size)), f"missing result files in {folder}"
     return errors
 
@@ -35,6 +36,7 @@ def assert_memory_matches_plan(folder: Path) -> float:
     """Every rank within RELATIVE_BOUND; returns the largest relative error (for the figures in the README)."""
     errors = memory_errors(folder)
     worst = max(abs(e) for per_rank in errors.values() for e in per_rank.values())
-    assert worst <= RELATIVE_BOUND, {rank: e for rank, e in errors.items()
-                                     if max(map(abs, e.values())) > RELATIVE_BOUND}
+    assert worst <= RELATIVE_BOUND, {
+        rank: e for rank, e in errors.items() if max(map(abs, e.values())) > RELATIVE_BOUND
+    }
     return worst

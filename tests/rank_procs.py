@@ -49,15 +49,31 @@ class RankRun:
         port = free_port()
         procs = []
         for rank in range(world_size):
-            rank_env = {**os.environ, **(env or {}), "RANK": str(rank), "WORLD_SIZE": str(world_size),
-                        "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                        "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "SPECDRAFT_DIST_TIMEOUT_S": "120"}
+            rank_env = {
+                **os.environ,
+                **(env or {}),
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_RANK": str(rank),
+                "GROUP_RANK": "0",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": "1",
+                "SPECDRAFT_DIST_TIMEOUT_S": "120",
+            }
             for key in [k for k in rank_env if k.startswith("SLURM_")]:
                 del rank_env[key]
             with open(run_dir / f"rank-{rank}.out", "ab") as out, open(run_dir / f"rank-{rank}.err", "ab") as err:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "specdraft.runtime.entry", str(run_dir / "plan.json"), *args],
-                    env=rank_env, cwd=run_dir, stdout=out, stderr=err, stdin=subprocess.DEVNULL))
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "specdraft.runtime.entry", str(run_dir / "plan.json"), *args],
+                        env=rank_env,
+                        cwd=run_dir,
+                        stdout=out,
+                        stderr=err,
+                        stdin=subprocess.DEVNULL,
+                    )
+                )
         return cls(run_dir, procs)
 
     def wait_for(self, condition, timeout: float = 240, what: str = "the condition") -> None:

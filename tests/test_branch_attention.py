@@ -12,8 +12,8 @@ import torch.distributed as dist
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from specdraft.runtime.attention import reference as ref_kernels
 from specdraft.runtime.attention import branch as ba
+from specdraft.runtime.attention import reference as ref_kernels
 from tests.distributed import run_distributed
 
 BACKENDS = ("reference", "fused-cpu-flash")
@@ -105,11 +105,16 @@ def _check_case(case, group, cp, cp_rank):
     want_last = [mine(ref_last[0])[-1:], mine(ref_last[1])[-1:], mine(ref_last[2]), mine(ref_last[3])]
     for backend in BACKENDS:
         for suffix, dtype in (("64", torch.float64), ("32", torch.float32)):
-            got = _out_and_grads(lambda q, k, v: ring(q, k, v, backend), *(x.to(dtype) for x in shard))
+            got = _out_and_grads(lambda q, k, v: ring(q, k, v, backend), *(x.to(dtype) for x in shard))  # noqa: B023
             assert all(g.dtype == dtype for g in got)
             errs[backend + suffix] = [_sq(g, mine(r)) for g, r in zip(got, ref)]
-        got = _out_and_grads(lambda q, k, v: ring(q, k, v, backend), mine(q)[-1:], mine(k), mine(v),
-                             mine(last_dout)[-1:])
+        got = _out_and_grads(
+            lambda q, k, v: ring(q, k, v, backend),  # noqa: B023
+            mine(q)[-1:],
+            mine(k),
+            mine(v),
+            mine(last_dout)[-1:],
+        )
         errs[backend + "-last64"] = [_sq(g, w) for g, w in zip(got, want_last)]
     return errs
 
@@ -128,20 +133,27 @@ def _cp2_worker(rank, world, cases):
 
 
 FIXED = [  # (S, H, Hkv, D, sequence lengths in units of 2*cp, tile)
-    (1, 2, 2, 8, [1], None), (1, 4, 2, 8, [3, 1, 2], None), (2, 4, 2, 8, [2, 1], None),
-    (4, 4, 2, 4, [1, 3, 2, 2], None), (4, 2, 1, 8, [4], 24), (2, 4, 4, 4, [3, 1, 4, 2], 40),
-    (4, 4, 2, 8, [2, 1, 3], 64), (1, 4, 1, 4, [4, 1], 16),
+    (1, 2, 2, 8, [1], None),
+    (1, 4, 2, 8, [3, 1, 2], None),
+    (2, 4, 2, 8, [2, 1], None),
+    (4, 4, 2, 4, [1, 3, 2, 2], None),
+    (4, 2, 1, 8, [4], 24),
+    (2, 4, 4, 4, [3, 1, 4, 2], 40),
+    (4, 4, 2, 8, [2, 1, 3], 64),
+    (1, 4, 1, 4, [4, 1], 16),
 ]
 
-CASE = st.fixed_dictionaries({
-    "S": st.sampled_from([1, 2, 3, 4]),
-    "heads": st.sampled_from([(2, 2), (4, 2), (4, 1), (6, 3)]),
-    "D": st.sampled_from([4, 8]),
-    "units": st.lists(st.integers(1, 4), min_size=1, max_size=4),
-    "tile": st.sampled_from([None, 16, 48, 200]),
-    "seed": st.integers(0, 2**31 - 1),
-    "scale": st.sampled_from([None, 0.25, 1.0]),
-})
+CASE = st.fixed_dictionaries(
+    {
+        "S": st.sampled_from([1, 2, 3, 4]),
+        "heads": st.sampled_from([(2, 2), (4, 2), (4, 1), (6, 3)]),
+        "D": st.sampled_from([4, 8]),
+        "units": st.lists(st.integers(1, 4), min_size=1, max_size=4),
+        "tile": st.sampled_from([None, 16, 48, 200]),
+        "seed": st.integers(0, 2**31 - 1),
+        "scale": st.sampled_from([None, 0.25, 1.0]),
+    }
+)
 
 
 def _draw(strategy, n):
@@ -161,12 +173,32 @@ def _draw(strategy, n):
 
 
 def _cases(cp, n_drawn):
-    cases = [dict(S=S, H=H, Hkv=hkv, D=D, lengths=[u * 2 * cp for u in units], tile=tile, seed=i,
-                  scale=0.3 if i % 3 == 1 else None)
-             for i, (S, H, hkv, D, units, tile) in enumerate(FIXED)]
+    cases = [
+        dict(
+            S=S,
+            H=H,
+            Hkv=hkv,
+            D=D,
+            lengths=[u * 2 * cp for u in units],
+            tile=tile,
+            seed=i,
+            scale=0.3 if i % 3 == 1 else None,
+        )
+        for i, (S, H, hkv, D, units, tile) in enumerate(FIXED)
+    ]
     for d in _draw(CASE, n_drawn):
-        cases.append(dict(S=d["S"], H=d["heads"][0], Hkv=d["heads"][1], D=d["D"], tile=d["tile"], seed=d["seed"],
-                          lengths=[u * 2 * cp for u in d["units"]], scale=d["scale"]))
+        cases.append(
+            dict(
+                S=d["S"],
+                H=d["heads"][0],
+                Hkv=d["heads"][1],
+                D=d["D"],
+                tile=d["tile"],
+                seed=d["seed"],
+                lengths=[u * 2 * cp for u in d["units"]],
+                scale=d["scale"],
+            )
+        )
     return cases
 
 
@@ -181,16 +213,17 @@ def _assert_report(cases, reports):
                 for name in (n for b in BACKENDS for n in (b + "64", b + "-last64")):
                     err, norm = errs[name][i]
                     assert math.sqrt(err / max(norm, 1e-300)) < 1e-6, (
-                        f"float64 {name} relative error {math.sqrt(err / norm):.3g} at rank {rank}, {what}, "
-                        f"case {case}")
+                        f"float64 {name} relative error {math.sqrt(err / norm):.3g} at rank {rank}, {what}, case {case}"
+                    )
                 for name in pooled:
                     pooled[name][i][0] += errs[name][i][0]
                     pooled[name][i][1] += errs[name][i][1]
     for backend in BACKENDS:
         for i, what in enumerate(("out", "dq", "dk", "dv")):
             ring, dense = (math.sqrt(pooled[n][i][0] / pooled[n][i][1]) for n in (backend + "32", "dense32"))
-            assert ring <= 2 * dense, (f"float32 {what}: {backend} relative error {ring:.3g} > 2x dense float32 "
-                                       f"{dense:.3g}")
+            assert ring <= 2 * dense, (
+                f"float32 {what}: {backend} relative error {ring:.3g} > 2x dense float32 {dense:.3g}"
+            )
 
 
 def test_cp1_local_matches_dense_reference():
@@ -249,35 +282,41 @@ def _qkv(S=2, T=8, H=4, hkv=2, D=4, dtype=torch.float32):
     return torch.zeros(S, T, H, D, dtype=dtype), torch.zeros(S, T, hkv, D), torch.zeros(S, T, hkv, D)
 
 
-@pytest.mark.parametrize("args, match", [
-    (lambda q, k, v: (q[0], k, v, torch.tensor([0, 8])), "q must be a 4-D tensor"),
-    (lambda q, k, v: (q, k[..., :2], v, torch.tensor([0, 8])), "k and v must have the same shape"),
-    (lambda q, k, v: (q, k[:, :4], v[:, :4], torch.tensor([0, 8])), "does not fit q"),
-    (lambda q, k, v: (q, k[:1], v[:1], torch.tensor([0, 8])), "does not fit q"),
-    (lambda q, k, v: (q[:, :, :3], k, v, torch.tensor([0, 8])), "divisible by k/v heads Hkv=2"),
-    (lambda q, k, v: (q.double(), k, v, torch.tensor([0, 8])), "share one floating dtype"),
-    (lambda q, k, v: (q.long(), k.long(), v.long(), torch.tensor([0, 8])), "share one floating dtype"),
-    (lambda q, k, v: (q, k, v, torch.tensor([0, 6])), "must equal T\\*cp = 8\\*1 = 8"),
-    (lambda q, k, v: (q, k, v, torch.tensor([1, 8])), "must start at 0"),
-    (lambda q, k, v: (q, k, v, torch.tensor([0, 4, 4, 8])), "strictly increasing"),
-    (lambda q, k, v: (q, k, v, torch.tensor([0, 3, 8])), "multiple of 2\\*cp_size=2"),
-    (lambda q, k, v: (q, k, v, torch.tensor([0.0, 8.0])), "integer dtype"),
-    (lambda q, k, v: (q, k, v, torch.tensor([[0, 8]])), "1-D integer tensor"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (lambda q, k, v: (q[0], k, v, torch.tensor([0, 8])), "q must be a 4-D tensor"),
+        (lambda q, k, v: (q, k[..., :2], v, torch.tensor([0, 8])), "k and v must have the same shape"),
+        (lambda q, k, v: (q, k[:, :4], v[:, :4], torch.tensor([0, 8])), "does not fit q"),
+        (lambda q, k, v: (q, k[:1], v[:1], torch.tensor([0, 8])), "does not fit q"),
+        (lambda q, k, v: (q[:, :, :3], k, v, torch.tensor([0, 8])), "divisible by k/v heads Hkv=2"),
+        (lambda q, k, v: (q.double(), k, v, torch.tensor([0, 8])), "share one floating dtype"),
+        (lambda q, k, v: (q.long(), k.long(), v.long(), torch.tensor([0, 8])), "share one floating dtype"),
+        (lambda q, k, v: (q, k, v, torch.tensor([0, 6])), "must equal T\\*cp = 8\\*1 = 8"),
+        (lambda q, k, v: (q, k, v, torch.tensor([1, 8])), "must start at 0"),
+        (lambda q, k, v: (q, k, v, torch.tensor([0, 4, 4, 8])), "strictly increasing"),
+        (lambda q, k, v: (q, k, v, torch.tensor([0, 3, 8])), "multiple of 2\\*cp_size=2"),
+        (lambda q, k, v: (q, k, v, torch.tensor([0.0, 8.0])), "integer dtype"),
+        (lambda q, k, v: (q, k, v, torch.tensor([[0, 8]])), "1-D integer tensor"),
+    ],
+)
 def test_bad_input_raises_value_error(args, match):
     with pytest.raises(ValueError, match=match):
         ba.branch_attention(*args(*_qkv()))
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda x, cu: ba.zigzag_shard(x, cu, 0, 0, 0), "cp_size must be a positive int"),
-    (lambda x, cu: ba.zigzag_shard(x, cu, 2, 2, 0), "cp_rank must be an int in \\[0, 2\\)"),
-    (lambda x, cu: ba.zigzag_shard(x, cu, 2, 0, 3), "dim=3 is out of range"),
-    (lambda x, cu: ba.zigzag_shard(x, cu, 2, 0, 1), "must equal cu_seqlens\\[-1\\]=8"),
-    (lambda x, cu: ba.zigzag_shard(x, cu, 4, 0, 0), "multiple of 2\\*cp_size=8"),
-    (lambda x, cu: ba.zigzag_unshard([x[:4]], cu, 2, 0), "expected 2, got 1"),
-    (lambda x, cu: ba.zigzag_unshard([x[:4], x[:3]], cu, 2, 0), "parts\\[1\\] has shape"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda x, cu: ba.zigzag_shard(x, cu, 0, 0, 0), "cp_size must be a positive int"),
+        (lambda x, cu: ba.zigzag_shard(x, cu, 2, 2, 0), "cp_rank must be an int in \\[0, 2\\)"),
+        (lambda x, cu: ba.zigzag_shard(x, cu, 2, 0, 3), "dim=3 is out of range"),
+        (lambda x, cu: ba.zigzag_shard(x, cu, 2, 0, 1), "must equal cu_seqlens\\[-1\\]=8"),
+        (lambda x, cu: ba.zigzag_shard(x, cu, 4, 0, 0), "multiple of 2\\*cp_size=8"),
+        (lambda x, cu: ba.zigzag_unshard([x[:4]], cu, 2, 0), "expected 2, got 1"),
+        (lambda x, cu: ba.zigzag_unshard([x[:4], x[:3]], cu, 2, 0), "parts\\[1\\] has shape"),
+    ],
+)
 def test_zigzag_bad_input_raises_value_error(call, match):
     with pytest.raises(ValueError, match=match):
         call(torch.zeros(8, 3), torch.tensor([0, 4, 8]))

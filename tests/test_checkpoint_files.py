@@ -63,9 +63,11 @@ def test_resume_takes_the_newest_complete_one_and_names_what_it_skips(tmp_path, 
     warnings = []
     found = files.choose(tmp_path, plan, "newest", None, warnings.append)
     assert [f.name for f, _ in found] == ["step-4", "step-2"]
-    assert warnings == [f"skipping checkpoint {tmp_path / 'checkpoints' / 'step-6'}: it has no completion marker "
-                        "(half-written: the run stopped while saving it)",
-                        f"skipping checkpoint {broken}: common.pt has 6 bytes, the marker says 1"]
+    assert warnings == [
+        f"skipping checkpoint {tmp_path / 'checkpoints' / 'step-6'}: it has no completion marker "
+        "(half-written: the run stopped while saving it)",
+        f"skipping checkpoint {broken}: common.pt has 6 bytes, the marker says 1",
+    ]
 
 
 def test_refusals_say_why(tmp_path, plan):
@@ -86,7 +88,8 @@ def test_refusals_say_why(tmp_path, plan):
     text = str(err.value)
     assert "model.hidden_size: checkpoint 64, this plan 128" in text and "model.head_dim: checkpoint 16" in text
     assert "draft.num_layers: checkpoint 1, this plan 2" in text and "num_layers:" not in text.replace(
-        "draft.num_layers", "")
+        "draft.num_layers", ""
+    )
     with pytest.raises(files.ResumeError, match="no such checkpoint folder"):
         files.choose(tmp_path, plan, "from", tmp_path / "nowhere", print)
     (folder / files.MARKER).unlink()
@@ -118,16 +121,20 @@ def test_metrics_rows_keep_each_step_below_the_checkpoint_once_in_order(tmp_path
 
 def test_negative_counts_are_refused_by_name():
     with pytest.raises(SpecError) as err:
-        compile(load_layout(None, ["training.save_interval=-1", "training.keep_checkpoints=0",
-                                   "slurm.max_requeues=-1"]))
+        compile(
+            load_layout(None, ["training.save_interval=-1", "training.keep_checkpoints=0", "slurm.max_requeues=-1"])
+        )
     text = str(err.value)
     assert "training.save_interval = -1: must be >= 0" in text
     assert "training.keep_checkpoints = 0: must be >= 1" in text and "slurm.max_requeues = -1: must be >= 0" in text
 
 
 def test_requeue_is_bounded_and_a_requeued_job_resumes_on_its_own(plan):
-    assert preempt.request_requeue(plan, {}) == {"requeued": False, "restarts": 0,
-                                                  "reason": "not running under Slurm (no SLURM_JOB_ID)"}
+    assert preempt.request_requeue(plan, {}) == {
+        "requeued": False,
+        "restarts": 0,
+        "reason": "not running under Slurm (no SLURM_JOB_ID)",
+    }
     spent = preempt.request_requeue(plan, {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "3"})
     assert not spent["requeued"]
     assert spent["reason"] == "slurm.max_requeues=3 reached (this job was restarted 3 time(s))"

@@ -29,8 +29,12 @@ from tests.rank_procs import RankRun, metrics, result, without_timing, write_pla
 pytestmark = pytest.mark.dist
 STEPS = 5
 # Saves after steps 2, 4 and 5 (the last); the draft joins after 1 warm-up step, so step-2 holds both optimizers.
-COMMON = ["training.warmup_steps=1", "training.save_interval=2", "training.keep_checkpoints=3",
-          f"training.train_iters={STEPS}"]
+COMMON = [
+    "training.warmup_steps=1",
+    "training.save_interval=2",
+    "training.keep_checkpoints=3",
+    f"training.train_iters={STEPS}",
+]
 COTRAIN = ("--workload", "cotrain")
 PAUSE = {"SPECDRAFT_STEP_PAUSE_S": "1.5"}  # after each step's metrics, before its save: the kill's place
 SINGLE = ["cluster.gpus_per_node=1", "parallel.cp=1", "parallel.pp=1"]
@@ -81,8 +85,12 @@ def test_a_killed_run_resumes_exactly_and_reshards(tmp_path):
 
 @pytest.mark.timeout(600)
 def test_damaged_checkpoints_are_skipped_and_refusals_say_why(tmp_path):
-    overrides = SINGLE + ["training.warmup_steps=1", "training.save_interval=1", "training.keep_checkpoints=4",
-                          "training.train_iters=4"]
+    overrides = SINGLE + [
+        "training.warmup_steps=1",
+        "training.save_interval=1",
+        "training.keep_checkpoints=4",
+        "training.train_iters=4",
+    ]
     run_dir = tmp_path / "run"
     write_plan(run_dir, overrides)
     run = RankRun.start(run_dir, 1, *COTRAIN)

@@ -17,22 +17,34 @@ BROKEN = ROOT / "examples" / "broken.yaml"
 def run(*args, env=None, cwd=None):
     full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
     full_env.pop("SPECDRAFT_DEBUG", None) if not (env and "SPECDRAFT_DEBUG" in env) else None
-    return subprocess.run([sys.executable, "-m", "specdraft.cli", *args], capture_output=True, text=True,
-                          env=full_env, cwd=cwd or ROOT, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "specdraft.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd or ROOT,
+        timeout=120,
+    )
 
 
 def test_plan_default_prints_summary():
     out = run("plan")
     assert out.returncode == 0, out.stderr
-    for needle in ("layout tiny-cpu", "pipeline stages", "TapChannel routes", "zigzag_ring_branch_merge",
-                   "--context-parallel-size 2"):
+    for needle in (
+        "layout tiny-cpu",
+        "pipeline stages",
+        "TapChannel routes",
+        "zigzag_ring_branch_merge",
+        "--context-parallel-size 2",
+    ):
         assert needle in out.stdout
 
 
 def test_tables_piped_to_a_file_are_not_cut_to_80_columns():
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "SPECDRAFT_DEBUG")}
-    out = subprocess.run([sys.executable, "-m", "specdraft.cli", "plan"], capture_output=True, text=True, env=env,
-                         cwd=ROOT, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "specdraft.cli", "plan"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert "microbatches" in out.stdout and "weights" in out.stdout and "…" not in out.stdout
 
@@ -42,8 +54,19 @@ def test_plan_json_is_byte_identical_and_written_atomically(tmp_path):
     second = run("plan", "--format", "json")
     assert first.returncode == 0 and first.stdout == second.stdout
     data = json.loads(first.stdout)
-    for key in ("world_size", "ranks", "stages", "model", "memory", "warnings", "spec_sha256", "slurm",
-                "tap_routes", "draft", "renders"):
+    for key in (
+        "world_size",
+        "ranks",
+        "stages",
+        "model",
+        "memory",
+        "warnings",
+        "spec_sha256",
+        "slurm",
+        "tap_routes",
+        "draft",
+        "renders",
+    ):
         assert key in data
     target = tmp_path / "plan.json"
     written = run("plan", "--format", "json", "-o", str(target))
@@ -65,14 +88,17 @@ def test_debug_env_shows_the_traceback():
     assert out.returncode != 0 and "Traceback" in out.stderr
 
 
-@pytest.mark.parametrize("args, needle", [
-    (("validate", "missing.yaml"), "layout file not found"),
-    (("plan", "parallel.cpp=2"), "unknown field"),
-    (("plan", "--format", "xml"), "--format"),
-    (("explain", "parallel.cpx"), "no layout field"),
-    (("render", "--to", "pdf"), "not a render target"),
-    (("plan", "layouts/tiny-cpu.yaml", "oops"), "KEY=VALUE"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("validate", "missing.yaml"), "layout file not found"),
+        (("plan", "parallel.cpp=2"), "unknown field"),
+        (("plan", "--format", "xml"), "--format"),
+        (("explain", "parallel.cpx"), "no layout field"),
+        (("render", "--to", "pdf"), "not a render target"),
+        (("plan", "layouts/tiny-cpu.yaml", "oops"), "KEY=VALUE"),
+    ],
+)
 def test_user_errors_exit_2_without_traceback(args, needle):
     out = run(*args)
     assert out.returncode == 2, (out.stdout, out.stderr)

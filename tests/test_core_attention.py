@@ -33,17 +33,34 @@ def _model(cp: int, ours: bool):
     parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(context_parallel_size=cp)
     config = TransformerConfig(
-        num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=64,
-        context_parallel_size=cp, use_cpu_initialization=True, params_dtype=torch.float32,
-        attention_dropout=0.0, hidden_dropout=0.0, bias_activation_fusion=False, bias_dropout_fusion=False,
-        masked_softmax_fusion=False, persist_layer_norm=False, apply_rope_fusion=False,
-        gradient_accumulation_fusion=False)
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_query_groups=2,
+        ffn_hidden_size=64,
+        context_parallel_size=cp,
+        use_cpu_initialization=True,
+        params_dtype=torch.float32,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+    )
     spec = get_gpt_layer_local_spec()
     if ours:
         spec.submodules.self_attention.submodules.core_attention = BranchCoreAttention
     torch.manual_seed(0)
-    return GPTModel(config=config, transformer_layer_spec=spec, vocab_size=VOCAB, max_sequence_length=64,
-                    position_embedding_type="rope")
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=VOCAB,
+        max_sequence_length=64,
+        position_embedding_type="rope",
+    )
 
 
 def _logits_and_grad(model, tokens, weights, **kw):
@@ -107,9 +124,15 @@ def _ours(cp, rank, state, data, refs):
     cu_b = torch.tensor([0, SEQ])
     shard = [ba.zigzag_shard(x, cu_b, cp, rank % cp, dim=1) for x in (tokens, weights)]
     logits, grad = _logits_and_grad(model, *shard)
-    packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu,
-                             cu_seqlens_kv_padded=cu, max_seqlen_q=max(THD_LENGTHS),
-                             max_seqlen_kv=max(THD_LENGTHS))
+    packed = PackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=cu,
+        cu_seqlens_kv=cu,
+        cu_seqlens_q_padded=cu,
+        cu_seqlens_kv_padded=cu,
+        max_seqlen_q=max(THD_LENGTHS),
+        max_seqlen_kv=max(THD_LENGTHS),
+    )
     thd_shard = [ba.zigzag_shard(x, cu, cp, rank % cp, dim=1) for x in (thd_tokens, thd_weights)]
     thd_logits, thd_grad = _logits_and_grad(model, *thd_shard, packed_seq_params=packed)
     if cp > 1:  # each rank holds the gradient of its own tokens' share of the loss
@@ -121,8 +144,12 @@ def _ours(cp, rank, state, data, refs):
     def err(a, b):
         return ((a - b).abs().max() / b.abs().max()).item()
 
-    return {"sbhd logits": err(logits, ref_logits), "sbhd grad": err(grad, ref_grad),
-            "thd logits": err(thd_logits, thd_ref), "thd grad": err(thd_grad, thd_ref_grad)}
+    return {
+        "sbhd logits": err(logits, ref_logits),
+        "sbhd grad": err(grad, ref_grad),
+        "thd logits": err(thd_logits, thd_ref),
+        "thd grad": err(thd_grad, thd_ref_grad),
+    }
 
 
 @pytest.mark.dist

@@ -24,8 +24,13 @@ LAYOUTS = {
     "pp2-cp2": ["cluster.gpus_per_node=4", "training.recompute=full"],  # every layer recomputed in backward
     "pp2-cp1": ["cluster.gpus_per_node=2", "parallel.cp=1"],
     "pp1-cp2": ["cluster.gpus_per_node=2", "parallel.pp=1"],
-    "tp2-pp1": ["cluster.gpus_per_node=2", "parallel.tp=2", "parallel.cp=1", "parallel.pp=1",
-                "training.recompute=selective"],  # core attention recomputed
+    "tp2-pp1": [
+        "cluster.gpus_per_node=2",
+        "parallel.tp=2",
+        "parallel.cp=1",
+        "parallel.pp=1",
+        "training.recompute=selective",
+    ],  # core attention recomputed
     "pp2-vpp2": ["cluster.gpus_per_node=2", "parallel.cp=1", "parallel.vpp=2"],
     "draft-first": ["cluster.gpus_per_node=2", "parallel.cp=1", "draft.stage=first"],
 }
@@ -42,12 +47,18 @@ def metrics(specdraft_cli, folder: Path, overrides: list[str]) -> list[dict]:
 
 
 def _single(tmp_path_factory, extra: list[str]) -> list[dict]:
-    from tests.conftest import SPECDRAFT_BIN
     import subprocess
 
+    from tests.conftest import SPECDRAFT_BIN
+
     folder = tmp_path_factory.mktemp("single") / "run"
-    proc = subprocess.run([str(SPECDRAFT_BIN), "launch", *SINGLE, *extra, *COMMON, "--run-dir", str(folder)],
-                          capture_output=True, text=True, timeout=240, cwd=folder.parent)
+    proc = subprocess.run(
+        [str(SPECDRAFT_BIN), "launch", *SINGLE, *extra, *COMMON, "--run-dir", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=folder.parent,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
@@ -72,8 +83,11 @@ def test_losses_match_the_single_process_run(name, reference, specdraft_cli, tmp
 @pytest.mark.timeout(400)
 def test_reduced_vocabulary_matches_the_single_process_run(tmp_path_factory, specdraft_cli, tmp_path):
     want = _single(tmp_path_factory, REDUCED)
-    rows = metrics(specdraft_cli, tmp_path / "reduced", ["cluster.gpus_per_node=4", "parallel.tp=2", "parallel.cp=2",
-                                                         "parallel.pp=1", *REDUCED])
+    rows = metrics(
+        specdraft_cli,
+        tmp_path / "reduced",
+        ["cluster.gpus_per_node=4", "parallel.tp=2", "parallel.cp=2", "parallel.pp=1", *REDUCED],
+    )
     for got, ref in zip(rows, want):
         assert got["target_loss"] == pytest.approx(ref["target_loss"], rel=2e-5), got["step"]
         assert got["draft_loss"] == pytest.approx(ref["draft_loss"], rel=2e-4, abs=1e-6), got["step"]

@@ -15,8 +15,15 @@ from tests.distributed import run_distributed
 pytestmark = pytest.mark.dist
 
 # 9 layers over 3 stages (0-2, 3-5, 6-8): taps 1, 4 and 7 sit on every stage.
-BASE = ["model.num_layers=9", "draft.aux_layers=[1,4,7]", "cluster.gpus_per_node=3", "parallel.pp=3",
-        "parallel.cp=1", "training.warmup_steps=0", "training.train_iters=2"]
+BASE = [
+    "model.num_layers=9",
+    "draft.aux_layers=[1,4,7]",
+    "cluster.gpus_per_node=3",
+    "parallel.pp=3",
+    "parallel.cp=1",
+    "training.warmup_steps=0",
+    "training.train_iters=2",
+]
 
 
 def _plan(overrides):
@@ -42,8 +49,18 @@ def _worker(rank, world_size, cases, root):
         run_dir = Path(root) / name
         run_dir.mkdir(parents=True, exist_ok=True)
         dist.barrier()
-        ctx = RankContext(plan=plan, run_dir=run_dir, global_rank=rank, local_rank=rank, world_size=world_size,
-                          node=0, device="cpu", backend="gloo", steps=1, workload="cotrain")
+        ctx = RankContext(
+            plan=plan,
+            run_dir=run_dir,
+            global_rank=rank,
+            local_rank=rank,
+            world_size=world_size,
+            node=0,
+            device="cpu",
+            backend="gloo",
+            steps=1,
+            workload="cotrain",
+        )
         out.append((name, run(ctx)["final"]))
     return out
 
@@ -78,8 +95,9 @@ def test_taps_arrive_bit_for_bit_and_blocking_baseline_agrees(tmp_path):
     for path in sorted((tmp_path / "audit" / "taps").glob("rank-*.jsonl")):
         records += [json.loads(line) for line in path.read_text().splitlines()]
     sent = {(r["microbatch"], str(r["tap"]), r["src"], r["dst"]): r["sha256"] for r in records if r["kind"] == "sent"}
-    received = {(r["microbatch"], str(r["tap"]), r["src"], r["dst"]): r["sha256"]
-                for r in records if r["kind"] == "received"}
+    received = {
+        (r["microbatch"], str(r["tap"]), r["src"], r["dst"]): r["sha256"] for r in records if r["kind"] == "received"
+    }
     # Draft on stage 2 (ranks 2): the embedding, tap 1 (stage 0) and tap 4 (stage 1) travel; tap 7 is local.
     expected = {(m, tap, src, 2) for m in range(4) for tap, src in (("embedding", 0), ("1", 0), ("4", 1))}
     assert set(received) == expected

@@ -7,8 +7,15 @@ import json
 import pytest
 
 pytestmark = pytest.mark.slurm
-TWO_NODES = ["cluster.num_nodes=2", "cluster.gpus_per_node=1", "parallel.cp=1", "slurm.partition=debug",
-             "slurm.cpus_per_task=1", "slurm.time=00:05:00", "training.warmup_steps=0"]
+TWO_NODES = [
+    "cluster.num_nodes=2",
+    "cluster.gpus_per_node=1",
+    "parallel.cp=1",
+    "slurm.partition=debug",
+    "slurm.cpus_per_task=1",
+    "slurm.time=00:05:00",
+    "training.warmup_steps=0",
+]
 
 
 @pytest.mark.timeout(300)
@@ -20,8 +27,20 @@ def test_cotrain_across_two_nodes(slurm_cluster, specdraft_cli, tmp_path):
     assert routes and all(r["cross_node"] for r in routes), "stage 0 on n1, the draft's stage on n2"
 
     folder = tmp_path / "run"
-    proc = specdraft_cli("launch", plan_file, "--executor", "slurm", "--workload", "cotrain", "--steps", "3",
-                         "--run-dir", folder, "--wait", timeout=280)
+    proc = specdraft_cli(
+        "launch",
+        plan_file,
+        "--executor",
+        "slurm",
+        "--workload",
+        "cotrain",
+        "--steps",
+        "3",
+        "--run-dir",
+        folder,
+        "--wait",
+        timeout=280,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all 2 ranks passed cotrain" in proc.stdout and "draft acceptance" in proc.stdout
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]

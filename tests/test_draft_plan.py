@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from specdraft.errors import SpecError
 from specdraft.assemble import compile
+from specdraft.errors import SpecError
 from specdraft.spec.load import load_layout
 
 LAYOUTS = Path(__file__).parents[1] / "specdraft" / "layouts"

@@ -27,9 +27,18 @@ from tests.eagle3_reader import Eagle3Reader, vllm_param_name, vllm_param_shapes
 pytestmark = pytest.mark.dist
 AUX = [4, 1, 6]  # deliberately unsorted: the export puts fc's blocks in layer order
 DRAFT_VOCAB = 48
-LAYOUT = ["cluster.gpus_per_node=4", "parallel.tp=2", "parallel.cp=1", "parallel.pp=2", f"draft.aux_layers={AUX}",
-          f"draft.vocab_size={DRAFT_VOCAB}", "training.warmup_steps=2", "training.save_interval=3",
-          "draft.export_interval=3", "training.keep_checkpoints=5"]
+LAYOUT = [
+    "cluster.gpus_per_node=4",
+    "parallel.tp=2",
+    "parallel.cp=1",
+    "parallel.pp=2",
+    f"draft.aux_layers={AUX}",
+    f"draft.vocab_size={DRAFT_VOCAB}",
+    "training.warmup_steps=2",
+    "training.save_interval=3",
+    "draft.export_interval=3",
+    "training.keep_checkpoints=5",
+]
 STEPS = 6
 
 
@@ -41,13 +50,34 @@ def run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("export")
     folder = root / "run"
-    proc = subprocess.run([str(SPECDRAFT_BIN), "launch", *LAYOUT, "--workload", "cotrain", "--steps", str(STEPS),
-                           "--executor", "local", "--run-dir", str(folder)], capture_output=True, text=True,
-                          timeout=400, cwd=root)
+    proc = subprocess.run(
+        [
+            str(SPECDRAFT_BIN),
+            "launch",
+            *LAYOUT,
+            "--workload",
+            "cotrain",
+            "--steps",
+            str(STEPS),
+            "--executor",
+            "local",
+            "--run-dir",
+            str(folder),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=root,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     export = root / "export-6"
-    proc = subprocess.run([str(SPECDRAFT_BIN), "export", str(folder), "--step", "6", "-o", str(export)],
-                          capture_output=True, text=True, timeout=200, cwd=root)
+    proc = subprocess.run(
+        [str(SPECDRAFT_BIN), "export", str(folder), "--step", "6", "-o", str(export)],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        cwd=root,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "step 6" in proc.stdout and "d2t/t2d" in proc.stdout
     return folder, export
@@ -73,8 +103,14 @@ def _runtime_logits(rank, world, run_dir: str, length: int):
             logits = [draft.head(x) for x in draft.ttt(aux, emb, positions, cu)]
             fed = iter(emb[1:, -1:])
             chain = draft_chain(draft, aux, emb[0], steps, lambda out: (out, next(fed, None)))
-        return {"aux": aux, "emb": emb, "logits": logits, "chain": [c for c, _ in chain],
-                "d2t": draft.vocab.d2t.clone(), "t2d": draft.vocab.t2d.clone()}
+        return {
+            "aux": aux,
+            "emb": emb,
+            "logits": logits,
+            "chain": [c for c, _ in chain],
+            "d2t": draft.vocab.d2t.clone(),
+            "t2d": draft.vocab.t2d.clone(),
+        }
 
 
 def test_an_independent_reader_rebuilds_the_runtime_drafts_logits(run):
@@ -87,7 +123,10 @@ def test_an_independent_reader_rebuilds_the_runtime_drafts_logits(run):
         placed = reader.target_logits(mine.double())  # the runtime's draft logits in vLLM's target-vocab layout
         assert torch.equal(torch.isinf(placed), torch.isinf(want)), j
         finite = torch.isfinite(want)
-        assert torch.allclose(placed[finite], want[finite], rtol=1e-4, atol=1e-5), (j, (placed - want)[finite].abs().max())
+        assert torch.allclose(placed[finite], want[finite], rtol=1e-4, atol=1e-5), (
+            j,
+            (placed - want)[finite].abs().max(),
+        )
         assert torch.equal(placed.argmax(-1), want.argmax(-1)), j
     # The decoder's chain (last row, teacher-forced) is the TTT unroll the draft trained with.
     for j, (chained, unrolled) in enumerate(zip(got["chain"], got["logits"])):
@@ -102,8 +141,18 @@ def test_vllm_renames_find_every_tensor_with_its_shape_and_config_has_every_key(
 
     _, export = run
     config = json.loads((export / "config.json").read_text())
-    for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
-                "draft_vocab_size", "rms_norm_eps", "rope_theta", "max_position_embeddings", "target_hidden_size"):
+    for key in (
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+        "draft_vocab_size",
+        "rms_norm_eps",
+        "rope_theta",
+        "max_position_embeddings",
+        "target_hidden_size",
+    ):
         assert isinstance(config[key], (int, float)) and not isinstance(config[key], bool), key
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["model_type"] == "llama"
     assert config["num_hidden_layers"] == 1 and config["draft_vocab_size"] == DRAFT_VOCAB
@@ -158,8 +207,7 @@ def test_published_drafts_equal_the_checkpoint_exports(run, specdraft_cli, tmp_p
 
 
 def _decode(rank, world, run_dir: str):
-    from specdraft.runtime.serve import offline
-    from specdraft.runtime.serve import speculative
+    from specdraft.runtime.serve import offline, speculative
     from specdraft.runtime.train.data import MarkovData
 
     plan = offline.read_run_plan(Path(run_dir))
@@ -195,8 +243,20 @@ def test_speculative_decoding_is_lossless(run):
 
 def test_rollout_measure_reports_the_figures(run, specdraft_cli, tmp_path):
     folder, _ = run
-    proc = specdraft_cli("rollout", "measure", folder, "--draft-step", "3", "--prompts", "2", "--max-new-tokens",
-                         "8", "--format", "json", timeout=300)
+    proc = specdraft_cli(
+        "rollout",
+        "measure",
+        folder,
+        "--draft-step",
+        "3",
+        "--prompts",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--format",
+        "json",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
     for key in ("accept_len", "tokens_per_target_forward", "acceptance", "lossless", "speedup_wall", "k", "prompts"):
@@ -208,8 +268,19 @@ def test_rollout_measure_reports_the_figures(run, specdraft_cli, tmp_path):
     assert r["speedup_wall"] > 0
     # The measured draft drives the rollout model.
     (tmp_path / "m.json").write_text(proc.stdout)
-    sim = specdraft_cli("rollout", "simulate", "--acceptance-from", tmp_path / "m.json", "--seeds", "1", "--steps",
-                        "1", "--format", "json", timeout=200)
+    sim = specdraft_cli(
+        "rollout",
+        "simulate",
+        "--acceptance-from",
+        tmp_path / "m.json",
+        "--seeds",
+        "1",
+        "--steps",
+        "1",
+        "--format",
+        "json",
+        timeout=200,
+    )
     assert sim.returncode == 0, sim.stderr
     measured = json.loads(sim.stdout)["acceptance_from"]
     assert measured["kind"] == "decoding" and measured["k"] == 3
@@ -234,8 +305,10 @@ def test_bad_input_is_refused_by_name(run, specdraft_cli, tmp_path):
     assert proc.returncode == 2 and "not a specdraft export" in proc.stderr
     assert (foreign / "keep.txt").read_text() == "not an export"
     # A run folder without checkpoints, and one whose plan trains no draft.
-    for name, overrides, message in (("bare", LAYOUT, "no complete checkpoint"),
-                                     ("nodraft", ["draft.enabled=false"], "trained no draft")):
+    for name, overrides, message in (
+        ("bare", LAYOUT, "no complete checkpoint"),
+        ("nodraft", ["draft.enabled=false"], "trained no draft"),
+    ):
         other = tmp_path / name
         other.mkdir()
         for item in (".specdraft-run", "run.json"):

@@ -20,12 +20,21 @@ def spec_of(*, tp=1, pp=1, vpp=None, sp=False, overlap=False, heads=32, groups=N
     """A 32-layer, 4096-wide model on `nodes` x 8 H100s, no draft (the plain Megatron step)."""
     return LayoutSpec(
         name="mechanisms",
-        model=ModelSpec(num_layers=32, hidden_size=4096, ffn_hidden_size=16384, num_attention_heads=heads,
-                        num_query_groups=groups, vocab_size=32000, seq_length=4096, swiglu=False),
+        model=ModelSpec(
+            num_layers=32,
+            hidden_size=4096,
+            ffn_hidden_size=16384,
+            num_attention_heads=heads,
+            num_query_groups=groups,
+            vocab_size=32000,
+            seq_length=4096,
+            swiglu=False,
+        ),
         cluster=ClusterSpec(num_nodes=nodes, gpus_per_node=8, gpu="h100-80gb"),
         parallel=ParallelSpec(tp=tp, pp=pp, vpp=vpp, sequence_parallel=sp),
         draft=DraftSpec(enabled=False),
-        training=TrainingSpec(global_batch_size=64, micro_batch_size=1, recompute="none", tp_comm_overlap=overlap))
+        training=TrainingSpec(global_batch_size=64, micro_batch_size=1, recompute="none", tp_comm_overlap=overlap),
+    )
 
 
 def megatron_warmup(pp: int, vpp: int, microbatches: int, rank: int = 0) -> int:
@@ -102,4 +111,5 @@ def test_activation_memory_is_table_2_with_k_and_v_at_the_gqa_width(tp, groups):
     sp = dataclasses.replace(spec, parallel=dataclasses.replace(spec.parallel, sequence_parallel=tp > 1))
     if tp > 1:
         assert activation_bytes_per_layer(sp, tokens, ffn_term) == pytest.approx(
-            tokens * h * (34 - 4 * (1 - ratio)) / tp, rel=1e-12)
+            tokens * h * (34 - 4 * (1 - ratio)) / tp, rel=1e-12
+        )

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from specdraft.runtime.attention import backend as ab
 from specdraft.runtime.attention import branch as ba
+from specdraft.runtime.attention.fused import FusedAttention
 from specdraft.runtime.attention.ops import CpuFlash, fold, unfold
 from specdraft.runtime.attention.reference import ReferenceAttention
-from specdraft.runtime.attention.fused import FusedAttention
 
 
 def test_cpu_flash_lse_is_natural_log_per_batch_head_row():
@@ -57,13 +57,19 @@ class CpuVarlen:
 
     def forward(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
         assert cu_q.dtype == cu_k.dtype == torch.int32
-        parts = [self.flash.forward(q[None, a:b], k[None, c:d], v[None, c:d], causal, scale)
-                 for (a, b), (c, d) in self._pairs(cu_q, cu_k)]
+        parts = [
+            self.flash.forward(q[None, a:b], k[None, c:d], v[None, c:d], causal, scale)
+            for (a, b), (c, d) in self._pairs(cu_q, cu_k)
+        ]
         return torch.cat([o[0] for o, _ in parts]), torch.cat([lse[0] for _, lse in parts])
 
     def backward(self, do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale):
-        grads = [self.flash.backward(do[None, a:b], q[None, a:b], k[None, c:d], v[None, c:d], o[None, a:b],
-                                     lse[None, a:b], causal, scale) for (a, b), (c, d) in self._pairs(cu_q, cu_k)]
+        grads = [
+            self.flash.backward(
+                do[None, a:b], q[None, a:b], k[None, c:d], v[None, c:d], o[None, a:b], lse[None, a:b], causal, scale
+            )
+            for (a, b), (c, d) in self._pairs(cu_q, cu_k)
+        ]
         return tuple(torch.cat([g[i][0] for g in grads]) for i in range(3))
 
 
@@ -77,8 +83,11 @@ def loopback_dense(q, k, v, local_cu, scale):
     mid = torch.tensor([(a + b) // 2 for a, b in zip(local_cu, local_cu[1:])])[seq]
     row = torch.arange(T)
     same = seq[:, None] == seq[None, :]
-    blocks = [same & (row[None, :] <= row[:, None]), same & (row[None, :] < mid[:, None]),
-              same & (row[:, None] >= mid[:, None])]
+    blocks = [
+        same & (row[None, :] <= row[:, None]),
+        same & (row[None, :] < mid[:, None]),
+        same & (row[:, None] >= mid[:, None]),
+    ]
     keys = [k[0]] * 3 + list(k[1:])
     values = [v[0]] * 3 + list(v[1:])
     out = []
@@ -110,13 +119,15 @@ def _grads(fn, q, k, v, dout):
     return [out.detach(), *torch.autograd.grad(out, leaves, dout)]
 
 
-CASE = st.fixed_dictionaries({
-    "steps": st.sampled_from([(1, 1), (2, 2), (3, 3), (4, 4), (3, 1), (4, 2)]),  # (S_kv, S_q)
-    "heads": st.sampled_from([(2, 2), (4, 2), (4, 1), (6, 3)]),
-    "D": st.sampled_from([4, 8]),
-    "halves": st.lists(st.integers(1, 4), min_size=1, max_size=5),  # local length = 2 * half
-    "seed": st.integers(0, 2**31 - 1),
-})
+CASE = st.fixed_dictionaries(
+    {
+        "steps": st.sampled_from([(1, 1), (2, 2), (3, 3), (4, 4), (3, 1), (4, 2)]),  # (S_kv, S_q)
+        "heads": st.sampled_from([(2, 2), (4, 2), (4, 1), (6, 3)]),
+        "D": st.sampled_from([4, 8]),
+        "halves": st.lists(st.integers(1, 4), min_size=1, max_size=5),  # local length = 2 * half
+        "seed": st.integers(0, 2**31 - 1),
+    }
+)
 
 
 @settings(max_examples=25, derandomize=True, deadline=None)
@@ -216,6 +227,7 @@ def test_cuda_order_cudnn_for_single_length_calls_else_varlen_flash(monkeypatch)
     assert ab.choose(cuda, torch.bfloat16, 128, num_runs=3)[1] == "fused-cudnn"  # dense runs still beat the reference
     verdicts[("fused-cudnn", cuda, torch.bfloat16, 128)] = "cuDNN is not available"
     assert ab.choose(cuda, torch.bfloat16, 128)[1] == "reference"
-    assert ab.describe(cuda, torch.bfloat16, 128) == ("reference (fused-cudnn: cuDNN is not available; fused-flash: "
-                                                      "fused-flash probe: out differs)")
+    assert ab.describe(cuda, torch.bfloat16, 128) == (
+        "reference (fused-cudnn: cuDNN is not available; fused-flash: fused-flash probe: out differs)"
+    )
     assert "takes torch.bfloat16, torch.float16, not torch.float32" in ab.verdict("fused-flash", cuda, torch.float32, 8)

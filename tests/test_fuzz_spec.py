@@ -18,15 +18,18 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from specdraft.errors import SpecError, UserError
 from specdraft.assemble import check, compile
+from specdraft.errors import SpecError, UserError
 from specdraft.spec.load import builtin_layout_text, load_layout_text, spec_sha256
 from specdraft.spec.schema import LayoutSpec
 
 TINY = builtin_layout_text()
 BASE = yaml.safe_load(TINY)
-FUZZ = settings(max_examples=int(os.environ.get("SPECDRAFT_FUZZ_EXAMPLES", "150")),
-                deadline=timedelta(seconds=10), suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=int(os.environ.get("SPECDRAFT_FUZZ_EXAMPLES", "150")),
+    deadline=timedelta(seconds=10),
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 def _fields(cls=LayoutSpec, prefix=""):
@@ -62,17 +65,50 @@ def outcome(text: str, overrides=()) -> str:
 
 
 numbers = st.one_of(
-    st.integers(-(2**80), 2**80), st.integers(-3, 70), st.floats(allow_nan=True, allow_infinity=True),
-    st.sampled_from([0, -1, 1, 2, 4, 8, 1e30, 1e300, -1e300, 2**31, 2**53 + 1, 0.5, math.nan, math.inf]))
+    st.integers(-(2**80), 2**80),
+    st.integers(-3, 70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0, -1, 1, 2, 4, 8, 1e30, 1e300, -1e300, 2**31, 2**53 + 1, 0.5, math.nan, math.inf]),
+)
 texts = st.one_of(
     st.text(max_size=20),
-    st.sampled_from(["???", "${name}", "${oc.env:HOME}", "${model}", "${", "${a.b", "\\${x}", "${name}${name}",
-                     "a\x00b", "x\ny", "last", "first", "cpu", "p2p", "bf16", "--exclusive", "--chd=/", "01:00:00",
-                     "\udcff", "é", "\u202e", "%j", "a b"]))
+    st.sampled_from(
+        [
+            "???",
+            "${name}",
+            "${oc.env:HOME}",
+            "${model}",
+            "${",
+            "${a.b",
+            "\\${x}",
+            "${name}${name}",
+            "a\x00b",
+            "x\ny",
+            "last",
+            "first",
+            "cpu",
+            "p2p",
+            "bf16",
+            "--exclusive",
+            "--chd=/",
+            "01:00:00",
+            "\udcff",
+            "é",
+            "\u202e",
+            "%j",
+            "a b",
+        ]
+    ),
+)
 scalars = st.one_of(st.none(), st.booleans(), numbers, texts)
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
-                      | st.dictionaries(st.one_of(st.sampled_from(PATHS), st.text(max_size=8)), inner, max_size=4),
-                      max_leaves=12)
+values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.one_of(st.sampled_from(PATHS), st.text(max_size=8)), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
 
 
 def typed(tp):
@@ -112,8 +148,9 @@ def _set(data: dict, path: str, value) -> None:
 
 
 @FUZZ
-@given(st.lists(st.sampled_from(PATHS).flatmap(lambda p: st.tuples(st.just(p), field_value(p))), min_size=1,
-                max_size=6))
+@given(
+    st.lists(st.sampled_from(PATHS).flatmap(lambda p: st.tuples(st.just(p), field_value(p))), min_size=1, max_size=6)
+)
 def test_random_values_for_known_fields(assignment):
     data = yaml.safe_load(TINY)
     for path, value in assignment:
@@ -129,31 +166,74 @@ yaml_chars = st.sampled_from(list("abcdenmpt:{}[],-?*&!|>'\"#%@`$\\ \t\n019.=_")
 
 
 @FUZZ
-@given(st.one_of(st.text(yaml_chars, max_size=80), st.text(max_size=80),
-                 st.builds(lambda head, tail: head + tail, st.just(TINY), st.text(yaml_chars, max_size=40))))
+@given(
+    st.one_of(
+        st.text(yaml_chars, max_size=80),
+        st.text(max_size=80),
+        st.builds(lambda head, tail: head + tail, st.just(TINY), st.text(yaml_chars, max_size=40)),
+    )
+)
 def test_random_yaml_text(text):
     outcome(text)
 
 
 override_values = st.one_of(
-    texts, numbers.map(str), st.sampled_from([".nan", ".inf", "-.inf", "1e400", "[]", "{}", "[1, 2", "{a: 1}",
-                                               "null", "~", "[${name}]", "'quoted'", '"a\\0b"', "!!binary aGk=",
-                                               "*alias", "&a x", "- a", "a: b"]))
-override_keys = st.one_of(st.sampled_from(PATHS), st.sampled_from(["model", "parallel", "slurm.env.X",
-                                                                   "training.sequence_lengths[0]", "a..b", "[0]",
-                                                                   "model.path.x", "cluster.gpu.y", ""]),
-                          st.text(max_size=12))
+    texts,
+    numbers.map(str),
+    st.sampled_from(
+        [
+            ".nan",
+            ".inf",
+            "-.inf",
+            "1e400",
+            "[]",
+            "{}",
+            "[1, 2",
+            "{a: 1}",
+            "null",
+            "~",
+            "[${name}]",
+            "'quoted'",
+            '"a\\0b"',
+            "!!binary aGk=",
+            "*alias",
+            "&a x",
+            "- a",
+            "a: b",
+        ]
+    ),
+)
+override_keys = st.one_of(
+    st.sampled_from(PATHS),
+    st.sampled_from(
+        [
+            "model",
+            "parallel",
+            "slurm.env.X",
+            "training.sequence_lengths[0]",
+            "a..b",
+            "[0]",
+            "model.path.x",
+            "cluster.gpu.y",
+            "",
+        ]
+    ),
+    st.text(max_size=12),
+)
 
 
 @FUZZ
-@given(st.lists(st.tuples(override_keys, override_values).map(lambda kv: f"{kv[0]}={kv[1]}"), max_size=5)
-       | st.lists(st.text(max_size=30), max_size=3))
+@given(
+    st.lists(st.tuples(override_keys, override_values).map(lambda kv: f"{kv[0]}={kv[1]}"), max_size=5)
+    | st.lists(st.text(max_size=30), max_size=3)
+)
 @example(["[="])  # found by this test in CI: OmegaConf's key splitter raised IndexError
 def test_random_dotlist_overrides(overrides):
     outcome(TINY, overrides)
 
 
 # ---- the real CLI, in-process through its one error boundary ----------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def cli():
@@ -165,6 +245,7 @@ def cli():
 
     def invoke(*argv):
         return run(lambda: cli_main.app(args=list(argv), prog_name="specdraft", standalone_mode=False))
+
     return invoke
 
 
@@ -174,19 +255,30 @@ def test_hostile_inputs_through_the_cli_end_in_exit_2(cli, capsys, tmp_path):
     (tmp_path / "open.yaml").write_text("name: ${\n")
     os.mkfifo(tmp_path / "fifo.yaml")
     cases = [
-        ("validate", str(tmp_path / "latin1.yaml")), ("validate", str(tmp_path / "num.yaml")),
-        ("validate", str(tmp_path / "open.yaml")), ("validate", str(tmp_path / "fifo.yaml")),
-        ("validate", "/dev/zero"), ("validate", "model.hidden_size=1e300"), ("validate", "parallel.tp=???"),
-        ("validate", "name=${oc.env:HOME}"), ("validate", "training.lr=.nan"), ("validate", "model.path=a\x1bb"),
-        ("validate", "model.path=" + "x" * 2_000_000), ("validate", "training.seed=1e30"),
+        ("validate", str(tmp_path / "latin1.yaml")),
+        ("validate", str(tmp_path / "num.yaml")),
+        ("validate", str(tmp_path / "open.yaml")),
+        ("validate", str(tmp_path / "fifo.yaml")),
+        ("validate", "/dev/zero"),
+        ("validate", "model.hidden_size=1e300"),
+        ("validate", "parallel.tp=???"),
+        ("validate", "name=${oc.env:HOME}"),
+        ("validate", "training.lr=.nan"),
+        ("validate", "model.path=a\x1bb"),
+        ("validate", "model.path=" + "x" * 2_000_000),
+        ("validate", "training.seed=1e30"),
         ("plan", "cluster.num_nodes=1048576", "cluster.gpus_per_node=8"),
         ("plan", "--format", "json", "-o", str(tmp_path / "fifo.yaml")),
         ("rollout", "simulate", "rollout.num_prompts_per_step=100000"),
         ("rollout", "plan", "rollout.colocated=false", "rollout.num_nodes=1000000"),
-        ("rollout", "simulate", "--prediction-error", "nan"), ("rollout", "simulate", "--median", "nan"),
-        ("rollout", "simulate", "--median", "1e308"), ("rollout", "simulate", "--steps", "1000000"),
-        ("rollout", "simulate", "--sigma", "inf"), ("rollout", "simulate", "--correlation", "nan"),
-        ("rollout", "simulate", "--tp-overhead-scale", "-inf"), ("rollout", "simulate", "--seeds", "0"),
+        ("rollout", "simulate", "--prediction-error", "nan"),
+        ("rollout", "simulate", "--median", "nan"),
+        ("rollout", "simulate", "--median", "1e308"),
+        ("rollout", "simulate", "--steps", "1000000"),
+        ("rollout", "simulate", "--sigma", "inf"),
+        ("rollout", "simulate", "--correlation", "nan"),
+        ("rollout", "simulate", "--tp-overhead-scale", "-inf"),
+        ("rollout", "simulate", "--seeds", "0"),
         ("rollout", "simulate", "--steps", "1000"),  # 1,000 steps x 512 samples is past the simulated-sample bound
         ("rollout", "simulate", "--adaptive-tp", "--tp-start", "9" * 5000),
         ("rollout", "simulate", "slurm.time=1:30:00", "rollout.num_generations_per_prompt=5000"),
@@ -204,6 +296,10 @@ def test_the_console_script_entry_point_maps_a_hostile_layout_to_exit_2(tmp_path
     import subprocess
 
     (tmp_path / "bad.yaml").write_bytes(b"\xff\xfe" + TINY.encode())
-    proc = subprocess.run([sys.executable, "-m", "specdraft.cli", "validate", str(tmp_path / "bad.yaml")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specdraft.cli", "validate", str(tmp_path / "bad.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "not UTF-8" in proc.stderr and "Traceback" not in proc.stderr

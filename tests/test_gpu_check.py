@@ -31,18 +31,24 @@ def test_gpu_check_smoke_runs_every_part():
     assert "FlexAttention, whole TTT mask | n/a: FlexAttention has no backward on CPU" in out
     # (c): both co-training launches finished and report their attention backends, beside the plain step
     assert "failed" not in out, out
-    assert re.search(r"^\| specdraft, with draft \| [\d.]+ \| [\d,]+ \| [\d.]+% \| [\d.]+ \| target=fused-cpu-flash "
-                     r"draft=fused-cpu-flash \|", out, re.M), out
+    assert re.search(
+        r"^\| specdraft, with draft \| [\d.]+ \| [\d,]+ \| [\d.]+% \| [\d.]+ \| target=fused-cpu-flash "
+        r"draft=fused-cpu-flash \|",
+        out,
+        re.M,
+    ), out
     assert re.search(r"^\| specdraft, no draft \| [\d.]+ .*\| target=fused-cpu-flash \|", out, re.M), out
     assert re.search(r"^draft overhead: [+-][\d.]+% step time", out, re.M), out
 
 
-@pytest.mark.parametrize("args, message", [
-    ([], "usage: scripts/gpu-check.sh WHEELS_DIR"),
-    (["/nonexistent-wheels"], "is not a directory"),
-    (["tests"], "no .whl files in 'tests'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "usage: scripts/gpu-check.sh WHEELS_DIR"),
+        (["/nonexistent-wheels"], "is not a directory"),
+        (["tests"], "no .whl files in 'tests'"),
+    ],
+)
 def test_gpu_check_script_rejects_bad_wheels_dir(args, message):
-    done = subprocess.run(["bash", "scripts/gpu-check.sh", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=30)
+    done = subprocess.run(["bash", "scripts/gpu-check.sh", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and message in done.stderr, done.stderr

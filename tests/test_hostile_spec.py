@@ -12,8 +12,8 @@ from dataclasses import fields, is_dataclass
 import pytest
 from omegaconf import OmegaConf
 
-from specdraft.errors import MAX_LISTED_PROBLEMS, SpecError, UserError
 from specdraft.assemble import check, compile
+from specdraft.errors import MAX_LISTED_PROBLEMS, SpecError, UserError
 from specdraft.spec import bounds
 from specdraft.spec.load import builtin_layout_text, load_layout, load_layout_text
 from specdraft.spec.schema import LayoutSpec
@@ -38,8 +38,11 @@ def admits(tp, kind) -> bool:
 
 FLOAT_FIELDS = [p for p, tp in leaf_fields() if admits(tp, float)]
 INT_FIELDS = [p for p, tp in leaf_fields() if admits(tp, int) or any(admits(a, int) for a in typing.get_args(tp))]
-LIST_FIELDS = {p for p, tp in leaf_fields() if typing.get_origin(tp) is list
-               or any(typing.get_origin(a) is list for a in typing.get_args(tp))}
+LIST_FIELDS = {
+    p
+    for p, tp in leaf_fields()
+    if typing.get_origin(tp) is list or any(typing.get_origin(a) is list for a in typing.get_args(tp))
+}
 STR_FIELDS = [p for p, tp in leaf_fields() if tp is str or tp == typing.Optional[str]]
 
 
@@ -59,8 +62,15 @@ def refused(path, overrides=(), text=TINY):
 
 
 def test_the_float_fields_are_the_ones_the_issue_names_and_more():
-    assert {"training.lr", "training.clip_grad", "draft.lr", "draft.loss_weight", "draft.clip_grad",
-            "rollout.acceptance_rate", "rollout.gpu_memory_utilization"} <= set(FLOAT_FIELDS)
+    assert {
+        "training.lr",
+        "training.clip_grad",
+        "draft.lr",
+        "draft.loss_weight",
+        "draft.clip_grad",
+        "rollout.acceptance_rate",
+        "rollout.gpu_memory_utilization",
+    } <= set(FLOAT_FIELDS)
 
 
 @pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", "1e400"])
@@ -77,21 +87,26 @@ def test_absurd_integers_are_refused_by_name_for_every_int_field():
     for path in INT_FIELDS:
         is_list = path in LIST_FIELDS
         for value in ("1e300", "1e30", str(2**70), str(-(2**70))):
-            [problem] = refused(f"{path}[0]" if is_list else path, [f"{path}=[{value}]" if is_list else f"{path}={value}"])
+            [problem] = refused(
+                f"{path}[0]" if is_list else path, [f"{path}=[{value}]" if is_list else f"{path}={value}"]
+            )
             assert "bound" in problem.rule, problem.render()
     refused("training.seed", ["training.seed=-1"])
     assert problems_of(["training.seed=4294967295"]) == []
 
 
-@pytest.mark.parametrize("overrides, path", [
-    (["training.global_batch_size=0"], "training.global_batch_size"),
-    (["training.global_batch_size=-8"], "training.global_batch_size"),
-    (["model.kv_channels=0"], "model.kv_channels"),
-    (["model.kv_channels=-16"], "model.kv_channels"),
-    (["rollout.max_model_len=0"], "rollout.max_model_len"),
-    (["training.sequence_lengths=[]"], "training.sequence_lengths"),
-    (["model.num_experts=8", "model.moe_ffn_hidden_size=0", "parallel.ep=2"], "model.moe_ffn_hidden_size"),
-])
+@pytest.mark.parametrize(
+    "overrides, path",
+    [
+        (["training.global_batch_size=0"], "training.global_batch_size"),
+        (["training.global_batch_size=-8"], "training.global_batch_size"),
+        (["model.kv_channels=0"], "model.kv_channels"),
+        (["model.kv_channels=-16"], "model.kv_channels"),
+        (["rollout.max_model_len=0"], "rollout.max_model_len"),
+        (["training.sequence_lengths=[]"], "training.sequence_lengths"),
+        (["model.num_experts=8", "model.moe_ffn_hidden_size=0", "parallel.ep=2"], "model.moe_ffn_hidden_size"),
+    ],
+)
 def test_zero_is_an_error_where_null_means_the_default(overrides, path):
     refused(path, overrides)
 
@@ -151,17 +166,23 @@ def test_plain_references_work_and_explosive_ones_are_refused():
     assert len(load_layout_text(long).training.sequence_lengths) == 30_000
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("42\n", "mapping"),
-    ("- a\n- b\n", "mapping"),
-    ("name: ${\n", "not a valid interpolation"),
-    ("name: [unclosed\n", "YAML syntax error"),
-    ("name: x\nname: y\n", "YAML syntax error"),
-    ("a: &a [1, 2]\nb: *a\n" + "".join(f"x{i}: &x{i} [*x{i - 1}, *x{i - 1}, *x{i - 1}]\n" for i in range(1, 30))
-     .replace("*x0", "*a"), "YAML nodes"),
-    ("k: " + "[" * 2000 + "]" * 2000 + "\n", "YAML syntax error"),
-    ("n: 1" + "0" * 5000 + "\n", "cannot read a value"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("42\n", "mapping"),
+        ("- a\n- b\n", "mapping"),
+        ("name: ${\n", "not a valid interpolation"),
+        ("name: [unclosed\n", "YAML syntax error"),
+        ("name: x\nname: y\n", "YAML syntax error"),
+        (
+            "a: &a [1, 2]\nb: *a\n"
+            + "".join(f"x{i}: &x{i} [*x{i - 1}, *x{i - 1}, *x{i - 1}]\n" for i in range(1, 30)).replace("*x0", "*a"),
+            "YAML nodes",
+        ),
+        ("k: " + "[" * 2000 + "]" * 2000 + "\n", "YAML syntax error"),
+        ("n: 1" + "0" * 5000 + "\n", "cannot read a value"),
+    ],
+)
 def test_malformed_yaml_is_a_spec_error(text, needle):
     with pytest.raises(SpecError, match=needle):
         load_layout_text(text)
@@ -183,11 +204,19 @@ def test_a_long_legitimate_list_loads_and_an_over_long_one_is_bounded():
     text = TINY.replace("  lr: 3.0e-3", f"  lr: 3.0e-3\n  sequence_lengths: [{lengths}]")
     assert len(load_layout_text(text).training.sequence_lengths) == 12_000
     block = "".join("  - 16\n" for _ in range(12_000))
-    assert len(load_layout_text(TINY.replace("  lr: 3.0e-3", "  lr: 3.0e-3\n  sequence_lengths:\n" + block))
-               .training.sequence_lengths) == 12_000
+    assert (
+        len(
+            load_layout_text(
+                TINY.replace("  lr: 3.0e-3", "  lr: 3.0e-3\n  sequence_lengths:\n" + block)
+            ).training.sequence_lengths
+        )
+        == 12_000
+    )
     too_many = ", ".join(["1"] * 110_000)
-    [problem] = refused("training.sequence_lengths",
-                        text=TINY.replace("  lr: 3.0e-3", f"  lr: 3.0e-3\n  sequence_lengths: [{too_many}]"))
+    [problem] = refused(
+        "training.sequence_lengths",
+        text=TINY.replace("  lr: 3.0e-3", f"  lr: 3.0e-3\n  sequence_lengths: [{too_many}]"),
+    )
     assert "bound" in problem.rule
 
 
@@ -207,14 +236,22 @@ def test_echoed_values_and_problem_lists_are_bounded():
     assert text.count("\n  - ") == MAX_LISTED_PROBLEMS and "4900 more" in text
 
 
-@pytest.mark.parametrize("overrides, path", [
-    (["cluster.num_nodes=1000000", "cluster.gpus_per_node=8"], "cluster.num_nodes"),
-    (["cluster.num_nodes=131072", "cluster.gpus_per_node=64"], "cluster"),
-    (["rollout.enabled=true", "rollout.colocated=false", "rollout.num_nodes=100000", "cluster.gpus_per_node=8"],
-     "rollout.num_nodes"),
-    (["rollout.num_prompts_per_step=100000"], "rollout.num_prompts_per_step"),
-    (["rollout.num_prompts_per_step=16384", "rollout.num_generations_per_prompt=8"], "rollout.num_prompts_per_step"),
-])
+@pytest.mark.parametrize(
+    "overrides, path",
+    [
+        (["cluster.num_nodes=1000000", "cluster.gpus_per_node=8"], "cluster.num_nodes"),
+        (["cluster.num_nodes=131072", "cluster.gpus_per_node=64"], "cluster"),
+        (
+            ["rollout.enabled=true", "rollout.colocated=false", "rollout.num_nodes=100000", "cluster.gpus_per_node=8"],
+            "rollout.num_nodes",
+        ),
+        (["rollout.num_prompts_per_step=100000"], "rollout.num_prompts_per_step"),
+        (
+            ["rollout.num_prompts_per_step=16384", "rollout.num_generations_per_prompt=8"],
+            "rollout.num_prompts_per_step",
+        ),
+    ],
+)
 def test_validate_and_plan_refuse_the_same_out_of_bound_layouts(overrides, path):
     try:
         spec = load_layout_text(TINY, overrides)

@@ -17,8 +17,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[1] / "specdraft"
 HEAVY = ("torch", "megatron", "submitit")
-RANK = {"base": 0, "spec": 1, "plan": 2, "runs": 3, "perf": 4, "rollout": 5, "render": 6, "assemble": 7,
-        "search": 8, "execute": 9, "cli": 10}
+RANK = {
+    "base": 0,
+    "spec": 1,
+    "plan": 2,
+    "runs": 3,
+    "perf": 4,
+    "rollout": 5,
+    "render": 6,
+    "assemble": 7,
+    "search": 8,
+    "execute": 9,
+    "cli": 10,
+}
 BASE = {"specdraft", "specdraft.errors", "specdraft.fsutil"}
 LIGHT = {"spec", "plan", "runs", "perf", "rollout", "render", "assemble", "search", "cli"}
 
@@ -56,7 +67,8 @@ def imports_of(path: Path, package: str | None = None) -> list[tuple[str, int]]:
                 # `from specdraft.spec import derived` imports a module; `from x.y import name` imports x.y.
                 candidate = f"{base}.{alias.name}"
                 is_module = (ROOT.parent / Path(*candidate.split("."))).with_suffix(".py").exists() or (
-                    ROOT.parent / Path(*candidate.split("."))).is_dir()
+                    ROOT.parent / Path(*candidate.split("."))
+                ).is_dir()
                 found.append((candidate if is_module else base, node.lineno))
     return found
 
@@ -100,8 +112,9 @@ def test_no_import_cycles():
         state[node] = 1
         for nxt in edges.get(node, []):
             if state.get(nxt) == 1:
-                cycles.append(" -> ".join(stack[stack.index(nxt):] + [node, nxt]) if nxt in stack else
-                              f"{node} -> {nxt}")
+                cycles.append(
+                    " -> ".join(stack[stack.index(nxt) :] + [node, nxt]) if nxt in stack else f"{node} -> {nxt}"
+                )
             elif nxt not in state:
                 visit(nxt, stack + [node])
         state[node] = 2
@@ -118,12 +131,14 @@ def graph_modules() -> set[str]:
 
 def test_the_checker_sees_function_level_and_relative_imports(tmp_path):
     source = tmp_path / "probe.py"
-    source.write_text(textwrap.dedent("""
+    source.write_text(
+        textwrap.dedent("""
         def f():
             from specdraft.cli import boundary
             import torch
             from ..render import sbatch
-    """))
+    """)
+    )
     found = {m for m, _ in imports_of(source, package="specdraft.plan")}
     assert {"specdraft.cli.boundary", "torch", "specdraft.render.sbatch"} <= found
     assert layer("specdraft.render.sbatch") == "render" and layer("specdraft.errors") == "base"

@@ -11,12 +11,12 @@ import time
 
 import pytest
 
+from specdraft.assemble import compile
 from specdraft.errors import UserError
 from specdraft.execute.launch import check_existing
 from specdraft.execute.report import root_cause
 from specdraft.runs.record import Attempt, new_record
 from specdraft.runs.rundir import claim_run_dir, launch_lock, read_record, replace_record
-from specdraft.assemble import compile
 from specdraft.runtime.entry import check_placement, load_workload, rank_env
 from specdraft.spec.load import load_layout
 
@@ -60,10 +60,22 @@ def test_a_workload_whose_module_is_missing_fails_clearly(monkeypatch):
 
 def test_a_failing_rank_writes_its_result_and_exits_non_zero(plan, tmp_path):
     (tmp_path / "plan.json").write_text(plan.to_json())
-    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "GROUP_RANK": "0",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
-    proc = subprocess.run([sys.executable, "-m", "specdraft.runtime.entry", str(tmp_path / "plan.json")],
-                          env=env, capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "RANK": "1",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "GROUP_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "specdraft.runtime.entry", str(tmp_path / "plan.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1
     assert "WORLD_SIZE is 8 but the plan's world_size is 4" in proc.stderr
     result = json.loads((tmp_path / "results" / "rank-00001.json").read_text())
@@ -73,10 +85,12 @@ def test_a_failing_rank_writes_its_result_and_exits_non_zero(plan, tmp_path):
 
 
 def test_root_cause_is_the_first_rank_that_raised_not_one_that_was_killed():
-    results = {0: {"ok": False, "failed_at": 5.0, "error": "Connection closed by peer"},
-               1: {"ok": False, "failed_at": 3.0, "error": "injected fault"},
-               2: {"ok": False, "failed_at": 1.0, "terminated": True},
-               3: {"ok": True}}
+    results = {
+        0: {"ok": False, "failed_at": 5.0, "error": "Connection closed by peer"},
+        1: {"ok": False, "failed_at": 3.0, "error": "injected fault"},
+        2: {"ok": False, "failed_at": 1.0, "terminated": True},
+        3: {"ok": True},
+    }
     assert root_cause(results) == 1
     assert root_cause({2: {"ok": False, "terminated": True}}, exit_order=[3, 2]) == 3
     assert root_cause({0: {"ok": True}}) is None
@@ -94,17 +108,41 @@ def test_two_launches_of_one_run_folder_exclude_each_other(tmp_path):
 def _record(run_dir, plan, **fields):
     claim_run_dir(run_dir)
     fields = {"intent_epoch": time.time(), "job_name": plan.run_name, **fields}
-    replace_record(run_dir, new_record(
-        name=plan.name, run_dir=str(run_dir), plan_hash=plan.plan_hash, spec_sha256=plan.spec_sha256,
-        specdraft_version=plan.specdraft_version, world_size=plan.world_size, workload="selftest",
-        attempts=(Attempt(attempt=1, executor=fields["executor"], job_id=fields.get("job_id"),
-                          state=fields["state"], intent="2026-01-01T00:00:00+00:00"),), **fields))
+    replace_record(
+        run_dir,
+        new_record(
+            name=plan.name,
+            run_dir=str(run_dir),
+            plan_hash=plan.plan_hash,
+            spec_sha256=plan.spec_sha256,
+            specdraft_version=plan.specdraft_version,
+            world_size=plan.world_size,
+            workload="selftest",
+            attempts=(
+                Attempt(
+                    attempt=1,
+                    executor=fields["executor"],
+                    job_id=fields.get("job_id"),
+                    state=fields["state"],
+                    intent="2026-01-01T00:00:00+00:00",
+                ),
+            ),
+            **fields,
+        ),
+    )
 
 
 def test_an_interrupted_submission_is_never_resubmitted_blindly(tmp_path, plan):
     # sbatch may have queued the job before the launcher died: no record of a job id, state SUBMITTING.
-    _record(tmp_path, plan, executor="slurm", state="SUBMITTING", job_id=None, intent_epoch=time.time(),
-            job_name=f"specdraft-test-{os.getpid()}-{time.time_ns()}")  # a name no real job has
+    _record(
+        tmp_path,
+        plan,
+        executor="slurm",
+        state="SUBMITTING",
+        job_id=None,
+        intent_epoch=time.time(),
+        job_name=f"specdraft-test-{os.getpid()}-{time.time_ns()}",
+    )  # a name no real job has
     with pytest.raises(UserError, match="stopped between recording its intent and recording sbatch's answer"):
         check_existing(str(tmp_path), plan, force=False)
     assert check_existing(str(tmp_path), plan, force=True) == 2

@@ -58,16 +58,36 @@ def _behave(monkeypatch, tool: str, **behaviour) -> None:
     monkeypatch.setenv(f"STUB_{tool.upper()}", json.dumps(behaviour))
 
 
-def _run_folder(folder: Path, executor: str = "slurm", job_id: str | None = "12345", state: str = "RUNNING",
-                world_size: int = 2, **fields) -> Path:
+def _run_folder(
+    folder: Path,
+    executor: str = "slurm",
+    job_id: str | None = "12345",
+    state: str = "RUNNING",
+    world_size: int = 2,
+    **fields,
+) -> Path:
     """A run folder with a valid record (no plan.json: the commands under test must stop before needing one,
     or the test adds one)."""
     claim_run_dir(folder)
-    replace_record(folder, new_record(
-        name="tiny-cpu", run_dir=str(folder), executor=executor, job_id=job_id, job_name="tiny-cpu-0123abcd",
-        state=state, intent_epoch=time.time(), plan_hash="0" * 64, spec_sha256="0" * 64, specdraft_version="0.1.0",
-        world_size=world_size, workload="selftest",
-        attempts=(Attempt(attempt=1, executor=executor, job_id=job_id, state=state, intent="2026-01-01"),), **fields))
+    replace_record(
+        folder,
+        new_record(
+            name="tiny-cpu",
+            run_dir=str(folder),
+            executor=executor,
+            job_id=job_id,
+            job_name="tiny-cpu-0123abcd",
+            state=state,
+            intent_epoch=time.time(),
+            plan_hash="0" * 64,
+            spec_sha256="0" * 64,
+            specdraft_version="0.1.0",
+            world_size=world_size,
+            workload="selftest",
+            attempts=(Attempt(attempt=1, executor=executor, job_id=job_id, state=state, intent="2026-01-01"),),
+            **fields,
+        ),
+    )
     return folder
 
 
@@ -78,15 +98,20 @@ def _edit_record(folder: Path, **changes) -> None:
 
 # ------------------------------------------------------------------ a user's folder is not a run folder (item 2)
 
+
 def test_launch_into_a_users_folder_is_refused_and_nothing_there_changes(specdraft_cli, tmp_path):
     folder = tmp_path / "mine"
     folder.mkdir()
     (folder / "plan.json").write_text('{"my": "own plan"}\n')
     (folder / "metrics.jsonl").write_text('{"step": 0, "loss": 1.0}\n')
     before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in folder.iterdir()}
-    for argv in (["launch", "--executor", "local", "--run-dir", folder, "--force"],
-                 ["launch", "--executor", "slurm", "--run-dir", folder], ["status", folder], ["logs", folder],
-                 ["cancel", folder]):
+    for argv in (
+        ["launch", "--executor", "local", "--run-dir", folder, "--force"],
+        ["launch", "--executor", "slurm", "--run-dir", folder],
+        ["status", folder],
+        ["logs", folder],
+        ["cancel", folder],
+    ):
         proc = specdraft_cli(*argv)
         assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
         assert "not a specdraft run folder" in proc.stderr or "no run folder" in proc.stderr, proc.stderr
@@ -114,10 +139,15 @@ def test_an_empty_folder_is_adopted_and_a_marker_that_is_a_link_is_not_trusted(t
 
 # ------------------------------------------------------------------ job ids never become options (item 4)
 
+
 def test_an_option_as_job_id_never_reaches_slurm(specdraft_cli, tmp_path, slurm_stubs):
     folder = _run_folder(tmp_path / "run")
-    for crafted, commands in (("--user=root", ("cancel", "status", "logs")), ("-u0", ("cancel",)),
-                              ("12345 --user=root", ("cancel",)), ("12345,--user=root", ("status",))):
+    for crafted, commands in (
+        ("--user=root", ("cancel", "status", "logs")),
+        ("-u0", ("cancel",)),
+        ("12345 --user=root", ("cancel",)),
+        ("12345,--user=root", ("status",)),
+    ):
         _edit_record(folder, job_id=crafted)
         for command in commands:
             proc = specdraft_cli(command, folder)
@@ -130,8 +160,9 @@ def test_an_option_as_job_id_never_reaches_slurm(specdraft_cli, tmp_path, slurm_
     assert slurm_stubs() == []
 
 
-def test_valid_job_ids_reach_slurm_bound_to_their_option_or_after_double_dash(specdraft_cli, tmp_path, slurm_stubs,
-                                                                              monkeypatch):
+def test_valid_job_ids_reach_slurm_bound_to_their_option_or_after_double_dash(
+    specdraft_cli, tmp_path, slurm_stubs, monkeypatch
+):
     for job_id in ("12345", "12345_7", "12345+1"):
         folder = _run_folder(tmp_path / f"run-{job_id}", job_id=job_id)
         _behave(monkeypatch, "sacct", out=f"{job_id}|RUNNING|n1\n")
@@ -148,6 +179,7 @@ def test_valid_job_ids_reach_slurm_bound_to_their_option_or_after_double_dash(sp
 
 
 # ------------------------------------------------------------------ nothing hangs, nothing blows up (item 5)
+
 
 def test_an_unresponsive_controller_bounds_status_and_cancel(tmp_path, slurm_stubs, monkeypatch):
     folder = _run_folder(tmp_path / "run")
@@ -200,17 +232,30 @@ def plan():
 
 
 def test_fifos_links_and_devices_in_a_run_folder_end_in_exit_2_not_a_hang(specdraft_cli, tmp_path, plan):
-    folder = _run_folder(tmp_path / "run", executor="local", job_id="local-4242", state="COMPLETED",
-                         world_size=plan.world_size, local=LocalProcesses(pgid=4242, pids=(4242,), launcher_pid=4242))
+    folder = _run_folder(
+        tmp_path / "run",
+        executor="local",
+        job_id="local-4242",
+        state="COMPLETED",
+        world_size=plan.world_size,
+        local=LocalProcesses(pgid=4242, pids=(4242,), launcher_pid=4242),
+    )
     (folder / "results").mkdir()
     originals = {"run.json": (folder / "run.json").read_bytes(), "plan.json": plan.to_json().encode()}
     (folder / "plan.json").write_bytes(originals["plan.json"])
-    cases = [("run.json", "fifo", "status"), ("run.json", "zero", "status"), ("run.json", "dir", "cancel"),
-             ("plan.json", "fifo", "status"), ("plan.json", "zero", "status"),
-             ("results/rank-00001.json", "fifo", "status"), ("metrics.jsonl", "fifo", "status"),
-             ("metrics.jsonl", "zero", "status"),
-             ("logs/rank-0.out", "fifo", "logs"), ("logs/rank-0.err", "shadow", "logs"),
-             ("logs/rank-1.out", "zero", "logs")]
+    cases = [
+        ("run.json", "fifo", "status"),
+        ("run.json", "zero", "status"),
+        ("run.json", "dir", "cancel"),
+        ("plan.json", "fifo", "status"),
+        ("plan.json", "zero", "status"),
+        ("results/rank-00001.json", "fifo", "status"),
+        ("metrics.jsonl", "fifo", "status"),
+        ("metrics.jsonl", "zero", "status"),
+        ("logs/rank-0.out", "fifo", "logs"),
+        ("logs/rank-0.err", "shadow", "logs"),
+        ("logs/rank-1.out", "zero", "logs"),
+    ]
     expected = {"fifo": "is a FIFO", "zero": "symbolic link", "shadow": "symbolic link", "dir": "a directory"}
     for rel, kind, command in cases:
         _hostile(folder / rel, kind)
@@ -255,18 +300,21 @@ def test_locks_that_are_links_are_refused_and_their_targets_untouched(specdraft_
 
 # ------------------------------------------------------------------ one broken record breaks nothing else (item 10)
 
+
 def test_a_corrupt_record_is_a_broken_row_and_status_picks_the_newest_readable_run(specdraft_cli, tmp_path):
     from specdraft.assemble import compile
     from specdraft.spec.load import load_layout
 
     plan = compile(load_layout(None))
     runs = tmp_path / "runs"
-    good = _run_folder(runs / "good", executor="local", job_id="local-4242", state="COMPLETED",
-                       world_size=plan.world_size)
+    good = _run_folder(
+        runs / "good", executor="local", job_id="local-4242", state="COMPLETED", world_size=plan.world_size
+    )
     (good / "plan.json").write_text(plan.to_json())
     for name, text in (("list", "[1, 2]"), ("huge", json.dumps({"world_size": 1e9})), ("cut", '{"record_ver')):
         (_run_folder(runs / name, executor="local", job_id="local-4242", state="COMPLETED") / "run.json").write_text(
-            text)
+            text
+        )
     _hostile(_run_folder(runs / "fifo", executor="local", job_id="local-4242") / "run.json", "fifo")
     listing = specdraft_cli("runs", timeout=60)
     assert listing.returncode == 0, listing.stderr

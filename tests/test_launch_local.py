@@ -37,13 +37,20 @@ def test_default_layout_passes_every_check_and_is_not_launched_twice(specdraft_c
     assert folder.name == f"tiny-cpu-{record['plan_hash'][:8]}"
 
     plan = json.loads((folder / "plan.json").read_text())
-    assert {k: plan["parallel"][k] for k in ("tp", "cp", "pp", "dp", "order")} == \
-        {"tp": 1, "cp": 2, "pp": 2, "dp": 1, "order": "tp-cp-ep-dp-pp"}, "the default layout changed: redo the sums"
+    assert {k: plan["parallel"][k] for k in ("tp", "cp", "pp", "dp", "order")} == {
+        "tp": 1,
+        "cp": 2,
+        "pp": 2,
+        "dp": 1,
+        "order": "tp-cp-ep-dp-pp",
+    }, "the default layout changed: redo the sums"
     # The reference: tp1 cp2 pp2 with order tp-cp-ep-dp-pp puts rank = cp + 2*pp; each rank adds rank+1.
-    expected = {0: {"tp": 1, "cp": 3, "pp": 4, "dp": 1, "tap 0->2": 4},
-                1: {"tp": 2, "cp": 3, "pp": 6, "dp": 2, "tap 1->3": 6},
-                2: {"tp": 3, "cp": 7, "pp": 4, "dp": 3, "tap 0->2": 4},
-                3: {"tp": 4, "cp": 7, "pp": 6, "dp": 4, "tap 1->3": 6}}
+    expected = {
+        0: {"tp": 1, "cp": 3, "pp": 4, "dp": 1, "tap 0->2": 4},
+        1: {"tp": 2, "cp": 3, "pp": 6, "dp": 2, "tap 1->3": 6},
+        2: {"tp": 3, "cp": 7, "pp": 4, "dp": 3, "tap 0->2": 4},
+        3: {"tp": 4, "cp": 7, "pp": 6, "dp": 4, "tap 1->3": 6},
+    }
     results = _results(folder)
     assert sorted(results) == [0, 1, 2, 3]
     for rank, result in results.items():
@@ -53,7 +60,9 @@ def test_default_layout_passes_every_check_and_is_not_launched_twice(specdraft_c
         assert all(c["passed"] for c in result["checks"])
 
     # The same plan again (its own plan.json, so an edit of the built-in layout meanwhile cannot change it).
-    again = specdraft_cli("launch", folder / "plan.json", "--run-dir", folder, "--executor", "local", "--workload", "selftest")
+    again = specdraft_cli(
+        "launch", folder / "plan.json", "--run-dir", folder, "--executor", "local", "--workload", "selftest"
+    )
     assert again.returncode == 2
     for part in (str(folder), f"job {record['job_id']}", "state COMPLETED", "--force"):
         assert part in again.stderr, again.stderr
@@ -69,11 +78,12 @@ def test_default_layout_passes_every_check_and_is_not_launched_twice(specdraft_c
 
 @pytest.mark.timeout(180)
 def test_a_failing_rank_is_named_with_its_stderr(specdraft_cli, tmp_path):
-    proc = specdraft_cli("launch", "--executor", "local", *TWO_RANKS, "slurm.env.SPECDRAFT_FAULT_RANK=1",
-                         timeout=150)
+    proc = specdraft_cli("launch", "--executor", "local", *TWO_RANKS, "slurm.env.SPECDRAFT_FAULT_RANK=1", timeout=150)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "FAILED: rank 1 (node 0, tp 0 cp 0 pp 1 dp 0) failed first: RuntimeError: injected fault on rank 1" \
+    assert (
+        "FAILED: rank 1 (node 0, tp 0 cp 0 pp 1 dp 0) failed first: RuntimeError: injected fault on rank 1"
         in proc.stderr
+    )
     assert "last lines of its stderr" in proc.stderr and "rank-1.err" in proc.stderr
     folder = _run_folder(tmp_path)
     record = json.loads((folder / "run.json").read_text())
@@ -84,8 +94,13 @@ def test_a_failing_rank_is_named_with_its_stderr(specdraft_cli, tmp_path):
 
 @pytest.mark.timeout(180)
 def test_cancel_stops_a_running_local_launch(specdraft_cli, tmp_path):
-    launcher = subprocess.Popen([str(Path(sys.executable).with_name("specdraft")), "launch", "--executor", "local",
-                                 *TWO_RANKS], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(
+        [str(Path(sys.executable).with_name("specdraft")), "launch", "--executor", "local", *TWO_RANKS],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:

@@ -17,16 +17,24 @@ import pytest
 
 from specdraft.execute import launch, monitor
 from specdraft.execute.slurm import commands as slurmcmd
-from specdraft.runs.rundir import read_record
 from specdraft.runs.checkpoints import MARKER, write_marker
+from specdraft.runs.rundir import read_record
 from tests.test_launch_hostile import _behave, _run_folder, slurm_stubs  # noqa: F401 - slurm_stubs is a fixture
 
 
 def _results(folder: Path, preempted: dict | None, world_size: int = 2, **fields) -> None:
     (folder / "results").mkdir(exist_ok=True)
     for rank in range(world_size):
-        record = {"global_rank": rank, "ok": False, "terminated": True, "checks": [], "error": None,
-                  "slurm_job_id": "12345", "preempted": preempted, **fields}
+        record = {
+            "global_rank": rank,
+            "ok": False,
+            "terminated": True,
+            "checks": [],
+            "error": None,
+            "slurm_job_id": "12345",
+            "preempted": preempted,
+            **fields,
+        }
         (folder / "results" / f"rank-{rank:05d}.json").write_text(json.dumps(record))
 
 
@@ -35,18 +43,27 @@ def _checkpoint(folder: Path, step: int, complete: bool = True) -> Path:
     path.mkdir(parents=True)
     (path / "__0_0.distcp").write_bytes(b"x" * 100)
     if complete:
-        write_marker(path, {"step": step, "spec_sha256": "0" * 64, "model": {}, "parallel": {}, "draft": {},
-                            "world_size": 2})
+        write_marker(
+            path, {"step": step, "spec_sha256": "0" * 64, "model": {}, "parallel": {}, "draft": {}, "world_size": 2}
+        )
     return path
 
 
-def test_a_slurm_job_that_failed_only_by_stopping_at_a_checkpoint_is_preempted(tmp_path, slurm_stubs, monkeypatch,
-                                                                               specdraft_cli):
+def test_a_slurm_job_that_failed_only_by_stopping_at_a_checkpoint_is_preempted(
+    tmp_path, slurm_stubs, monkeypatch, specdraft_cli
+):
     folder = _run_folder(tmp_path / "run")
     _checkpoint(folder, 8)
-    stopped = {"signal": "SIGUSR2", "step": 8, "checkpoint": str(folder / "checkpoints" / "step-8"),
-               "requeue": {"requeued": False, "reason": "slurm.max_requeues=3 reached (this job was restarted 3 "
-                                                        "time(s))", "restarts": 3}}
+    stopped = {
+        "signal": "SIGUSR2",
+        "step": 8,
+        "checkpoint": str(folder / "checkpoints" / "step-8"),
+        "requeue": {
+            "requeued": False,
+            "reason": "slurm.max_requeues=3 reached (this job was restarted 3 time(s))",
+            "restarts": 3,
+        },
+    }
     _results(folder, stopped)
     _behave(monkeypatch, "sacct", out="12345|FAILED|n[1-2]\n")
     state, record, seen = monitor.current_state(folder, read_record(folder))
@@ -63,8 +80,9 @@ def test_a_slurm_job_that_failed_only_by_stopping_at_a_checkpoint_is_preempted(t
     # One rank that raised instead: FAILED stays FAILED.
     other = _run_folder(tmp_path / "other")
     _results(other, stopped)
-    (other / "results" / "rank-00001.json").write_text(json.dumps({"global_rank": 1, "ok": False, "checks": [],
-                                                                   "error": "boom"}))
+    (other / "results" / "rank-00001.json").write_text(
+        json.dumps({"global_rank": 1, "ok": False, "checks": [], "error": "boom"})
+    )
     _behave(monkeypatch, "sacct", out="12345|FAILED|n[1-2]\n")
     assert monitor.current_state(other, read_record(other))[0] == "FAILED"
 
@@ -117,10 +135,11 @@ def test_a_run_with_a_checkpoint_says_how_to_continue_it(tmp_path, state):
     class Plan:
         world_size = 2
 
-        class spec:  # noqa: N801 - the attribute path problem() reads
-            class slurm:  # noqa: N801
+        class spec:
+            class slurm:
                 time = "00:10:00"
 
     message = monitor.problem(folder, read_record(folder), state, Plan)
-    assert "newest complete checkpoint is checkpoints/step-6" in message and "--resume` continues from there" in \
-        message, message
+    assert (
+        "newest complete checkpoint is checkpoints/step-6" in message and "--resume` continues from there" in message
+    ), message

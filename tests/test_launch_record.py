@@ -23,11 +23,25 @@ ROOT = Path(__file__).parents[1] / "specdraft"
 
 def _valid(run_dir: Path) -> RunRecord:
     claim_run_dir(run_dir)
-    return replace_record(run_dir, new_record(
-        name="tiny-cpu", run_dir=str(run_dir), executor="slurm", job_id="41", job_name="tiny-cpu-0123abcd",
-        state="COMPLETED", intent_epoch=time.time(), plan_hash="0123abcd" * 8, spec_sha256="ab" * 32,
-        specdraft_version="0.1.0", world_size=4, workload="selftest", steps=None,
-        attempts=(Attempt(attempt=1, executor="slurm", job_id="41", state="COMPLETED", intent="2026-01-01"),)))
+    return replace_record(
+        run_dir,
+        new_record(
+            name="tiny-cpu",
+            run_dir=str(run_dir),
+            executor="slurm",
+            job_id="41",
+            job_name="tiny-cpu-0123abcd",
+            state="COMPLETED",
+            intent_epoch=time.time(),
+            plan_hash="0123abcd" * 8,
+            spec_sha256="ab" * 32,
+            specdraft_version="0.1.0",
+            world_size=4,
+            workload="selftest",
+            steps=None,
+            attempts=(Attempt(attempt=1, executor="slurm", job_id="41", state="COMPLETED", intent="2026-01-01"),),
+        ),
+    )
 
 
 def test_a_record_round_trips(tmp_path):
@@ -71,9 +85,13 @@ def test_every_malformed_record_is_refused_by_name(tmp_path):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                                                max_size=4), max_leaves=20))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+        max_leaves=20,
+    )
+)
 def test_any_json_is_a_record_or_a_user_error(value):
     try:
         record = parse_record(json.dumps(value), "run.json")
@@ -85,8 +103,7 @@ def test_any_json_is_a_record_or_a_user_error(value):
 def test_a_corrupt_record_is_exit_2_for_status_logs_and_cancel(tmp_path, specdraft_cli):
     folder = tmp_path / "runs" / "x"
     _valid(folder)
-    (folder / "run.json").write_text(json.dumps({**json.loads((folder / "run.json").read_text()),
-                                                 "world_size": 1e9}))
+    (folder / "run.json").write_text(json.dumps({**json.loads((folder / "run.json").read_text()), "world_size": 1e9}))
     for command in ("status", "logs", "cancel"):
         proc = specdraft_cli(command, folder)
         assert proc.returncode == 2, (command, proc.stdout, proc.stderr)
@@ -98,9 +115,23 @@ def test_the_registry_holds_complete_executors():
         cls = executors.executor_class(name)
         assert issubclass(cls, Executor) and cls.name == name
         instance = executors.get(name)  # abstract methods left out would raise here
-        assert instance.log_paths(new_record(
-            name="n", run_dir="/r", executor=name, job_id=None, job_name="n-1", state="PENDING", intent_epoch=0.0,
-            plan_hash="h", spec_sha256="s", specdraft_version="v", world_size=1, workload="selftest"), 0)
+        assert instance.log_paths(
+            new_record(
+                name="n",
+                run_dir="/r",
+                executor=name,
+                job_id=None,
+                job_name="n-1",
+                state="PENDING",
+                intent_epoch=0.0,
+                plan_hash="h",
+                spec_sha256="s",
+                specdraft_version="v",
+                world_size=1,
+                workload="selftest",
+            ),
+            0,
+        )
     with pytest.raises(UserError, match="--executor 'kubernetes' is not an executor"):
         executors.choose("kubernetes")
 
@@ -115,6 +146,9 @@ def test_nothing_outside_execute_compares_executor_names():
             if isinstance(node, ast.Compare):
                 for side in [node.left, *node.comparators]:
                     values = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
-                    found += [f"{path.relative_to(ROOT)}:{node.lineno}" for v in values
-                              if isinstance(v, ast.Constant) and v.value in names]
+                    found += [
+                        f"{path.relative_to(ROOT)}:{node.lineno}"
+                        for v in values
+                        if isinstance(v, ast.Constant) and v.value in names
+                    ]
     assert not found, f"branches on an executor's name outside execute/: {found}"

@@ -25,8 +25,13 @@ from specdraft.runs.checkpoints import MARKER
 
 pytestmark = pytest.mark.dist
 STEPS = 8
-LAYOUT = ["cluster.gpus_per_node=2", "parallel.cp=1", "training.warmup_steps=1", "training.save_interval=2",
-          f"training.train_iters={STEPS}"]
+LAYOUT = [
+    "cluster.gpus_per_node=2",
+    "parallel.cp=1",
+    "training.warmup_steps=1",
+    "training.save_interval=2",
+    f"training.train_iters={STEPS}",
+]
 PAUSE = {"SPECDRAFT_STEP_PAUSE_S": "1"}  # the first launch only: slow enough to be caught mid-run
 
 
@@ -65,14 +70,22 @@ def life(tmp_path_factory) -> Life:
     bin_ = str(Path(sys.executable).with_name("specdraft"))
 
     def cli(*args, env=None, timeout=240):
-        return subprocess.run([bin_, *map(str, args)], cwd=root, env={**os.environ, **(env or {})},
-                              capture_output=True, text=True, timeout=timeout, check=False)
+        return subprocess.run(
+            [bin_, *map(str, args)],
+            cwd=root,
+            env={**os.environ, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
 
     plan, folder = root / "plan.json", root / "run"
     assert cli("plan", *LAYOUT, "-o", plan).returncode == 0
     launch = [bin_, "launch", str(plan), "--run-dir", str(folder), "--executor", "local"]
-    first = subprocess.Popen(launch, cwd=root, env={**os.environ, **PAUSE}, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        launch, cwd=root, env={**os.environ, **PAUSE}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 180
         while not (folder / "checkpoints" / "step-2" / MARKER).is_file():
@@ -90,16 +103,31 @@ def life(tmp_path_factory) -> Life:
     status, listing = cli("status", folder), cli("runs", "--root", root)
     again = cli("launch", plan, "--run-dir", folder, "--executor", "local")
     resumed = cli("launch", plan, "--run-dir", folder, "--executor", "local", "--resume")
-    return Life(folder, plan, while_running, preempted, record, results, status, listing, again, stopped, resumed,
-                cli("status", folder))
+    return Life(
+        folder,
+        plan,
+        while_running,
+        preempted,
+        record,
+        results,
+        status,
+        listing,
+        again,
+        stopped,
+        resumed,
+        cli("status", folder),
+    )
 
 
 def test_a_run_stopped_at_a_checkpoint_is_preempted_not_failed(life):
     assert life.preempted.returncode == 75, life.preempted.stdout + life.preempted.stderr
     k = life.stopped_step
     assert 2 <= k < STEPS
-    assert f"PREEMPTED: job local-" in life.preempted.stderr and f"stopped at a checkpoint after step {k}" in \
-        life.preempted.stderr and "--resume` continues it" in life.preempted.stderr
+    assert (
+        "PREEMPTED: job local-" in life.preempted.stderr
+        and f"stopped at a checkpoint after step {k}" in life.preempted.stderr
+        and "--resume` continues it" in life.preempted.stderr
+    )
     assert "Traceback" not in life.preempted.stderr
     record = life.preempted_record
     assert record["state"] == "PREEMPTED" and record["exit_codes"] == [75, 75] and record["exit_order"] == []
@@ -125,7 +153,7 @@ def test_resume_through_the_cli_continues_every_step_once(life):
     assert life.resumed.returncode == 0, life.resumed.stdout + life.resumed.stderr
     k = life.stopped_step
     assert f"resuming from: {life.folder / 'checkpoints' / f'step-{k}'}" in life.resumed.stderr
-    assert f"all 2 ranks passed cotrain" in life.resumed.stdout
+    assert "all 2 ranks passed cotrain" in life.resumed.stdout
     assert [r["step"] for r in _rows(life.folder)] == list(range(STEPS))
     assert {r["resumed_step"] for r in _results(life.folder).values()} == {k}
     record = _record(life.folder)
@@ -136,11 +164,10 @@ def test_resume_through_the_cli_continues_every_step_once(life):
 
 
 def test_dry_run_shows_the_flag_on_every_rank(life, specdraft_cli):
-    dry = specdraft_cli("launch", life.plan, "--run-dir", life.folder, "--executor", "slurm", "--resume",
-                        "--dry-run")
+    dry = specdraft_cli("launch", life.plan, "--run-dir", life.folder, "--executor", "slurm", "--resume", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     srun = [line for line in dry.stdout.splitlines() if line.startswith("srun ")]
-    assert len(srun) == 1 and srun[0].endswith(f"/plan.json --workload cotrain --resume")
+    assert len(srun) == 1 and srun[0].endswith("/plan.json --workload cotrain --resume")
     assert f"# resumes from: {life.folder / 'checkpoints' / f'step-{STEPS}'}" in dry.stderr
 
 
@@ -155,28 +182,54 @@ def _refused(proc, *parts: str) -> None:
 def test_every_refusal_is_one_message_and_writes_nothing(life, specdraft_cli, tmp_path):
     local = ["--executor", "local"]
     newest = life.folder / "checkpoints" / f"step-{STEPS}"
-    _refused(specdraft_cli("launch", *LAYOUT, "--run-dir", tmp_path / "fresh", *local, "--resume"),
-             "--resume: there is no complete checkpoint in", "run without --resume")
+    _refused(
+        specdraft_cli("launch", *LAYOUT, "--run-dir", tmp_path / "fresh", *local, "--resume"),
+        "--resume: there is no complete checkpoint in",
+        "run without --resume",
+    )
     # The run's checkpoints in the folder of another spec (same model, another learning rate).
     other = tmp_path / "other-spec"
     other.mkdir()
     shutil.copy(life.folder / ".specdraft-run", other)
     shutil.copytree(life.folder / "checkpoints", other / "checkpoints")
-    _refused(specdraft_cli("launch", *LAYOUT, "training.lr=0.001", "--run-dir", other, *local, "--resume"),
-             "was written by a run of another spec", "--resume continues only the same run",
-             f"use --resume-from {other / 'checkpoints' / f'step-{STEPS}'}")
-    _refused(specdraft_cli("launch", *LAYOUT, "model.hidden_size=32", "model.ffn_hidden_size=128", "--run-dir",
-                           tmp_path / "shape", *local, "--resume-from", newest),
-             "holds another model shape", "model.hidden_size: checkpoint 64, this plan 32",
-             "model.ffn_hidden_size: checkpoint 256, this plan 128")
-    _refused(specdraft_cli("launch", *LAYOUT, "--run-dir", tmp_path / "x", *local, "--resume-from", tmp_path),
-             "is not a complete checkpoint: it has no completion marker")
-    _refused(specdraft_cli("launch", *LAYOUT, "--run-dir", tmp_path / "x", *local, "--resume", "--resume-from",
-                           newest), "--resume and --resume-from exclude each other")
-    _refused(specdraft_cli("launch", *LAYOUT, "--run-dir", tmp_path / "x", *local, "--workload", "selftest",
-                           "--resume"), "--resume needs --workload cotrain")
-    _refused(specdraft_cli("launch", life.plan, "--run-dir", life.folder, *local, "--resume-from", newest, "--force"),
-             "is a checkpoint of this very run folder")
+    _refused(
+        specdraft_cli("launch", *LAYOUT, "training.lr=0.001", "--run-dir", other, *local, "--resume"),
+        "was written by a run of another spec",
+        "--resume continues only the same run",
+        f"use --resume-from {other / 'checkpoints' / f'step-{STEPS}'}",
+    )
+    _refused(
+        specdraft_cli(
+            "launch",
+            *LAYOUT,
+            "model.hidden_size=32",
+            "model.ffn_hidden_size=128",
+            "--run-dir",
+            tmp_path / "shape",
+            *local,
+            "--resume-from",
+            newest,
+        ),
+        "holds another model shape",
+        "model.hidden_size: checkpoint 64, this plan 32",
+        "model.ffn_hidden_size: checkpoint 256, this plan 128",
+    )
+    _refused(
+        specdraft_cli("launch", *LAYOUT, "--run-dir", tmp_path / "x", *local, "--resume-from", tmp_path),
+        "is not a complete checkpoint: it has no completion marker",
+    )
+    _refused(
+        specdraft_cli("launch", *LAYOUT, "--run-dir", tmp_path / "x", *local, "--resume", "--resume-from", newest),
+        "--resume and --resume-from exclude each other",
+    )
+    _refused(
+        specdraft_cli("launch", *LAYOUT, "--run-dir", tmp_path / "x", *local, "--workload", "selftest", "--resume"),
+        "--resume needs --workload cotrain",
+    )
+    _refused(
+        specdraft_cli("launch", life.plan, "--run-dir", life.folder, *local, "--resume-from", newest, "--force"),
+        "is a checkpoint of this very run folder",
+    )
     for name in ("fresh", "shape", "x"):
         assert not (tmp_path / name).exists(), f"a refused launch wrote {name}"
     assert sorted(p.name for p in other.iterdir()) == [".specdraft-run", "checkpoints"]
@@ -187,8 +240,19 @@ def test_resume_from_under_another_layout_continues(life, specdraft_cli, tmp_pat
     single = ["cluster.gpus_per_node=1", "parallel.cp=1", "parallel.pp=1", *LAYOUT[2:]]
     folder = tmp_path / "single"
     source = life.folder / "checkpoints" / f"step-{STEPS}"
-    proc = specdraft_cli("launch", *single, "--run-dir", folder, "--executor", "local", "--steps", STEPS + 2,
-                         "--resume-from", source, timeout=240)
+    proc = specdraft_cli(
+        "launch",
+        *single,
+        "--run-dir",
+        folder,
+        "--executor",
+        "local",
+        "--steps",
+        STEPS + 2,
+        "--resume-from",
+        source,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"resuming from: {source}" in proc.stderr and "all 1 ranks passed cotrain" in proc.stdout
     rows = _rows(folder)

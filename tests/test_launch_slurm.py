@@ -25,13 +25,15 @@ def test_two_nodes_by_two_tasks_pass_and_the_submitted_script_is_the_dry_run(slu
     # One compiled plan for every step, so a concurrent edit of the built-in layout cannot change it midway.
     plan = tmp_path / "plan.json"
     assert specdraft_cli("plan", *TWO_BY_TWO, "-o", plan).returncode == 0
-    dry = specdraft_cli("launch", plan, "--executor", "slurm", "--workload", "selftest", "--dry-run", "--run-dir",
-                        folder, text=False)
+    dry = specdraft_cli(
+        "launch", plan, "--executor", "slurm", "--workload", "selftest", "--dry-run", "--run-dir", folder, text=False
+    )
     assert dry.returncode == 0, dry.stderr
     assert not folder.exists()
 
-    proc = specdraft_cli("launch", plan, "--executor", "slurm", "--workload", "selftest", "--run-dir", folder, "--wait",
-                         timeout=200)
+    proc = specdraft_cli(
+        "launch", plan, "--executor", "slurm", "--workload", "selftest", "--run-dir", folder, "--wait", timeout=200
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all 4 ranks passed selftest" in proc.stdout
     record = _record(folder)
@@ -48,8 +50,7 @@ def test_two_nodes_by_two_tasks_pass_and_the_submitted_script_is_the_dry_run(slu
         assert result["slurm_job_id"] == record["job_id"] and result["megatron"] == result["coords"]
     par = json.loads(plan.read_text())["parallel"]
     assert (par["tp"], par["cp"], par["pp"], par["dp"]) == (1, 2, 2, 1), "the default layout changed: redo the sums"
-    assert {c["name"]: c["value"] for c in results[3]["checks"]} == {"tp": 4, "cp": 7, "pp": 6, "dp": 4,
-                                                                     "tap 1->3": 6}
+    assert {c["name"]: c["value"] for c in results[3]["checks"]} == {"tp": 4, "cp": 7, "pp": 6, "dp": 4, "tap 1->3": 6}
     assert not list(tmp_path.rglob("PWNED")) and not (Path.cwd() / "PWNED").exists()
 
     follow = specdraft_cli("logs", folder, "--rank", "3", "--follow", timeout=60)
@@ -62,8 +63,10 @@ def test_two_nodes_by_two_tasks_pass_and_the_submitted_script_is_the_dry_run(slu
 def test_a_failing_rank_is_named_by_launch_and_status(slurm_cluster, specdraft_cli, tmp_path):
     proc = specdraft_cli("launch", *TWO_BY_ONE, "slurm.env.SPECDRAFT_FAULT_RANK=1", "--wait", timeout=150)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "FAILED: rank 1 (node 1, tp 0 cp 0 pp 1 dp 0) failed first: RuntimeError: injected fault on rank 1" \
+    assert (
+        "FAILED: rank 1 (node 1, tp 0 cp 0 pp 1 dp 0) failed first: RuntimeError: injected fault on rank 1"
         in proc.stderr
+    )
     assert "_1_log.err" in proc.stderr and "injected fault" in proc.stderr.split("last lines of its stderr")[1]
     status = specdraft_cli("status", timeout=60)
     assert status.returncode == 0 and "FAILED" in status.stdout and "rank 1" in status.stdout

@@ -23,8 +23,15 @@ def _groups_from_plan(plan, dims):
 
 
 # Which plan coordinates vary inside one megatron group, per generator token.
-DECODER = {"tp": ("tp",), "cp": ("cp",), "dp": ("dp",), "pp": ("pp",), "tp-cp": ("tp", "cp"),
-           "dp-cp": ("dp", "cp"), "tp-pp": ("tp", "pp")}
+DECODER = {
+    "tp": ("tp",),
+    "cp": ("cp",),
+    "dp": ("dp",),
+    "pp": ("pp",),
+    "tp-cp": ("tp", "cp"),
+    "dp-cp": ("dp", "cp"),
+    "tp-pp": ("tp", "pp"),
+}
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -51,14 +58,17 @@ def _megatron_config(spec):
 
     p = spec.parallel
     return TransformerConfig(
-        num_layers=spec.model.num_layers, hidden_size=spec.model.hidden_size,
-        num_attention_heads=spec.model.num_attention_heads, pipeline_model_parallel_size=p.pp,
+        num_layers=spec.model.num_layers,
+        hidden_size=spec.model.hidden_size,
+        num_attention_heads=spec.model.num_attention_heads,
+        pipeline_model_parallel_size=p.pp,
         virtual_pipeline_model_parallel_size=p.vpp if p.vpp and p.vpp > 1 else None,
         num_layers_in_first_pipeline_stage=p.first_stage_layers,
         num_layers_in_last_pipeline_stage=p.last_stage_layers,
         account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
         account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split,
-        pipeline_dtype=None if p.pp == 1 else __import__("torch").float32, use_cpu_initialization=True,
+        pipeline_dtype=None if p.pp == 1 else __import__("torch").float32,
+        use_cpu_initialization=True,
     )
 
 
@@ -68,8 +78,7 @@ def test_stage_map_equals_megatron_layer_offsets(spec):
     from megatron.core.transformer.transformer_block import get_num_layers_to_build
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-    spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, num_experts=None,
-                                                               moe_ffn_hidden_size=None))
+    spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, num_experts=None, moe_ffn_hidden_size=None))
     config = _megatron_config(spec)
     for rank, chunks in enumerate(chunk_layout(spec)):
         for v, (first, count) in enumerate(chunks):

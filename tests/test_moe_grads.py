@@ -23,8 +23,16 @@ from tests.distributed import run_distributed
 
 pytestmark = pytest.mark.dist
 LAYOUT = Path(__file__).parents[1] / "specdraft" / "layouts" / "mixtral-tiny-cpu.yaml"
-BASE = ["cluster.gpus_per_node=4", "parallel.tp=1", "parallel.cp=1", "parallel.pp=1", "parallel.vpp=null",
-        "parallel.ep=1", "parallel.etp=null", "parallel.sequence_parallel=false"]
+BASE = [
+    "cluster.gpus_per_node=4",
+    "parallel.tp=1",
+    "parallel.cp=1",
+    "parallel.pp=1",
+    "parallel.vpp=null",
+    "parallel.ep=1",
+    "parallel.etp=null",
+    "parallel.sequence_parallel=false",
+]
 CASES = {  # name -> overrides on BASE (4 ranks each)
     "dp4-ep1": [],  # every rank holds the whole model: the reference norm; experts summed over edp = 4
     "dp4-ep4": ["parallel.ep=4"],
@@ -48,14 +56,20 @@ def _case(rank: int, plan) -> dict:
     from megatron.core import parallel_state as ps
 
     from specdraft.runtime.models import moe
-    from specdraft.runtime.train.grads import TargetParams, reduce_target_grads, target_grad_norm
     from specdraft.runtime.models.target import build_chunks
+    from specdraft.runtime.train.grads import TargetParams, reduce_target_grads, target_grad_norm
 
     par = plan.parallel
-    ps.initialize_model_parallel(tensor_model_parallel_size=par.tp, pipeline_model_parallel_size=par.pp,
-                                 virtual_pipeline_model_parallel_size=par.vpp, context_parallel_size=par.cp,
-                                 expert_model_parallel_size=par.ep, expert_tensor_parallel_size=par.etp,
-                                 order=par.order, create_gloo_process_groups=False)
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=par.tp,
+        pipeline_model_parallel_size=par.pp,
+        virtual_pipeline_model_parallel_size=par.vpp,
+        context_parallel_size=par.cp,
+        expert_model_parallel_size=par.ep,
+        expert_tensor_parallel_size=par.etp,
+        order=par.order,
+        create_gloo_process_groups=False,
+    )
     try:
         chunks = build_chunks(plan, plan.ranks[rank].pp, torch.device("cpu"), torch.float32, plan.spec.training.seed)
         params = TargetParams.of(chunks)
@@ -74,13 +88,21 @@ def _case(rank: int, plan) -> dict:
                 replicas[id(p)] = r
                 p.grad = p.detach().clone() / r
         reduce_target_grads(params, par.sequence_parallel)
-        worst = max(float(((p.grad - p.detach()).abs().max() / p.detach().abs().max().clamp(min=1e-30)))
-                    for p in params.all())
+        worst = max(
+            float(((p.grad - p.detach()).abs().max() / p.detach().abs().max().clamp(min=1e-30))) for p in params.all()
+        )
         local_sq = sum(float(p.detach().double().pow(2).sum()) for p in params.all())
-        return {"norm": target_grad_norm(params, torch.device("cpu")), "worst_grad_error": worst, "logits": logits,
-                "trained_norm": trained_norm, "aux_norm": aux_norm,
-                "local_sq": local_sq, "num_experts_local": len(expert_ids),
-                "edp": par.edp, "sp_params": sum(1 for p in params.dense if getattr(p, "sequence_parallel", False))}
+        return {
+            "norm": target_grad_norm(params, torch.device("cpu")),
+            "worst_grad_error": worst,
+            "logits": logits,
+            "trained_norm": trained_norm,
+            "aux_norm": aux_norm,
+            "local_sq": local_sq,
+            "num_experts_local": len(expert_ids),
+            "edp": par.edp,
+            "sp_params": sum(1 for p in params.dense if getattr(p, "sequence_parallel", False)),
+        }
     finally:
         ps.destroy_model_parallel()
 
@@ -98,11 +120,16 @@ def _forward_backward(plan, model, params, main: float) -> tuple[torch.Tensor, f
     from specdraft.runtime.train.grads import reduce_target_grads, target_grad_norm
 
     m, par = plan.model, plan.parallel
-    data = MarkovData(vocab_size=m.vocab_size, row_tokens=m.seq_length, pad_multiple=par.pad_multiple,
-                      seed=plan.spec.training.seed)
+    data = MarkovData(
+        vocab_size=m.vocab_size, row_tokens=m.seq_length, pad_multiple=par.pad_multiple, seed=plan.spec.training.seed
+    )
     mb = make_microbatch(0, data.row(0, 0), cp=1, cp_rank=0, steps=1, device="cpu")
-    out = model(input_ids=mb.tokens[None], position_ids=mb.positions[None], attention_mask=None,
-                packed_seq_params=mb.packed_seq_params())[0]  # (t, V/tp)
+    out = model(
+        input_ids=mb.tokens[None],
+        position_ids=mb.positions[None],
+        attention_mask=None,
+        packed_seq_params=mb.packed_seq_params(),
+    )[0]  # (t, V/tp)
     weights = torch.randn(out.shape[0], m.vocab_size, generator=torch.Generator().manual_seed(7))
     mine = weights.chunk(par.tp, dim=-1)[ps.get_tensor_model_parallel_rank()]  # (t, V/tp)
     for p in params.all():

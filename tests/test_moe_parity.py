@@ -28,8 +28,16 @@ LAYOUT = Path(__file__).parents[1] / "specdraft" / "layouts" / "mixtral-tiny-cpu
 STEPS = 3
 COMMON = ["training.warmup_steps=0", "--workload", "cotrain", "--steps", str(STEPS), "--executor", "local"]
 # Every override starts from the single-process shape, so each layout names all it changes.
-SINGLE = ["cluster.gpus_per_node=1", "parallel.tp=1", "parallel.cp=1", "parallel.pp=1", "parallel.vpp=null",
-          "parallel.ep=1", "parallel.etp=null", "parallel.sequence_parallel=false"]
+SINGLE = [
+    "cluster.gpus_per_node=1",
+    "parallel.tp=1",
+    "parallel.cp=1",
+    "parallel.pp=1",
+    "parallel.vpp=null",
+    "parallel.ep=1",
+    "parallel.etp=null",
+    "parallel.sequence_parallel=false",
+]
 LAYOUTS = {
     "ep1-dp2": [*SINGLE, "cluster.gpus_per_node=2"],
     "ep2-dp2": [*SINGLE, "cluster.gpus_per_node=2", "parallel.ep=2"],
@@ -41,8 +49,13 @@ TARGET_RTOL, DRAFT_RTOL, AUX_RTOL = 2e-5, 2e-4, 2e-5
 
 
 def launch(folder: Path, overrides: list[str]) -> list[dict]:
-    proc = subprocess.run([str(SPECDRAFT_BIN), "launch", str(LAYOUT), *overrides, *COMMON, "--run-dir", str(folder)],
-                          capture_output=True, text=True, timeout=420, cwd=folder.parent)
+    proc = subprocess.run(
+        [str(SPECDRAFT_BIN), "launch", str(LAYOUT), *overrides, *COMMON, "--run-dir", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=420,
+        cwd=folder.parent,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(STEPS))

@@ -25,8 +25,14 @@ ROOT = Path(__file__).parents[1]
 
 def cli(*args, cwd):
     # A subprocess with a timeout: a write that opened the FIFO would block here rather than hang the suite.
-    return subprocess.run([sys.executable, "-m", "specdraft.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    return subprocess.run(
+        [sys.executable, "-m", "specdraft.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
 
 
 def hostile_targets(folder: Path) -> dict[str, Path]:
@@ -93,8 +99,12 @@ def test_a_regular_file_is_replaced_whole_and_long_names_work(tmp_path):
 
 def test_cli_outputs_refuse_special_files_and_leave_them_alone(tmp_path):
     targets = hostile_targets(tmp_path / "t")
-    commands = [("plan", "--format", "json", "-o"), ("plan", "-o"), ("rollout", "profile", "--csv"),
-                ("rollout", "simulate", "--seeds", "1", "--steps", "1", "--plot")]
+    commands = [
+        ("plan", "--format", "json", "-o"),
+        ("plan", "-o"),
+        ("rollout", "profile", "--csv"),
+        ("rollout", "simulate", "--seeds", "1", "--steps", "1", "--plot"),
+    ]
     for kind, target in targets.items():
         before = snapshot(target)
         # Every kind through plan -o; the other outputs share its check, so two kinds each suffice there.
@@ -137,8 +147,11 @@ def test_reads_refuse_fifos_and_devices_without_blocking(tmp_path):
 
 def test_cli_inputs_that_are_fifos_end_with_exit_2(tmp_path):
     targets = hostile_targets(tmp_path / "t")
-    for args in (("validate", str(targets["fifo"])), ("plan", "/dev/zero"),
-                 ("rollout", "simulate", "--workload", str(targets["fifo"])),
-                 ("rollout", "simulate", "--profile", str(targets["fifo"]))):
+    for args in (
+        ("validate", str(targets["fifo"])),
+        ("plan", "/dev/zero"),
+        ("rollout", "simulate", "--workload", str(targets["fifo"])),
+        ("rollout", "simulate", "--profile", str(targets["fifo"])),
+    ):
         out = cli(*args, cwd=tmp_path)
         assert out.returncode == 2 and "not a regular file" in out.stderr, (args, out.stderr)

@@ -38,18 +38,22 @@ def test_derived_values_are_resolved_once_in_the_plan():
     assert m.head_dim == spec.hidden_size // spec.num_attention_heads and m.num_query_groups == spec.num_query_groups
     assert plan.parallel.etp == 2 and plan.parallel.pad_multiple == 4 and plan.parallel.dp == 1
     assert plan.slurm.time_limit_s == 3600 * int(plan.spec.slurm.time.split(":")[0]) + 60 * int(
-        plan.spec.slurm.time.split(":")[1])
+        plan.spec.slurm.time.split(":")[1]
+    )
     assert plan.run_name == f"{plan.name}-{plan.plan_hash[:8]}"
 
 
-@pytest.mark.parametrize("edit, where", [
-    (lambda d: d["ranks"][3].pop("pp"), "ranks[3]: missing pp"),
-    (lambda d: d["ranks"][0].update(tp="0"), "ranks[0].tp: expected int"),
-    (lambda d: d["parallel"].update(extra=1), "parallel: unknown extra"),
-    (lambda d: d.update(world_size=True), "world_size: expected int"),
-    (lambda d: d["spec"]["parallel"].update(tp="x"), "spec.parallel.tp"),
-    (lambda d: d["memory"][0].update(fraction=float("nan")), "memory[0].fraction"),
-])
+@pytest.mark.parametrize(
+    "edit, where",
+    [
+        (lambda d: d["ranks"][3].pop("pp"), "ranks[3]: missing pp"),
+        (lambda d: d["ranks"][0].update(tp="0"), "ranks[0].tp: expected int"),
+        (lambda d: d["parallel"].update(extra=1), "parallel: unknown extra"),
+        (lambda d: d.update(world_size=True), "world_size: expected int"),
+        (lambda d: d["spec"]["parallel"].update(tp="x"), "spec.parallel.tp"),
+        (lambda d: d["memory"][0].update(fraction=float("nan")), "memory[0].fraction"),
+    ],
+)
 def test_malformed_plans_name_the_field(edit, where):
     data = json.loads(compile(load_layout(None)).to_json())
     edit(data)
@@ -61,8 +65,9 @@ def test_malformed_plans_name_the_field(edit, where):
 def test_another_schema_version_is_refused_naming_both():
     data = json.loads(compile(load_layout(None)).to_json())
     data["schema_version"] = SCHEMA_VERSION + 7
-    with pytest.raises(PlanVersionError, match=f"schema_version is {SCHEMA_VERSION + 7}.*reads schema_version "
-                                               f"{SCHEMA_VERSION}"):
+    with pytest.raises(
+        PlanVersionError, match=f"schema_version is {SCHEMA_VERSION + 7}.*reads schema_version {SCHEMA_VERSION}"
+    ):
         LaunchPlan.from_dict(data)
     for bad in ([], "plan", 3):
         with pytest.raises(PlanFormatError):
@@ -96,8 +101,7 @@ def _old_plan(tmp_path: Path) -> Path:
 def _cli(*args, cwd=None):
     env = {**os.environ, "COLUMNS": "200"}
     env.pop("SPECDRAFT_DEBUG", None)
-    return subprocess.run([SPECDRAFT, *map(str, args)], capture_output=True, text=True, timeout=120, cwd=cwd,
-                          env=env)
+    return subprocess.run([SPECDRAFT, *map(str, args)], capture_output=True, text=True, timeout=120, cwd=cwd, env=env)
 
 
 def test_launch_render_and_status_refuse_another_schema_version(tmp_path):
@@ -114,19 +118,44 @@ def test_launch_render_and_status_refuse_another_schema_version(tmp_path):
     run = tmp_path / "runs" / "old-run"
     claim_run_dir(run)
     (run / "plan.json").write_text(plan.read_text())
-    replace_record(run, new_record(name="tiny-cpu", run_dir=str(run), executor="local", job_name="tiny-cpu-0",
-                                   state="COMPLETED", intent_epoch=0.0, plan_hash="0" * 64, spec_sha256="0" * 64,
-                                   specdraft_version="0.1.0", world_size=4, workload="selftest"))
+    replace_record(
+        run,
+        new_record(
+            name="tiny-cpu",
+            run_dir=str(run),
+            executor="local",
+            job_name="tiny-cpu-0",
+            state="COMPLETED",
+            intent_epoch=0.0,
+            plan_hash="0" * 64,
+            spec_sha256="0" * 64,
+            specdraft_version="0.1.0",
+            world_size=4,
+            workload="selftest",
+        ),
+    )
     proc = _cli("status", run, cwd=tmp_path)
     assert proc.returncode == 2 and "schema_version is 1" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_runtime_entry_refuses_another_schema_version_and_writes_its_result(tmp_path):
     plan = _old_plan(tmp_path)
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "GROUP_RANK": "0",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
-    proc = subprocess.run([sys.executable, "-m", "specdraft.runtime.entry", str(plan)], env=env,
-                          capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "RANK": "0",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "0",
+        "GROUP_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "specdraft.runtime.entry", str(plan)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1
     assert "schema_version is 1" in proc.stderr and "Traceback" not in proc.stderr
     result = json.loads((tmp_path / "results" / "rank-00000.json").read_text())

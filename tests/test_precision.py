@@ -69,8 +69,10 @@ def test_main_weights_track_the_fp32_run_and_plain_bf16_adamw_does_not():
 
     def distance(weights) -> float:  # from the fp32 run, relative to how far the fp32 run moved
         moved = sum((r.detach() - s).pow(2).sum() for r, s in zip(ref.parameters(), start)).sqrt()
-        return float(sum((w.detach().float() - r.detach()).pow(2).sum() for w, r in zip(weights, ref.parameters())).sqrt()
-                     / moved)
+        return float(
+            sum((w.detach().float() - r.detach()).pow(2).sum() for w, r in zip(weights, ref.parameters())).sqrt()
+            / moved
+        )
 
     with_main = distance(opt.main)
     without = distance(list(plain.parameters()))
@@ -111,7 +113,7 @@ def test_microbatch_grads_accumulate_in_fp32():
 
 
 def test_loss_scaler_follows_megatrons_rules():
-    s = LossScaler(initial=2.0 ** 4, min_scale=2.0, window=3, hysteresis=2)
+    s = LossScaler(initial=2.0**4, min_scale=2.0, window=3, hysteresis=2)
     trace = []
     for found_inf in [True, True, True, False, False, False, False, True, True, True, True, True]:
         s.update(found_inf)
@@ -146,8 +148,13 @@ def _sharded_worker(rank, world):
         models = [_model(seed=3).to(dtype), _model(seed=3).to(dtype)]
         replicated = MainOptimizer(list(models[0].parameters()), lr=1e-2, policy=_policy(name), device=CPU)
         group = dist.group.WORLD
-        sharded = MainOptimizer(list(models[1].parameters()), lr=1e-2, policy=_policy(name), device=CPU,
-                                shards=[(list(models[1].parameters()), group)])
+        sharded = MainOptimizer(
+            list(models[1].parameters()),
+            lr=1e-2,
+            policy=_policy(name),
+            device=CPU,
+            shards=[(list(models[1].parameters()), group)],
+        )
         for step in range(5):
             x, y = _data(step, dtype)  # the same data on both ranks: the grads are already "reduced"
             for model, opt in zip(models, (replicated, sharded)):
@@ -155,8 +162,11 @@ def _sharded_worker(rank, world):
                 opt.step()
         out[name] = {
             "identical": all(torch.equal(a, b) for a, b in zip(models[0].parameters(), models[1].parameters())),
-            "replicated_bytes": replicated.state_bytes(), "sharded_bytes": sharded.state_bytes(),
-            "owned": len(sharded.owned), "params": len(sharded.params), "sharded_over": sharded.sharded_over,
+            "replicated_bytes": replicated.state_bytes(),
+            "sharded_bytes": sharded.state_bytes(),
+            "owned": len(sharded.owned),
+            "params": len(sharded.params),
+            "sharded_over": sharded.sharded_over,
         }
     return out
 

@@ -37,17 +37,33 @@ import pytest
 from specdraft.runs.checkpoints import MARKER
 
 pytestmark = pytest.mark.slurm
-LAYOUT = ["cluster.num_nodes=2", "cluster.gpus_per_node=1", "parallel.cp=1", "training.warmup_steps=0",
-          "slurm.partition=debug", "slurm.cpus_per_task=1", "slurm.max_requeues=3"]
+LAYOUT = [
+    "cluster.num_nodes=2",
+    "cluster.gpus_per_node=1",
+    "parallel.cp=1",
+    "training.warmup_steps=0",
+    "slurm.partition=debug",
+    "slurm.cpus_per_task=1",
+    "slurm.max_requeues=3",
+]
 REQUEUE_STEPS = 12
 # About 110 s of steps: more than a first attempt can run before the warning (at most 108 s into it), little
 # enough that the second attempt finishes before its own warning (at least 48 s into it, ~80 s as measured).
 LIMIT_STEPS = 48
 RUNS = {
-    "requeue": [*LAYOUT, "slurm.time=00:05:00", "training.save_interval=4", f"training.train_iters={REQUEUE_STEPS}",
-                "slurm.env.SPECDRAFT_STEP_PAUSE_S=0.3"],
-    "timelimit": [*LAYOUT, "slurm.time=00:02:00", f"training.train_iters={LIMIT_STEPS}",
-                  "slurm.env.SPECDRAFT_STEP_PAUSE_S=2"],
+    "requeue": [
+        *LAYOUT,
+        "slurm.time=00:05:00",
+        "training.save_interval=4",
+        f"training.train_iters={REQUEUE_STEPS}",
+        "slurm.env.SPECDRAFT_STEP_PAUSE_S=0.3",
+    ],
+    "timelimit": [
+        *LAYOUT,
+        "slurm.time=00:02:00",
+        f"training.train_iters={LIMIT_STEPS}",
+        "slurm.env.SPECDRAFT_STEP_PAUSE_S=2",
+    ],
 }
 WATCH_S = 480
 RELEASE_AFTER_S = 3.0  # > the one-second resolution of Slurm's credential revocation (see the module docstring)
@@ -84,8 +100,15 @@ def jobs(slurm_cluster, tmp_path_factory) -> dict[str, Job]:
     try:
         for name, overrides in RUNS.items():
             folder = root / name
-            proc = subprocess.run([cli, "launch", *overrides, "--executor", "slurm", "--run-dir", str(folder)],
-                                  cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False)
+            proc = subprocess.run(
+                [cli, "launch", *overrides, "--executor", "slurm", "--run-dir", str(folder)],
+                cwd=root,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
             assert proc.returncode == 0, proc.stdout + proc.stderr
             out[name] = Job(folder, json.loads((folder / "run.json").read_text())["job_id"])
         _watch(out)
@@ -95,8 +118,9 @@ def jobs(slurm_cluster, tmp_path_factory) -> dict[str, Job]:
                 _run(["scancel", job.job_id])
     for job in out.values():
         job.state = _sacct_state(job.job_id)
-        job.status = subprocess.run([cli, "status", str(job.folder)], cwd=root, env=env, capture_output=True,
-                                    text=True, timeout=60, check=False).stdout
+        job.status = subprocess.run(
+            [cli, "status", str(job.folder)], cwd=root, env=env, capture_output=True, text=True, timeout=60, check=False
+        ).stdout
         job.logs = {p.name: p.read_text(errors="replace") for p in (job.folder / "submitit").glob("*_log.*")}
     return out
 

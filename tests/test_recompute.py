@@ -32,17 +32,35 @@ runpy.run_module("specdraft.runtime.entry", run_name="__main__")
 
 
 def _forwards(run_dir) -> int:
-    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    proc = subprocess.run([sys.executable, "-c", COUNTING, str(run_dir / "plan.json")], capture_output=True, text=True,
-                          env=env, cwd=run_dir, timeout=180)
+    env = {
+        **os.environ,
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", COUNTING, str(run_dir / "plan.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=run_dir,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.count("CORE-ATTENTION-FORWARD")
 
 
 def test_recompute_runs_the_forward_again_and_keeps_the_losses(tmp_path):
-    base = ["cluster.gpus_per_node=1", "parallel.cp=1", "parallel.pp=1", "training.train_iters=1",
-            "training.warmup_steps=0"]
+    base = [
+        "cluster.gpus_per_node=1",
+        "parallel.cp=1",
+        "parallel.pp=1",
+        "training.train_iters=1",
+        "training.warmup_steps=0",
+    ]
     counts, losses = {}, {}
     for mode in ("none", "selective", "full"):
         run_dir = tmp_path / mode

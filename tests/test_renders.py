@@ -42,9 +42,19 @@ def test_vllm_settings_golden(layout):
 
 
 def test_megatron_argv_carries_layout_and_draft_flags():
-    plan = compile(load_layout(None, ["cluster.gpus_per_node=8", "parallel.tp=2", "parallel.sequence_parallel=true",
-                                      "model.seq_length=64", "parallel.first_stage_layers=3",
-                                      "parallel.last_stage_layers=5"]))
+    plan = compile(
+        load_layout(
+            None,
+            [
+                "cluster.gpus_per_node=8",
+                "parallel.tp=2",
+                "parallel.sequence_parallel=true",
+                "model.seq_length=64",
+                "parallel.first_stage_layers=3",
+                "parallel.last_stage_layers=5",
+            ],
+        )
+    )
     argv = plan.renders.megatron
     pairs = dict(zip(argv, argv[1:]))
     assert pairs["--tensor-model-parallel-size"] == "2" and "--sequence-parallel" in argv
@@ -59,8 +69,12 @@ def test_nemo_rl_keys_match_the_layout():
     plan = compile(load_layout(Path(LAYOUTS[0]).with_name("mixtral-8x22b.yaml")))
     cfg = plan.renders.nemo_rl
     meg = cfg["policy"]["megatron_cfg"]
-    assert (meg["tensor_model_parallel_size"], meg["context_parallel_size"], meg["expert_model_parallel_size"],
-            meg["pipeline_model_parallel_size"]) == (4, 2, 8, 4)
+    assert (
+        meg["tensor_model_parallel_size"],
+        meg["context_parallel_size"],
+        meg["expert_model_parallel_size"],
+        meg["pipeline_model_parallel_size"],
+    ) == (4, 2, 8, 4)
     assert tuple(cfg["policy"]["draft"]["aux_layer_indices"]) == plan.draft.aux_layers
     assert cfg["cluster"] == {"gpus_per_node": 8, "num_nodes": 16}
     items = to_dotlist(cfg)

@@ -9,11 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdraft.rollout.model import costmodel
-from specdraft.rollout.schedule.adaptive_tp import (PlannerConfig, RemainingPredictor, merge_overhead, predict_makespan,
-                                          reshard_bytes, run_requests)
-from specdraft.rollout.report.compare import SimulateOptions, run
-from specdraft.rollout.sim.generation import GenConfig, choose_start, simulate_generation
 from specdraft.rollout.model.workload import LENGTH_PRESETS, LengthModel, synthetic, uniform
+from specdraft.rollout.report.compare import SimulateOptions, run
+from specdraft.rollout.schedule.adaptive_tp import (
+    PlannerConfig,
+    RemainingPredictor,
+    merge_overhead,
+    predict_makespan,
+    reshard_bytes,
+    run_requests,
+)
+from specdraft.rollout.sim.generation import GenConfig, choose_start, simulate_generation
 from specdraft.spec.load import builtin_layout_text, load_layout, load_layout_text
 
 LAYOUTS = Path(__file__).parents[1] / "specdraft" / "layouts"
@@ -31,8 +37,12 @@ def adaptive(prompts, scale=1.0, every=64, tp=1, **kw):
 
 
 @settings(max_examples=50, deadline=None)
-@given(predicted=st.floats(10, 16384), generated=st.floats(0, 16000), sigma=st.floats(0.01, 1.5),
-       mode=st.sampled_from(["request", "population"]))
+@given(
+    predicted=st.floats(10, 16384),
+    generated=st.floats(0, 16000),
+    sigma=st.floats(0.01, 1.5),
+    mode=st.sampled_from(["request", "population"]),
+)
 def test_remaining_length_is_a_conditional_median(predicted, generated, sigma, mode):
     pred = RemainingPredictor(mode=mode, sigma=sigma, cap=16384)
     rem = pred.remaining(predicted, generated)
@@ -45,8 +55,7 @@ def test_remaining_length_is_a_conditional_median(predicted, generated, sigma, m
 
 
 @settings(max_examples=15, deadline=None)
-@given(per=st.sampled_from([8, 16, 32]), n=st.integers(1, 4), length=st.integers(50, 4000),
-       tp=st.sampled_from([1, 2]))
+@given(per=st.sampled_from([8, 16, 32]), n=st.integers(1, 4), length=st.integers(50, 4000), tp=st.sampled_from([1, 2]))
 def test_no_length_skew_never_switches(per, n, length, tp):
     prompts = uniform(1, per, n, 256, length)[0]
     out = adaptive(prompts, every=16, tp=tp)
@@ -61,8 +70,12 @@ def test_prohibitive_overhead_never_switches(seed, per):
 
 
 @settings(max_examples=10, deadline=None)
-@given(seed=st.integers(0, 1000), per=st.integers(4, 24), scale=st.sampled_from([0.5, 1.0, 4.0]),
-       every=st.sampled_from([16, 64]))
+@given(
+    seed=st.integers(0, 1000),
+    per=st.integers(4, 24),
+    scale=st.sampled_from([0.5, 1.0, 4.0]),
+    every=st.sampled_from([16, 64]),
+)
 def test_every_request_finishes_once_and_overheads_add_up(seed, per, scale, every):
     prompts = synthetic(LengthModel(median=1500, cap=8192), 1, per, 4, 512, seed, 0.3)[0]
     _check_run(adaptive(prompts, scale=scale, every=every))
@@ -107,8 +120,11 @@ def test_kv_move_picks_the_cheaper_of_migration_and_recompute():
 
 
 @settings(max_examples=40, deadline=None)
-@given(reqs=st.lists(st.tuples(st.floats(100, 20000), st.floats(1, 16000)), min_size=1, max_size=40),
-       tp=st.sampled_from([1, 2, 4, 8]), frac=st.floats(0.0, 1.0))
+@given(
+    reqs=st.lists(st.tuples(st.floats(100, 20000), st.floats(1, 16000)), min_size=1, max_size=40),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    frac=st.floats(0.0, 1.0),
+)
 def test_running_part_way_then_on_adds_up_to_the_whole_run(reqs, tp, frac):
     """The planner's deferral runs groups for a while, then predicts the rest: the two parts equal one run."""
     whole = predict_makespan(COST, tp, reqs)
@@ -126,13 +142,18 @@ def test_scripted_switches_merge_every_block_and_keep_the_books():
 
 
 @settings(max_examples=8, deadline=None)
-@given(seed=st.integers(0, 1000), groups=st.sampled_from([(4, 1, 1, 1, 1), (2, 2, 1, 1, 1, 1), (4, 2, 1, 1)]),
-       wide=st.integers(0, 40), merges=st.booleans())
+@given(
+    seed=st.integers(0, 1000),
+    groups=st.sampled_from([(4, 1, 1, 1, 1), (2, 2, 1, 1, 1, 1), (4, 2, 1, 1)]),
+    wide=st.integers(0, 40),
+    merges=st.booleans(),
+)
 def test_a_heterogeneous_start_places_every_request_once(seed, groups, wide, merges):
     """The benchmark's heterogeneous starts: the predicted-longest go wide, nothing is lost or run twice."""
     prompts = synthetic(LengthModel(median=1500, cap=8192), 1, 16, 4, 512, seed, 0.2)[0]
-    cfg = GenConfig(cost=COST, gpus_per_node=8, start_groups=groups, wide_first=wide,
-                    planner=planner() if merges else None)
+    cfg = GenConfig(
+        cost=COST, gpus_per_node=8, start_groups=groups, wide_first=wide, planner=planner() if merges else None
+    )
     out = simulate_generation(cfg, prompts, groups[0])
     _check_run(out)
     assert out.start_tp == groups[0]
@@ -155,8 +176,9 @@ def test_the_start_is_the_dry_runs_best_and_exact_predictions_never_lose_to_a_st
     cfg = GenConfig(cost=COST, gpus_per_node=8, planner=planner(sigma=0.05))
     start, merges = choose_start(cfg, prompts, [1, 2, 4, 8])
     chosen = simulate_generation(cfg if merges else GenConfig(cost=COST, gpus_per_node=8), prompts, start).makespan_s
-    static = min(simulate_generation(GenConfig(cost=COST, gpus_per_node=8), prompts, tp).makespan_s
-                 for tp in (1, 2, 4, 8))
+    static = min(
+        simulate_generation(GenConfig(cost=COST, gpus_per_node=8), prompts, tp).makespan_s for tp in (1, 2, 4, 8)
+    )
     assert chosen <= 1.01 * static, (start, merges, chosen, static)
     flat = uniform(1, 16, 4, 512, 1500)[0]
     assert choose_start(cfg, flat, [1, 2, 4, 8])[1] is False
@@ -166,8 +188,10 @@ def _generation(seeds, **kw):
     out = []
     for seed in seeds:
         prompts = synthetic(LengthModel(cap=16384), 1, 64, 8, 1024, seed, 0.2)[0]
-        static = {tp: simulate_generation(GenConfig(cost=COST, gpus_per_node=8), prompts, tp).makespan_s
-                  for tp in (1, 2, 4, 8)}
+        static = {
+            tp: simulate_generation(GenConfig(cost=COST, gpus_per_node=8), prompts, tp).makespan_s
+            for tp in (1, 2, 4, 8)
+        }
         out.append((static, adaptive(prompts, **kw).makespan_s))
     return out
 
@@ -185,8 +209,16 @@ def test_adaptive_beats_the_layouts_static_tp_and_every_static_tp():
 def _targets(path: str, lengths: str, seeds: int) -> dict:
     """`rollout simulate --adaptive-tp`'s generation report (the target keys) on seeds 0..seeds-1."""
     median, sigma, correlation = LENGTH_PRESETS[lengths]
-    opts = SimulateOptions(seeds=seeds, steps=1, policies=(), adaptive_tp=True, lengths=lengths, median=median,
-                           sigma=sigma, correlation=correlation)
+    opts = SimulateOptions(
+        seeds=seeds,
+        steps=1,
+        policies=(),
+        adaptive_tp=True,
+        lengths=lengths,
+        median=median,
+        sigma=sigma,
+        correlation=correlation,
+    )
     return run(load_layout(LAYOUTS / path), opts).data["generation"]
 
 

@@ -14,8 +14,14 @@ ROOT = Path(__file__).parents[1]
 def run(*args):
     env = {**os.environ, "COLUMNS": "200"}
     env.pop("SPECDRAFT_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "specdraft.cli", "rollout", *args], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "specdraft.cli", "rollout", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
 
 
 def test_plan_shows_the_default_rollout_layout():
@@ -37,8 +43,19 @@ def test_disabled_or_invalid_rollout_is_a_clear_user_error():
 
 def test_simulate_json_has_every_policy_metric_and_the_generation_comparison(tmp_path):
     png = tmp_path / "timeline.png"
-    out = run("simulate", "--seeds", "2", "--steps", "1", "--adaptive-tp", "--format", "json", "--plot", str(png),
-              "rollout.num_prompts_per_step=16")
+    out = run(
+        "simulate",
+        "--seeds",
+        "2",
+        "--steps",
+        "1",
+        "--adaptive-tp",
+        "--format",
+        "json",
+        "--plot",
+        str(png),
+        "rollout.num_prompts_per_step=16",
+    )
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert set(data["policies"]) == {"verl", "fifo", "random", "sorted", "longest_first", "asp", "oracle"}
@@ -75,8 +92,18 @@ def test_profile_csv_feeds_simulate_and_bad_rows_are_named(tmp_path):
     assert "decode step ms at tp 8" in out.stdout
     assert "calibration against the shared notes' anchors" in out.stdout and "180 us" in out.stdout
     assert csv.read_text().startswith("tp,batch,context,decode_s,speculative_decode_s\n")
-    sim = run("simulate", "--profile", str(csv), "--seeds", "1", "--steps", "1", "--format", "json",
-              "rollout.num_prompts_per_step=16")
+    sim = run(
+        "simulate",
+        "--profile",
+        str(csv),
+        "--seeds",
+        "1",
+        "--steps",
+        "1",
+        "--format",
+        "json",
+        "rollout.num_prompts_per_step=16",
+    )
     assert sim.returncode == 0, sim.stderr
     assert json.loads(sim.stdout)["policies"]["asp"]["iteration_time_s"]["mean"] > 0
     lines = csv.read_text().splitlines()
@@ -91,8 +118,21 @@ def test_length_presets_and_the_verl_tp_are_checked():
     assert bad.returncode == 2 and "deepscaler" in bad.stderr and "Traceback" not in bad.stderr
     odd = run("simulate", "--verl-tp", "3", "--seeds", "1")
     assert odd.returncode == 2 and "--verl-tp 3" in odd.stderr and "Traceback" not in odd.stderr
-    out = run("simulate", "layouts/qwen3-14b-pat.yaml", "--lengths", "deepscaler", "--sigma", "0.5", "--seeds", "1",
-              "--steps", "1", "--format", "json", "rollout.num_prompts_per_step=8")
+    out = run(
+        "simulate",
+        "layouts/qwen3-14b-pat.yaml",
+        "--lengths",
+        "deepscaler",
+        "--sigma",
+        "0.5",
+        "--seeds",
+        "1",
+        "--steps",
+        "1",
+        "--format",
+        "json",
+        "rollout.num_prompts_per_step=8",
+    )
     assert out.returncode == 0, out.stderr
     work = json.loads(out.stdout)["workload"]
     assert (work["lengths"], work["median"], work["sigma"], work["cap"]) == ("deepscaler", 2700, 0.5, 8192)

@@ -10,7 +10,7 @@ from specdraft.errors import UserError
 from specdraft.rollout.model import costmodel
 from specdraft.rollout.model.costmodel import expected_accepted, steps_time, steps_within
 from specdraft.rollout.model.instances import kv_budget
-from specdraft.rollout.model.profile import LLAMA2_7B, CONTEXTS, ProfileCost, read_csv, table_rows, to_csv
+from specdraft.rollout.model.profile import CONTEXTS, LLAMA2_7B, ProfileCost, read_csv, table_rows, to_csv
 from specdraft.spec.load import builtin_layout_text, load_layout_text
 
 
@@ -28,8 +28,7 @@ def test_expected_accepted_tokens_closed_form():
     assert [expected_accepted(0.6, k) for k in range(1, 6)] == sorted(expected_accepted(0.6, k) for k in range(1, 6))
 
 
-@pytest.mark.parametrize("tp, tokens, measured_us", [(1, 1, 180), (1, 64, 180), (8, 1, 45), (8, 64, 45),
-                                                     (1, 512, 375)])
+@pytest.mark.parametrize("tp, tokens, measured_us", [(1, 1, 180), (1, 64, 180), (8, 1, 45), (8, 64, 45), (1, 512, 375)])
 def test_layer_reproduces_the_vidur_anchor(tp, tokens, measured_us):
     """vidur's H100 per-layer profile of Llama-2-7B (every token-wise op: projections, norms, rope, MLP, adds; the
     notes' "MLP per layer"): ~180 us at TP1 and ~45 us at TP8 for <= 64 tokens, 375 us at TP1 for 512 tokens."""
@@ -44,8 +43,11 @@ def test_layer_between_the_anchors_follows_the_profile():
 
 # vLLM's custom all-reduce on H100, SGLang PR #2904 (float32 tensors of 512 .. 1M elements): tp -> us per size.
 PR2904_BYTES = (2048, 16384, 131072, 2**20, 2 * 2**20, 4 * 2**20)
-PR2904_US = {2: (9.5, 8.8, 8.7, 12.9, 17.7, 26.6), 4: (9.1, 8.5, 9.2, 20.6, 26.9, 40.2),
-             8: (10.1, 9.3, 11.8, 24.1, 30.4, 45.0)}
+PR2904_US = {
+    2: (9.5, 8.8, 8.7, 12.9, 17.7, 26.6),
+    4: (9.1, 8.5, 9.2, 20.6, 26.9, 40.2),
+    8: (10.1, 9.3, 11.8, 24.1, 30.4, 45.0),
+}
 
 
 @pytest.mark.parametrize("tp", sorted(PR2904_US))
@@ -89,6 +91,7 @@ def test_tp8_decode_against_tp1_at_small_batch(batch, context):
 
 def test_tp_scaling_grows_with_the_kv_read():
     """Past the anchor's regime the batch's KV read, which shards with the heads, dominates: TP8 gains more."""
+
     def ratio(batch, ctx):
         return COST.decode_step(1, batch, batch * ctx, False) / COST.decode_step(8, batch, batch * ctx, False)
 
@@ -99,7 +102,9 @@ def test_speculation_gain_falls_as_the_batch_grows():
     e = COST.tokens_per_step(True)
 
     def gain(batch, ctx=1024):
-        return (e / COST.decode_step(1, batch, batch * ctx, True)) / (1 / COST.decode_step(1, batch, batch * ctx, False))
+        return (e / COST.decode_step(1, batch, batch * ctx, True)) / (
+            1 / COST.decode_step(1, batch, batch * ctx, False)
+        )
 
     # Once the verify's batch x (k+1) tokens turn the GEMMs compute-bound (a few hundred tokens), the gain falls.
     gains = [gain(b) for b in (64, 96, 128, 192, 256)]
@@ -134,8 +139,7 @@ def test_kv_heads_replicate_beyond_their_count():
 
 
 @settings(max_examples=60, deadline=None)
-@given(a=st.floats(1e-4, 0.1), b=st.floats(0, 1e-6), s0=st.floats(0, 1e6), g=st.floats(0, 1000),
-       n=st.floats(0, 5000))
+@given(a=st.floats(1e-4, 0.1), b=st.floats(0, 1e-6), s0=st.floats(0, 1e6), g=st.floats(0, 1000), n=st.floats(0, 5000))
 def test_fluid_step_time_inverts(a, b, s0, g, n):
     t = steps_time(a, b, s0, g, n)
     assert steps_within(a, b, s0, g, t) == pytest.approx(n, rel=1e-6, abs=1e-6)
@@ -157,14 +161,17 @@ def test_profile_round_trip_matches_the_model_and_interpolates(tmp_path):
         prof.require([1, 4], str(path))
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("tp,batch,ctx,decode_s\n1,1,512,0.01\n", "line 1"),
-    ("tp,batch,context,decode_s\n1,1,512,0.01\n1,x,512,0.01\n", "line 3"),
-    ("tp,batch,context,decode_s\n1,1,512,-0.01\n", "line 2"),
-    ("tp,batch,context,decode_s\n1,1,512,0.01\n1,1,512,0.02\n", "line 3: duplicate"),
-    ("tp,batch,context,decode_s\n1,1,512,0.01\n1,2,1024,0.02\n", "no row for batch=1 context=1024"),
-    ("tp,batch,context,decode_s\n1,1,512\n", "line 2: expected 4 columns"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("tp,batch,ctx,decode_s\n1,1,512,0.01\n", "line 1"),
+        ("tp,batch,context,decode_s\n1,1,512,0.01\n1,x,512,0.01\n", "line 3"),
+        ("tp,batch,context,decode_s\n1,1,512,-0.01\n", "line 2"),
+        ("tp,batch,context,decode_s\n1,1,512,0.01\n1,1,512,0.02\n", "line 3: duplicate"),
+        ("tp,batch,context,decode_s\n1,1,512,0.01\n1,2,1024,0.02\n", "no row for batch=1 context=1024"),
+        ("tp,batch,context,decode_s\n1,1,512\n", "line 2: expected 4 columns"),
+    ],
+)
 def test_malformed_profile_names_the_line(tmp_path, text, needle):
     path = tmp_path / "bad.csv"
     path.write_text(text)

@@ -5,13 +5,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdraft.rollout.model import costmodel
+from specdraft.rollout.model import costmodel, trainer
+from specdraft.rollout.model.workload import LengthModel, synthetic
 from specdraft.rollout.schedule import dispatch
-from specdraft.rollout.model import trainer
 from specdraft.rollout.schedule.asp import dp_layout
 from specdraft.rollout.schedule.dispatch import CostHint
 from specdraft.rollout.schedule.scheduler import POLICIES, build
-from specdraft.rollout.model.workload import LengthModel, synthetic
 from specdraft.spec.load import builtin_layout_text, load_layout_text
 
 SPEC = load_layout_text(builtin_layout_text("qwen3-8b"), [], source="<built-in qwen3-8b>")
@@ -25,10 +24,15 @@ def cases(draw):
     steps = draw(st.integers(1, 3))
     per_step = draw(st.integers(1, 12))
     n = draw(st.integers(1, 4))
-    model = LengthModel(median=draw(st.sampled_from([50, 400, 3000])), sigma=draw(st.sampled_from([0.0, 0.5, 1.5])),
-                        cap=draw(st.sampled_from([200, 16384])), correlation=draw(st.sampled_from([0.0, 0.6, 1.0])))
-    work = synthetic(model, steps, per_step, n, 64, draw(st.integers(0, 10_000)),
-                     draw(st.sampled_from([0.0, 0.2, 1.0])))
+    model = LengthModel(
+        median=draw(st.sampled_from([50, 400, 3000])),
+        sigma=draw(st.sampled_from([0.0, 0.5, 1.5])),
+        cap=draw(st.sampled_from([200, 16384])),
+        correlation=draw(st.sampled_from([0.0, 0.6, 1.0])),
+    )
+    work = synthetic(
+        model, steps, per_step, n, 64, draw(st.integers(0, 10_000)), draw(st.sampled_from([0.0, 0.2, 1.0]))
+    )
     return work, draw(st.integers(1, 6)), draw(st.integers(1, 5)), draw(st.integers(0, 99))
 
 
@@ -78,7 +82,7 @@ def test_dp_layout_evens_the_data_parallel_shares(case):
     assert sorted(order) == sorted((p.pid, s) for p in group for s in range(len(p.lengths)))
     pred = {(p.pid, s): (p.prompt_len + x) for p in group for s, x in enumerate(p.predicted)}
     share = -(-len(order) // TRAINER.dp)
-    parts = [order[r * share:(r + 1) * share] for r in range(TRAINER.dp)]
+    parts = [order[r * share : (r + 1) * share] for r in range(TRAINER.dp)]
     loads = [sum(TRAINER.seq_flops(pred[k]) for k in part) for part in parts if part]
     biggest = max(TRAINER.seq_flops(v) for v in pred.values())
     if len(loads) == TRAINER.dp and all(len(p) == share for p in parts):
@@ -107,7 +111,7 @@ def test_verl_splits_each_step_into_equal_contiguous_shares(case):
         order = [p.pid for p in step]
         shares = []
         for i, queue in enumerate(sched.queues):
-            mine = [pid for pid in queue[cursor[i]:] if pid in set(order)]
+            mine = [pid for pid in queue[cursor[i] :] if pid in set(order)]
             cursor[i] += len(mine)
             shares.append(mine)
         assert [pid for share in shares for pid in share] == order

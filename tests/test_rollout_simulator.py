@@ -11,13 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdraft.errors import UserError
-from specdraft.rollout.model import costmodel
-from specdraft.rollout.schedule import dispatch
-from specdraft.rollout.model import trainer
+from specdraft.rollout.model import costmodel, trainer
+from specdraft.rollout.model.workload import LengthModel, from_file, load_history, synthetic, uniform
 from specdraft.rollout.report.compare import SimulateOptions, run
+from specdraft.rollout.schedule import dispatch
 from specdraft.rollout.schedule.scheduler import POLICIES, build
 from specdraft.rollout.sim.simulator import SimConfig, plan_steps, simulate
-from specdraft.rollout.model.workload import LengthModel, from_file, load_history, synthetic, uniform
 from specdraft.spec.load import builtin_layout_text, load_layout_text
 
 LAYOUTS = Path(__file__).parents[1] / "specdraft" / "layouts"
@@ -29,8 +28,16 @@ HINT = dispatch.hint_from_cost(COST, 1, 64)
 
 def sim(policy, work, instances, lag, colocated, seed=0, mb=2):
     k = max(1, len(work) - lag)
-    cfg = SimConfig(cost=COST, trainer=TRAINER, num_instances=instances, tp=1, max_policy_lag=lag,
-                    colocated=colocated, trained_steps=k, warmup_steps=min(1, k - 1))
+    cfg = SimConfig(
+        cost=COST,
+        trainer=TRAINER,
+        num_instances=instances,
+        tp=1,
+        max_policy_lag=lag,
+        colocated=colocated,
+        trained_steps=k,
+        warmup_steps=min(1, k - 1),
+    )
     return simulate(cfg, work, build(policy, work, instances, mb, hint=HINT, seed=seed, trainer=TRAINER))
 
 
@@ -38,10 +45,15 @@ def sim(policy, work, instances, lag, colocated, seed=0, mb=2):
 def runs(draw):
     lag = draw(st.integers(0, 2))
     steps = lag + draw(st.integers(1, 3))
-    model = LengthModel(median=draw(st.sampled_from([30, 300, 2000])), sigma=draw(st.sampled_from([0.0, 1.0])),
-                        cap=2048, correlation=0.5)
-    work = synthetic(model, steps, draw(st.integers(1, 8)), draw(st.integers(1, 3)), 64,
-                     draw(st.integers(0, 1000)), 0.3)
+    model = LengthModel(
+        median=draw(st.sampled_from([30, 300, 2000])),
+        sigma=draw(st.sampled_from([0.0, 1.0])),
+        cap=2048,
+        correlation=0.5,
+    )
+    work = synthetic(
+        model, steps, draw(st.integers(1, 8)), draw(st.integers(1, 3)), 64, draw(st.integers(0, 1000)), 0.3
+    )
     return work, draw(st.integers(1, 4)), lag, draw(st.booleans())
 
 
@@ -59,8 +71,15 @@ def test_tokens_are_conserved_and_the_lag_bound_holds(case, policy):
 
 
 @settings(max_examples=30, deadline=None)
-@given(lag=st.integers(0, 2), colocated=st.booleans(), per_step=st.integers(1, 9), n=st.integers(1, 3),
-       instances=st.integers(1, 4), length=st.integers(1, 3000), seed=st.integers(0, 99))
+@given(
+    lag=st.integers(0, 2),
+    colocated=st.booleans(),
+    per_step=st.integers(1, 9),
+    n=st.integers(1, 3),
+    instances=st.integers(1, 4),
+    length=st.integers(1, 3000),
+    seed=st.integers(0, 99),
+)
 def test_without_length_skew_every_policy_gives_the_same_result(lag, colocated, per_step, n, instances, length, seed):
     """Every policy that deals prompts round the instances or by load; verl restarts its equal shares at instance 0
     every step, so over several steps its first instances carry more (that is VeRL's split, tested below)."""
@@ -94,9 +113,16 @@ def _targets(overrides: tuple, seeds: int = 8) -> dict:
     for seed in range(seeds):
         work = synthetic(LengthModel(cap=16384), k + spec.rollout.max_policy_lag, 64, 8, 1024, seed, 0.2)
         for policy in out:
-            cfg = SimConfig(cost=cost, trainer=train, num_instances=n_inst, tp=1,
-                            max_policy_lag=spec.rollout.max_policy_lag, colocated=spec.rollout.colocated,
-                            trained_steps=k, warmup_steps=warm)
+            cfg = SimConfig(
+                cost=cost,
+                trainer=train,
+                num_instances=n_inst,
+                tp=1,
+                max_policy_lag=spec.rollout.max_policy_lag,
+                colocated=spec.rollout.colocated,
+                trained_steps=k,
+                warmup_steps=warm,
+            )
             sched = build(policy, work, n_inst, 8, hint=hint, seed=seed, trainer=train)
             out[policy].append(simulate(cfg, work, sched).iteration_time_s)
     return out
@@ -126,8 +152,14 @@ def test_asp_stays_near_the_oracle_in_the_paper_like_regimes(path):
     from specdraft.spec.load import load_layout
 
     median, sigma, correlation = LENGTH_PRESETS["deepscaler"]
-    opts = SimulateOptions(seeds=3, policies=("fifo", "asp", "oracle"), lengths="deepscaler", median=median,
-                           sigma=sigma, correlation=correlation)
+    opts = SimulateOptions(
+        seeds=3,
+        policies=("fifo", "asp", "oracle"),
+        lengths="deepscaler",
+        median=median,
+        sigma=sigma,
+        correlation=correlation,
+    )
     pols = run(load_layout(LAYOUTS / path), opts).data["policies"]
     assert pols["asp"]["vs_fifo"] - pols["oracle"]["vs_fifo"] <= 0.03, pols
     assert pols["asp"]["vs_fifo"] <= 0.0, pols
@@ -148,14 +180,17 @@ def test_workload_file_and_history(tmp_path):
             assert p.lengths == [1000, 1000] and p.prompt_len == 10 and p.predicted == [400.0, 400.0]
 
 
-@pytest.mark.parametrize("text, needle", [
-    ('{"lengths": [1, 2]}\n{"lengths": [3\n', "line 2: not valid JSON"),
-    ('{"lengths": [1, 2]}\n[1, 2]\n', "line 2: expected a JSON object"),
-    ('{"lengths": []}\n', "line 1: \"lengths\" must be a non-empty list"),
-    ('{"lengths": [1, -4]}\n', "line 1"),
-    ('{"lengths": [7], "predicted": "x"}\n', "line 1: \"predicted\" must be a positive number"),
-    ("\n\n", "holds no prompts"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ('{"lengths": [1, 2]}\n{"lengths": [3\n', "line 2: not valid JSON"),
+        ('{"lengths": [1, 2]}\n[1, 2]\n', "line 2: expected a JSON object"),
+        ('{"lengths": []}\n', 'line 1: "lengths" must be a non-empty list'),
+        ('{"lengths": [1, -4]}\n', "line 1"),
+        ('{"lengths": [7], "predicted": "x"}\n', 'line 1: "predicted" must be a positive number'),
+        ("\n\n", "holds no prompts"),
+    ],
+)
 def test_malformed_workload_lines_name_the_line(tmp_path, text, needle):
     path = tmp_path / "w.jsonl"
     path.write_text(text)
@@ -164,16 +199,29 @@ def test_malformed_workload_lines_name_the_line(tmp_path, text, needle):
 
 
 @settings(max_examples=15, deadline=None)
-@given(cap=st.integers(1, 12), per_step=st.integers(1, 6), n=st.integers(1, 4), instances=st.integers(1, 3),
-       seed=st.integers(0, 999))
+@given(
+    cap=st.integers(1, 12),
+    per_step=st.integers(1, 6),
+    n=st.integers(1, 4),
+    instances=st.integers(1, 3),
+    seed=st.integers(0, 999),
+)
 def test_an_instance_never_runs_more_than_max_num_seqs(cap, per_step, n, instances, seed):
     from dataclasses import replace
 
     from specdraft.rollout.sim.simulator import Simulation
 
     work = synthetic(LengthModel(median=300, sigma=1.0, cap=2048), 2, per_step, n, 64, seed, 0.3)
-    cfg = SimConfig(cost=replace(COST, max_num_seqs=cap), trainer=TRAINER, num_instances=instances, tp=1,
-                    max_policy_lag=1, colocated=False, trained_steps=1, warmup_steps=0)
+    cfg = SimConfig(
+        cost=replace(COST, max_num_seqs=cap),
+        trainer=TRAINER,
+        num_instances=instances,
+        tp=1,
+        max_policy_lag=1,
+        colocated=False,
+        trained_steps=1,
+        warmup_steps=0,
+    )
     sim = Simulation(cfg, work, build("fifo", work, instances, 2, hint=HINT, seed=seed, trainer=TRAINER))
     out = sim.run()
     assert max(inst.peak_batch for inst in sim.instances) <= cap

@@ -11,14 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdraft.errors import SpecError
 from specdraft.assemble import check, compile
+from specdraft.errors import SpecError
 from specdraft.render.sbatch import render_sbatch
 from specdraft.spec.load import builtin_layout_text, load_layout_text
 from specdraft.spec.sbatch_options import MANAGED_LONG, MANAGED_SHORT, option_problem
 
 # Every long option name of sbatch/srun/salloc's shared table, Slurm 20.11 to 25.x (getopt_long matches among all).
-SBATCH_LONG = set("""accel-bind account acctg-freq argv array async autocomplete batch bb bbf bcast bcast-exclude
+SBATCH_LONG = set(
+    """accel-bind account acctg-freq argv array async autocomplete batch bb bbf bcast bcast-exclude
 begin bell chdir cluster cluster-constraint clusters comment compress consolidate-segments constraint container
 container-id context contiguous core-spec cores-per-socket cpu-bind cpu-freq cpu_bind cpus-per-gpu cpus-per-task
 deadline debugger-test delay-boot dependency disable-status distribution environment epilog error exact exclude
@@ -32,7 +33,8 @@ pack-group parsable partition power prefer preserve-env priority profile prolog 
 quit-on-interrupt reboot relative requeue reservation resources resv-ports runtime segment send-libs signal
 slurmd-debug sockets-per-node spread-job spread-segments stepmgr switches task-epilog task-prolog tasks-per-node
 test-only thread-spec threads threads-per-core time time-min tmp treewidth tres-bind tres-per-task uid unbuffered
-usage use-min-nodes verbose version wait wait-all-nodes wait-for-children wckey whole wrap x11""".split())
+usage use-min-nodes verbose version wait wait-all-nodes wait-for-children wckey whole wrap x11""".split()
+)
 SHORT_FLAGS = set("XhHlZOsEQuvVW")  # short options without a value; every other letter below takes one
 SHORT_ALL = SHORT_FLAGS | set("AabDMCScdmexBGIiJKLTkFwNnopqrt")
 
@@ -45,7 +47,7 @@ def sbatch_words(text: str) -> list[str]:
             if line.strip() and not line.lstrip().startswith("#"):
                 break  # sbatch stops at the first command
             continue
-        s, i = line[len("#SBATCH"):], 0
+        s, i = line[len("#SBATCH") :], 0
         while True:
             while i < len(s) and s[i] in " \t\v\f\r":
                 i += 1
@@ -99,11 +101,44 @@ def _render(extra: list[str]):
     return render_sbatch(compile(spec), "/scratch/runs/x", python="/usr/bin/python3").script
 
 
-ACCEPTED = ["--exclusive", "--constraint=h100", "--gpus=8", "--mem=0", "--gres=gpu:8", "-Ch100", "-H", "--hold",
-            "--comment=run-7", "--reservation=r1", "-G2", "--dependency=afterok:12"]
-REFUSED = ["--arr=1-3", "--job-na=evil", "--chd=/", "--comment=x --chdir=/", "-vJx", "--tasks-per-node=2",
-           "--n=3", "--gpus-per=1", "--comment='a b'", '--comment="a"', "--comment=a#b", "-x\\y", "--", "-",
-           "--=x", "-J", "-Jevil", "-D/", "--output=/elsewhere", "--wrap=id", "exclusive", "--comment=a\tb"]
+ACCEPTED = [
+    "--exclusive",
+    "--constraint=h100",
+    "--gpus=8",
+    "--mem=0",
+    "--gres=gpu:8",
+    "-Ch100",
+    "-H",
+    "--hold",
+    "--comment=run-7",
+    "--reservation=r1",
+    "-G2",
+    "--dependency=afterok:12",
+]
+REFUSED = [
+    "--arr=1-3",
+    "--job-na=evil",
+    "--chd=/",
+    "--comment=x --chdir=/",
+    "-vJx",
+    "--tasks-per-node=2",
+    "--n=3",
+    "--gpus-per=1",
+    "--comment='a b'",
+    '--comment="a"',
+    "--comment=a#b",
+    "-x\\y",
+    "--",
+    "-",
+    "--=x",
+    "-J",
+    "-Jevil",
+    "-D/",
+    "--output=/elsewhere",
+    "--wrap=id",
+    "exclusive",
+    "--comment=a\tb",
+]
 
 
 def test_the_issues_examples_and_their_class():
@@ -130,7 +165,7 @@ def test_refused_arguments_are_reported_by_validate():
 def test_rendered_script_owns_every_managed_option_once():
     script = _render(ACCEPTED)
     words = sbatch_words(script)
-    assert words[-len(ACCEPTED):] == ACCEPTED, "each extra argument reaches sbatch as exactly one word"
+    assert words[-len(ACCEPTED) :] == ACCEPTED, "each extra argument reaches sbatch as exactly one word"
     resolved = [getopt_option(w) for w in words]
     managed = [r for r in resolved if r in MANAGED_LONG | set(MANAGED_SHORT.values())]
     assert len(managed) == len(set(managed)), f"a managed option appears twice: {managed}"
@@ -138,12 +173,14 @@ def test_rendered_script_owns_every_managed_option_once():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.tuples(st.sampled_from(["-", "--"]),
-                 st.text(alphabet=st.sampled_from(list("-=abcdehijnoprstuwxACDJNT0123 #'\"\\:/,")), max_size=14))
-       .map("".join)
-       | st.sampled_from(sorted(MANAGED_LONG)).flatmap(
-           lambda n: st.integers(1, len(n)).map(lambda k, n=n: f"--{n[:k]}=v"))
-       | st.text(alphabet=sorted(SHORT_ALL), min_size=1, max_size=4).map(lambda t: "-" + t))
+@given(
+    st.tuples(
+        st.sampled_from(["-", "--"]),
+        st.text(alphabet=st.sampled_from(list("-=abcdehijnoprstuwxACDJNT0123 #'\"\\:/,")), max_size=14),
+    ).map("".join)
+    | st.sampled_from(sorted(MANAGED_LONG)).flatmap(lambda n: st.integers(1, len(n)).map(lambda k, n=n: f"--{n[:k]}=v"))
+    | st.text(alphabet=sorted(SHORT_ALL), min_size=1, max_size=4).map(lambda t: "-" + t)
+)
 def test_an_accepted_argument_is_one_word_that_sbatch_never_reads_as_a_managed_option(arg):
     if option_problem(arg) is not None:
         return

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from specdraft.errors import SpecError, UserError
-from specdraft.runs.rundir import run_dir_for
 from specdraft.assemble import compile
+from specdraft.errors import SpecError, UserError
 from specdraft.render.sbatch import nccl_env, render_sbatch
+from specdraft.runs.rundir import run_dir_for
 from specdraft.spec.derived import signal_delay_s, slurm_time_seconds
 from specdraft.spec.load import builtin_layout_text, load_layout_text
 
@@ -35,8 +35,11 @@ def test_golden_sbatch_of_shipped_layouts(name):
     plan = _plan(name)
     render = render_sbatch(plan, f"/scratch/runs/{name}", python=PYTHON)
     # The hashes move whenever the schema or the compiler's output does; the golden pins the script's text.
-    text = (render.script.replace(plan.plan_hash, "<plan-sha256>").replace(plan.plan_hash[:8], "<plan8>")
-            .replace(plan.spec_sha256, "<spec-sha256>"))
+    text = (
+        render.script.replace(plan.plan_hash, "<plan-sha256>")
+        .replace(plan.plan_hash[:8], "<plan8>")
+        .replace(plan.spec_sha256, "<spec-sha256>")
+    )
     golden = GOLDEN / "sbatch" / f"{name}.sh"
     if os.environ.get("SPECDRAFT_REGEN_GOLDEN"):
         golden.parent.mkdir(exist_ok=True)
@@ -48,8 +51,17 @@ def test_render_is_a_pure_function_of_its_inputs():
     plan = _plan()
     one = render_sbatch(plan, "/r/x", python=PYTHON, workload="selftest", steps=3)
     assert one == render_sbatch(plan, "/r/x", python=PYTHON, workload="selftest", steps=3)
-    assert one.payload_argv == [PYTHON, "-u", "-m", "specdraft.runtime.entry", "/r/x/plan.json", "--workload",
-                                "selftest", "--steps", "3"]
+    assert one.payload_argv == [
+        PYTHON,
+        "-u",
+        "-m",
+        "specdraft.runtime.entry",
+        "/r/x/plan.json",
+        "--workload",
+        "selftest",
+        "--steps",
+        "3",
+    ]
     assert f"specdraft {plan.specdraft_version}" in one.script and plan.spec_sha256 in one.script
     resumed = render_sbatch(plan, "/r/x", python=PYTHON, resume=True)
     assert resumed.payload_argv[-1] == "--resume" and resumed.srun_line.endswith(" --resume")
@@ -65,9 +77,14 @@ def test_srun_runs_the_payload_itself_on_every_task():
     plan = _plan(overrides=["cluster.num_nodes=2", "cluster.gpus_per_node=2", "slurm.time=00:02:00"])
     render = render_sbatch(plan, "/r/run", python=PYTHON)
     lines = render.script.splitlines()
-    for line in ("#SBATCH --output=/r/run/submitit/%j_0_log.out", "#SBATCH --error=/r/run/submitit/%j_0_log.err",
-                 "#SBATCH --open-mode=append", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2",
-                 "#SBATCH --time=00:02:00"):
+    for line in (
+        "#SBATCH --output=/r/run/submitit/%j_0_log.out",
+        "#SBATCH --error=/r/run/submitit/%j_0_log.err",
+        "#SBATCH --open-mode=append",
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=2",
+        "#SBATCH --time=00:02:00",
+    ):
         assert line in lines
     # A 2-minute limit with submitit's default USR2@90 would fire at once and kill the job early.
     assert "#SBATCH --signal=USR2@12" in lines
@@ -88,9 +105,12 @@ def test_submission_goes_through_submitit_without_its_wrapper_or_pickles(tmp_pat
     stubs = tmp_path / "bin"
     stubs.mkdir()
     _stub(stubs / "srun", "exit 0\n")  # submitit looks for srun on PATH before it agrees to submit
-    answers = {"ok": 'cp "$1" {copy}; echo "Submitted batch job 4242"', "refused":
-               'echo "sbatch: error: invalid partition specified: nope" >&2; exit 1', "timeout":
-               'echo "sbatch: error: Socket timed out on send/recv operation" >&2; exit 1', "garbled": "echo hello"}
+    answers = {
+        "ok": 'cp "$1" {copy}; echo "Submitted batch job 4242"',
+        "refused": 'echo "sbatch: error: invalid partition specified: nope" >&2; exit 1',
+        "timeout": 'echo "sbatch: error: Socket timed out on send/recv operation" >&2; exit 1',
+        "garbled": "echo hello",
+    }
     monkeypatch.setenv("PATH", f"{stubs}:{os.environ['PATH']}")
     outcomes = {}
     for name, body in answers.items():
@@ -128,8 +148,10 @@ def test_nccl_settings_follow_the_layout():
         assert max(i for i, line in enumerate(lines) if line.startswith(f"export {key}=")) > at
 
 
-@pytest.mark.parametrize("text,seconds", [("5", 300), ("5:30", 330), ("01:02:03", 3723), ("2-3", 183600),
-                                          ("1-00:10", 87000), ("1-00:00:07", 86407)])
+@pytest.mark.parametrize(
+    "text,seconds",
+    [("5", 300), ("5:30", 330), ("01:02:03", 3723), ("2-3", 183600), ("1-00:10", 87000), ("1-00:00:07", 86407)],
+)
 def test_slurm_time(text, seconds):
     assert slurm_time_seconds(text) == seconds
     assert 10 <= signal_delay_s(seconds) <= 90 and signal_delay_s(seconds) < seconds
@@ -174,23 +196,37 @@ def test_hostile_values_are_inert_and_arrive_intact(tmp_path):
     stubs, record = tmp_path / "bin", tmp_path / "record"
     stubs.mkdir()
     record.mkdir()
-    _stub(stubs / "srun", f"""\
+    _stub(
+        stubs / "srun",
+        f"""\
         printf '%s\\0' "$@" > {shlex.quote(str(record / "argv"))}
         env -0 > {shlex.quote(str(record / "env"))}
-        """)
+        """,
+    )
     _stub(stubs / "scontrol", 'test "$1 $2" = "show hostnames" && printf "n7\\nn8\\n"\n')
-    env = {"PATH": f"{stubs}:{os.environ['PATH']}", "SLURM_JOB_ID": "4321", "SLURM_JOB_NODELIST": "n[7-8]",
-           "HOME": str(tmp_path)}
-    proc = subprocess.run(["bash", str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30, check=False)
+    env = {
+        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "4321",
+        "SLURM_JOB_NODELIST": "n[7-8]",
+        "HOME": str(tmp_path),
+    }
+    proc = subprocess.run(
+        ["bash", str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30, check=False
+    )
     assert proc.returncode == 0, proc.stderr
     assert not canary.exists(), "a value in the script was executed"
 
     argv = (record / "argv").read_bytes().decode().split("\0")[:-1]
     folder = f"{run_dir}/submitit"
     slurm = plan.spec.slurm
-    assert argv[:6] == ["--unbuffered", "--kill-on-bad-exit=1", f"--output={folder}/%j_%t_log.out",
-                        f"--error={folder}/%j_%t_log.err", f"--container-image={slurm.container_image}",
-                        f"--container-mounts={slurm.container_mounts[0]}"]
+    assert argv[:6] == [
+        "--unbuffered",
+        "--kill-on-bad-exit=1",
+        f"--output={folder}/%j_%t_log.out",
+        f"--error={folder}/%j_%t_log.err",
+        f"--container-image={slurm.container_image}",
+        f"--container-mounts={slurm.container_mounts[0]}",
+    ]
     assert argv[6:] == render.payload_argv and argv[-2:] == ["--resume-from", checkpoint]
     got = dict(item.split("=", 1) for item in (record / "env").read_bytes().decode().split("\0") if "=" in item)
     for key, value in slurm.env.items():
@@ -199,15 +235,18 @@ def test_hostile_values_are_inert_and_arrive_intact(tmp_path):
     assert got["OMP_NUM_THREADS"] == str(slurm.cpus_per_task)
 
 
-@pytest.mark.parametrize("name,fields,path", [
-    ('"two\\nlines"', "", "name"),
-    (None, '  container_image: "img\\n#SBATCH --wrap=id"\n', "slurm.container_image"),
-    (None, '  container_mounts: ["/a:/b,/c:/d"]\n', "slurm.container_mounts[0]"),
-    (None, '  extra_sbatch_args: ["--output=/elsewhere"]\n', "slurm.extra_sbatch_args[0]"),
-    (None, '  extra_sbatch_args: ["--exclusive\\n--wrap=id"]\n', "slurm.extra_sbatch_args[0]"),
-    (None, "  env: {MASTER_ADDR: evil}\n", "slurm.env.MASTER_ADDR"),
-    (None, '  env: {"A;B": x}\n', "slurm.env.A;B"),
-])
+@pytest.mark.parametrize(
+    "name,fields,path",
+    [
+        ('"two\\nlines"', "", "name"),
+        (None, '  container_image: "img\\n#SBATCH --wrap=id"\n', "slurm.container_image"),
+        (None, '  container_mounts: ["/a:/b,/c:/d"]\n', "slurm.container_mounts[0]"),
+        (None, '  extra_sbatch_args: ["--output=/elsewhere"]\n', "slurm.extra_sbatch_args[0]"),
+        (None, '  extra_sbatch_args: ["--exclusive\\n--wrap=id"]\n', "slurm.extra_sbatch_args[0]"),
+        (None, "  env: {MASTER_ADDR: evil}\n", "slurm.env.MASTER_ADDR"),
+        (None, '  env: {"A;B": x}\n', "slurm.env.A;B"),
+    ],
+)
 def test_values_that_cannot_be_made_safe_are_refused(name, fields, path):
     with pytest.raises(SpecError) as err:
         compile(load_layout_text(_with_slurm(fields, name), source="bad"))
@@ -216,8 +255,9 @@ def test_values_that_cannot_be_made_safe_are_refused(name, fields, path):
 
 def test_a_hand_edited_plan_cannot_smuggle_values_into_the_script():
     plan = _plan()
-    spec = dataclasses.replace(plan.spec, slurm=dataclasses.replace(plan.spec.slurm, env={"X;touch /tmp/p": "1"},
-                                                                    container_image="a\nb"))
+    spec = dataclasses.replace(
+        plan.spec, slurm=dataclasses.replace(plan.spec.slurm, env={"X;touch /tmp/p": "1"}, container_image="a\nb")
+    )
     with pytest.raises(ValueError, match="slurm.env key.*container_image|container_image.*slurm.env key"):
         render_sbatch(dataclasses.replace(plan, spec=spec), "/r", python=PYTHON)
     with pytest.raises(ValueError, match="run folder"):

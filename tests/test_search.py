@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from specdraft.assemble import check, compile
-from specdraft.plan.compile import plan_memory
 from specdraft.perf.estimate import Estimator, estimate, layout_of
+from specdraft.plan.compile import plan_memory
 from specdraft.plan.memory import peak_lower_bound
 from specdraft.search.ranking import search
 from specdraft.search.space import bases, candidate_spec, splits
@@ -26,24 +26,42 @@ from tests.layouts import valid_layouts
 
 ROOT = Path(__file__).parents[1]
 BIG = ROOT / "specdraft" / "layouts" / "llama3-70b.yaml"
-ISSUE_KEYS = {"parallel", "training", "draft_stage", "step_time_s", "tokens_per_s_per_gpu", "mfu",
-              "peak_memory_bytes", "breakdown"}
+ISSUE_KEYS = {
+    "parallel",
+    "training",
+    "draft_stage",
+    "step_time_s",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "peak_memory_bytes",
+    "breakdown",
+}
 
 
 def run(*args):
     env = {**os.environ, "COLUMNS": "200"}
     env.pop("SPECDRAFT_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "specdraft.cli", *args], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "specdraft.cli", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120
+    )
 
 
 def small_spec(**training) -> LayoutSpec:
     """A 16-layer model on 2 x 4 H100s: small enough to enumerate every candidate through the real rules."""
     return LayoutSpec(
-        name="small", model=ModelSpec(num_layers=16, hidden_size=2048, ffn_hidden_size=5632, num_attention_heads=16,
-                                      num_query_groups=4, vocab_size=32000, seq_length=8192),
+        name="small",
+        model=ModelSpec(
+            num_layers=16,
+            hidden_size=2048,
+            ffn_hidden_size=5632,
+            num_attention_heads=16,
+            num_query_groups=4,
+            vocab_size=32000,
+            seq_length=8192,
+        ),
         cluster=ClusterSpec(num_nodes=2, gpus_per_node=4, gpu="h100-80gb"),
-        training=TrainingSpec(global_batch_size=16, **training))
+        training=TrainingSpec(global_batch_size=16, **training),
+    )
 
 
 def naive_order(spec: LayoutSpec) -> list[tuple[float, LayoutSpec]]:
@@ -129,8 +147,11 @@ def test_text_table_shows_breakdown_and_memory():
 
 
 def test_pins_fix_fields_and_bad_pins_are_refused():
-    result = search(load_layout(BIG, ["parallel.tp=8", "training.micro_batch_size=1"]), top_k=4,
-                    pins=frozenset({"parallel.tp", "training.micro_batch_size"}))
+    result = search(
+        load_layout(BIG, ["parallel.tp=8", "training.micro_batch_size=1"]),
+        top_k=4,
+        pins=frozenset({"parallel.tp", "training.micro_batch_size"}),
+    )
     assert result.rows and all(r.layout.tp == 8 and r.layout.mbs == 1 for r in result.rows)
     out = run("search", str(BIG), "--pin", "parallel.tpp=8")
     assert out.returncode == 2 and "parallel.tp" in out.stderr and "Traceback" not in out.stderr

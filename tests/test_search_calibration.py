@@ -36,13 +36,20 @@ def test_estimate_within_20_percent_of_published(point):
     row = published_estimate(point)
     assert row is not None, "the published layout must pass validation"
     error = row.estimate.tokens_per_s_per_gpu / point.tokens_per_s_per_gpu - 1
-    assert abs(error) <= TOLERANCE, f"{point.id}: estimate {row.estimate.tokens_per_s_per_gpu:.0f} vs " \
-                                    f"published {point.tokens_per_s_per_gpu:.0f} ({error:+.1%})"
+    assert abs(error) <= TOLERANCE, (
+        f"{point.id}: estimate {row.estimate.tokens_per_s_per_gpu:.0f} vs "
+        f"published {point.tokens_per_s_per_gpu:.0f} ({error:+.1%})"
+    )
 
 
-@pytest.mark.parametrize("point", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=RANK_MISSES[p.id])) if p.id in RANK_MISSES else p
-    for p in POINTS], ids=[p.id for p in POINTS])
+@pytest.mark.parametrize(
+    "point",
+    [
+        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=RANK_MISSES[p.id])) if p.id in RANK_MISSES else p
+        for p in POINTS
+    ],
+    ids=[p.id for p in POINTS],
+)
 def test_published_layout_ranks_in_the_top_3(point):
     rank, keys, _ = published_rank(point)
     assert rank is not None and rank <= 3, f"{point.id}: published {point.key} not in the top 3 {keys[:3]}"

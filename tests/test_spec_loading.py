@@ -85,12 +85,15 @@ def test_no_rule_judges_the_default_that_stood_in_for_a_bad_value():
     assert "training.warmup_steps" not in found
 
 
-@pytest.mark.parametrize("overrides, kept", [
-    (["rollout.tp=abc", "parallel.tp=1", "parallel.sequence_parallel=true"], "parallel.sequence_parallel"),
-    (["rollout.tp=abc", "parallel.tp=3"], "parallel"),  # the world-size rule reads parallel.tp, not rollout.tp
-    (["training.time=1", "slurm.time=abc"], "slurm.time"),  # an unknown field stands in for nothing
-    (["parallel.use=1", "parallel.tp=3"], "parallel.tp"),
-])
+@pytest.mark.parametrize(
+    "overrides, kept",
+    [
+        (["rollout.tp=abc", "parallel.tp=1", "parallel.sequence_parallel=true"], "parallel.sequence_parallel"),
+        (["rollout.tp=abc", "parallel.tp=3"], "parallel"),  # the world-size rule reads parallel.tp, not rollout.tp
+        (["training.time=1", "slurm.time=abc"], "slurm.time"),  # an unknown field stands in for nothing
+        (["parallel.use=1", "parallel.tp=3"], "parallel.tp"),
+    ],
+)
 def test_rules_that_do_not_read_the_bad_field_still_run(overrides, kept):
     assert kept in problems_of(builtin_layout_text(), overrides)
 

@@ -19,8 +19,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdraft.runtime.train.data import MarkovData
 from specdraft.runtime.models.vocab.reduced import count_tokens, mapping
+from specdraft.runtime.train.data import MarkovData
 from tests.distributed import run_distributed
 
 # sha256 of rows (steps 0, 1, 17, 250; rows 0-2) of MarkovData(128, 64, 4, seed 1234) as it was before drift.
@@ -38,8 +38,11 @@ def _naive(counts: list[int], draft_vocab: int) -> list[int]:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(0, 5), min_size=1, max_size=40).flatmap(
-    lambda c: st.tuples(st.just(c), st.integers(1, len(c)))))
+@given(
+    st.lists(st.integers(0, 5), min_size=1, max_size=40).flatmap(
+        lambda c: st.tuples(st.just(c), st.integers(1, len(c)))
+    )
+)
 def test_mapping_keeps_the_most_frequent_tokens_as_specforge_does(case):
     counts, draft_vocab = case
     d2t, t2d = mapping(torch.tensor(counts), draft_vocab)
@@ -72,7 +75,7 @@ def _restriction(rank, world, cases):
     out = []
     for logits, t2d in cases:
         per = logits.shape[1] // world
-        local = logits[:, rank * per:(rank + 1) * per].float()
+        local = logits[:, rank * per : (rank + 1) * per].float()
         r = Restriction(t2d, group)
         out.append((r.log_probs(local), r.top1_kept(local)))
     return out
@@ -81,8 +84,11 @@ def _restriction(rank, world, cases):
 def test_restriction_renormalises_over_the_draft_vocabulary_at_tp2():
     g = torch.Generator().manual_seed(11)
     cases = []
-    for rows, vocab, keep in ((5, 16, [0, 1, 2, 3, 4, 9]), (2100, 32, list(range(0, 32, 3))[:10]),
-                              (7, 12, [11, 10, 1, 0])):
+    for rows, vocab, keep in (
+        (5, 16, [0, 1, 2, 3, 4, 9]),
+        (2100, 32, list(range(0, 32, 3))[:10]),
+        (7, 12, [11, 10, 1, 0]),
+    ):
         logits = torch.randn(rows, vocab, generator=g, dtype=torch.float64) * 3
         t2d = torch.zeros(vocab, dtype=torch.bool)
         t2d[keep] = True
@@ -111,8 +117,12 @@ def _digest(data: MarkovData) -> str:
 
 def test_data_without_drift_is_unchanged_and_drift_moves_the_transitions():
     assert _digest(MarkovData(vocab_size=128, row_tokens=64, pad_multiple=4, seed=1234)) == ROWS_DIGEST
-    assert _digest(MarkovData(vocab_size=128, row_tokens=64, pad_multiple=4, seed=1234, drift_interval=0,
-                              drift_fraction=0.5)) == ROWS_DIGEST
+    assert (
+        _digest(
+            MarkovData(vocab_size=128, row_tokens=64, pad_multiple=4, seed=1234, drift_interval=0, drift_fraction=0.5)
+        )
+        == ROWS_DIGEST
+    )
     a = MarkovData(vocab_size=128, row_tokens=64, pad_multiple=4, seed=1234, drift_interval=10, drift_fraction=0.25)
     b = MarkovData(vocab_size=128, row_tokens=64, pad_multiple=4, seed=1234, drift_interval=10, drift_fraction=0.25)
     base = MarkovData(vocab_size=128, row_tokens=64, pad_multiple=4, seed=1234)
@@ -121,8 +131,9 @@ def test_data_without_drift_is_unchanged_and_drift_moves_the_transitions():
     moved = (a.successors_at(10) != a.successors_at(9)).any(1)
     assert 0 < int(moved.sum()) <= 32  # at most round(0.25 * 128) tokens get new successors per shift
     assert torch.equal(a.successors_at(25), b.successors_at(25))  # seeded: the same in every rank's instance
-    assert torch.equal(a.successors_at(10), a.successors_at(19)) and not torch.equal(a.successors_at(20),
-                                                                                      a.successors_at(19))
+    assert torch.equal(a.successors_at(10), a.successors_at(19)) and not torch.equal(
+        a.successors_at(20), a.successors_at(19)
+    )
     for table in (a.successors_at(30),):  # three distinct successors per token, as the base chain has
         assert all(len(set(row)) == 3 for row in table.tolist())
     prompt = a.prompt(25, 0, 12)

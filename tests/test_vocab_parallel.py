@@ -42,7 +42,7 @@ def test_chunked_head_equals_one_chunk_and_dense():
     hidden, weight, target = _problem(1, t=11)
     index = torch.tensor([[i if i < 9 else -1 for i in range(11)], [i + 1 if i < 8 else -1 for i in range(11)]])
     valid = (index >= 0).double()
-    head = lambda x: x @ weight.T  # noqa: E731 - a stand-in LM head
+    head = lambda x: x @ weight.T
     results = []
     for chunk in (3, 1000):
         xs = [hidden.clone().requires_grad_() for _ in range(2)]
@@ -65,7 +65,7 @@ def _tp2_worker(rank, world, seed):
     hidden, weight, target = _problem(seed)
     v = weight.shape[0] // 2
     group = dist.group.WORLD
-    shard_w, shard_t = weight[rank * v:(rank + 1) * v], target[:, rank * v:(rank + 1) * v]
+    shard_w, shard_t = weight[rank * v : (rank + 1) * v], target[:, rank * v : (rank + 1) * v]
     x = hidden.clone().requires_grad_()
     kl = vocab_parallel_kl(x @ shard_w.T, shard_t, group)
     g = torch.ones_like(kl)
@@ -86,5 +86,5 @@ def test_tp2_kl_logsoftmax_and_argmax_match_one_rank():
     for rank, (kl, dx, lp, top) in enumerate(results):
         torch.testing.assert_close(kl, want_kl)
         torch.testing.assert_close(dx, want_dx)
-        torch.testing.assert_close(lp, want_lp[:, rank * 6:(rank + 1) * 6])
+        torch.testing.assert_close(lp, want_lp[:, rank * 6 : (rank + 1) * 6])
         assert torch.equal(top, (hidden @ weight.T).argmax(-1))

@@ -9,14 +9,23 @@ from specdraft.errors import UserError
 
 def typer_app(name: str, help: str) -> typer.Typer:
     """A typer app whose errors reach cli.boundary untouched (no pretty tracebacks, no rich markup)."""
-    return typer.Typer(name=name, help=help, no_args_is_help=True, add_completion=False,
-                       pretty_exceptions_enable=False, rich_markup_mode=None)
+    return typer.Typer(
+        name=name,
+        help=help,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+    )
 
 
 def target_args(default_layout: str):
     """The `[LAYOUT] [OVERRIDES...]` argument; ``default_layout`` says what runs without a LAYOUT."""
-    return typer.Argument(None, metavar="[LAYOUT] [OVERRIDES...]",
-                          help=f"Layout YAML (default: {default_layout}), then KEY=VALUE overrides.")
+    return typer.Argument(
+        None,
+        metavar="[LAYOUT] [OVERRIDES...]",
+        help=f"Layout YAML (default: {default_layout}), then KEY=VALUE overrides.",
+    )
 
 
 def split_target(args: list[str] | None) -> tuple[str | None, list[str]]:
@@ -28,8 +37,10 @@ def split_target(args: list[str] | None) -> tuple[str | None, list[str]]:
         path, overrides = None, args
     strays = [a for a in overrides if "=" not in a]
     if strays:
-        raise UserError(f"expected KEY=VALUE overrides after the layout, got {' '.join(strays)!r}",
-                        "give at most one layout path, then overrides such as parallel.cp=4")
+        raise UserError(
+            f"expected KEY=VALUE overrides after the layout, got {' '.join(strays)!r}",
+            "give at most one layout path, then overrides such as parallel.cp=4",
+        )
     return path, overrides
 
 
@@ -42,8 +53,10 @@ def load_plan(args: list[str] | None, balance: bool = False):
     path, overrides = split_target(args)
     if path is not None and path.endswith(".json"):
         if overrides:
-            raise UserError("overrides apply to a layout, not to a compiled plan.json",
-                            "pass the layout YAML with the overrides, or drop them")
+            raise UserError(
+                "overrides apply to a layout, not to a compiled plan.json",
+                "pass the layout YAML with the overrides, or drop them",
+            )
         return read_plan(path), None
     spec = load_layout(path, overrides)
     suggestion = suggest_balance(spec)

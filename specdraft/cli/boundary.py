@@ -65,7 +65,7 @@ def run(entry: Callable[[], int | None]) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BaseException as err:  # noqa: BLE001 - this is the one boundary; everything is reported, nothing dropped
+    except BaseException as err:
         if isinstance(err, SystemExit):
             raise
         if debug():
@@ -74,8 +74,10 @@ def run(entry: Callable[[], int | None]) -> int:
             if isinstance(err, kind):
                 _print_error(render(err))
                 return code
-        _print_error(f"internal error: {type(err).__name__}: {err}\n"
-                     "this is a bug in specdraft; rerun with SPECDRAFT_DEBUG=1 for the traceback and report it")
+        _print_error(
+            f"internal error: {type(err).__name__}: {err}\n"
+            "this is a bug in specdraft; rerun with SPECDRAFT_DEBUG=1 for the traceback and report it"
+        )
         return 1
 
 

@@ -19,9 +19,14 @@ def _is_number(value) -> bool:
 
 def _acceptance_rows(rows: list[dict]) -> list[dict]:
     """The metrics.jsonl rows of co-training steps with an acceptance list; rows of another shape are not shown."""
-    return [r for r in rows
-            if isinstance(r.get("acceptance"), list) and r["acceptance"] and all(map(_is_number, r["acceptance"]))
-            and all(_is_number(r.get(k)) for k in _ROW_NUMBERS)]
+    return [
+        r
+        for r in rows
+        if isinstance(r.get("acceptance"), list)
+        and r["acceptance"]
+        and all(map(_is_number, r["acceptance"]))
+        and all(_is_number(r.get(k)) for k in _ROW_NUMBERS)
+    ]
 
 
 class ProgressBar:
@@ -31,8 +36,15 @@ class ProgressBar:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.folder = folder
-        self.progress = Progress(TextColumn("co-training"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 TextColumn("{task.fields[info]}"), console=console, transient=False)
+        self.progress = Progress(
+            TextColumn("co-training"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[info]}"),
+            console=console,
+            transient=False,
+        )
         self.task = self.progress.add_task("steps", total=total_steps, info="starting ranks")
 
     def __enter__(self):
@@ -80,7 +92,12 @@ def acceptance_table(folder: str | Path) -> Table | None:
     table.add_column("tap bytes", justify="right")
     for i in picks:
         r = rows[i]
-        table.add_row(str(r["step"] + 1), f"{r['target_loss']:.4f}", f"{r['draft_loss']:.4f}",
-                      *(f"{a:.3f}" for a in r["acceptance"][:steps]), f"{r['accept_len']:.3f}",
-                      f"{r['tap_bytes']:,}")
+        table.add_row(
+            str(r["step"] + 1),
+            f"{r['target_loss']:.4f}",
+            f"{r['draft_loss']:.4f}",
+            *(f"{a:.3f}" for a in r["acceptance"][:steps]),
+            f"{r['accept_len']:.3f}",
+            f"{r['tap_bytes']:,}",
+        )
     return table

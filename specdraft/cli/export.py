@@ -12,10 +12,17 @@ from specdraft.cli.boundary import console as _console
 
 def export_cmd(
     run: str = typer.Argument(..., metavar="RUN", help="A run folder's path, or its name under runs/."),
-    step: Optional[int] = typer.Option(None, "--step", help="The checkpoint step to export (default: the newest "
-                                       "complete one)."),
-    output: str = typer.Option(..., "--output", "-o", metavar="DIR", help="The folder to write: config.json and "
-                               "model.safetensors (it appears whole; an earlier export there is replaced)."),
+    step: Optional[int] = typer.Option(
+        None, "--step", help="The checkpoint step to export (default: the newest complete one)."
+    ),
+    output: str = typer.Option(
+        ...,
+        "--output",
+        "-o",
+        metavar="DIR",
+        help="The folder to write: config.json and "
+        "model.safetensors (it appears whole; an earlier export there is replaced).",
+    ),
 ) -> None:
     """Write a run's draft as an EAGLE-3 checkpoint (config.json + model.safetensors) for vLLM and SGLang."""
     import json
@@ -32,10 +39,16 @@ def export_cmd(
     err = _console(stderr=True)
     argv = [str(folder), "-o", os.path.abspath(output)] + (["--step", str(step)] if step is not None else [])
     result = json.loads(payload.run("serve.export", argv, lambda line: err.print(line, markup=False)))
-    vocab = (f"draft vocabulary {result['draft_vocab_size']:,} of {result['vocab_size']:,} (d2t/t2d included)"
-             if result["draft_vocab_size"] != result["vocab_size"] else f"vocabulary {result['vocab_size']:,}")
-    _console().print(f"wrote {result['output']}: config.json + model.safetensors ({result['tensors']} tensors, "
-                     f"{vocab}) from {result['checkpoint']} (step {result['step']})", markup=False)
+    vocab = (
+        f"draft vocabulary {result['draft_vocab_size']:,} of {result['vocab_size']:,} (d2t/t2d included)"
+        if result["draft_vocab_size"] != result["vocab_size"]
+        else f"vocabulary {result['vocab_size']:,}"
+    )
+    _console().print(
+        f"wrote {result['output']}: config.json + model.safetensors ({result['tensors']} tensors, "
+        f"{vocab}) from {result['checkpoint']} (step {result['step']})",
+        markup=False,
+    )
 
 
 def register(app) -> None:

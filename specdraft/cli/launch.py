@@ -9,33 +9,57 @@ import typer
 
 from specdraft.cli.boundary import console as _console
 
-TargetArgs = typer.Argument(None, metavar="[LAYOUT | PLAN.json] [OVERRIDES...]",
-                            help="Layout YAML or compiled plan.json (default: the built-in tiny CPU layout), "
-                                 "then KEY=VALUE overrides.")
-RunArg = typer.Argument(None, metavar="[RUN]", help="A run folder's path, or its name under runs/ "
-                                                    "(default: the most recent run).")
+TargetArgs = typer.Argument(
+    None,
+    metavar="[LAYOUT | PLAN.json] [OVERRIDES...]",
+    help="Layout YAML or compiled plan.json (default: the built-in tiny CPU layout), then KEY=VALUE overrides.",
+)
+RunArg = typer.Argument(
+    None, metavar="[RUN]", help="A run folder's path, or its name under runs/ (default: the most recent run)."
+)
 
 
 def launch(
     args: Optional[List[str]] = TargetArgs,
-    executor: Optional[str] = typer.Option(None, "--executor", "-e", help="slurm or local (default: slurm when "
-                                           "sbatch answers, else local)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the sbatch script (stdout) and the srun line and "
-                                 "per-rank command (stderr); create nothing, submit nothing."),
+    executor: Optional[str] = typer.Option(
+        None, "--executor", "-e", help="slurm or local (default: slurm when sbatch answers, else local)."
+    ),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Print the sbatch script (stdout) and the srun line and "
+        "per-rank command (stderr); create nothing, submit nothing.",
+    ),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="The run folder (default: runs/<name>-<hash8>)."),
-    force: bool = typer.Option(False, "--force", help="Launch again into a run folder whose job has ended, from "
-                               "step 0 (its old checkpoints and metrics move to attempts/)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run folder from its newest complete "
-                                "checkpoint (relaunches a run that ended; never one that is queued or running)."),
-    resume_from: Optional[str] = typer.Option(None, "--resume-from", metavar="CHECKPOINT", help="Start from this "
-                                              "checkpoint folder (another run, or another layout of the same "
-                                              "model)."),
-    workload: str = typer.Option("cotrain", "--workload", "-w", help="cotrain (the co-training job) or selftest "
-                                 "(collectives over every group and tap route)."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Launch again into a run folder whose job has ended, from "
+        "step 0 (its old checkpoints and metrics move to attempts/).",
+    ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue the run folder from its newest complete "
+        "checkpoint (relaunches a run that ended; never one that is queued or running).",
+    ),
+    resume_from: Optional[str] = typer.Option(
+        None,
+        "--resume-from",
+        metavar="CHECKPOINT",
+        help="Start from this checkpoint folder (another run, or another layout of the same model).",
+    ),
+    workload: str = typer.Option(
+        "cotrain",
+        "--workload",
+        "-w",
+        help="cotrain (the co-training job) or selftest (collectives over every group and tap route).",
+    ),
     steps: Optional[int] = typer.Option(None, "--steps", help="Steps to run (default: training.train_iters)."),
     wait: bool = typer.Option(False, "--wait", help="Slurm: wait for the job to end and report every rank."),
-    python: Optional[str] = typer.Option(None, "--python", help="Interpreter on the nodes (default: this one; "
-                                         "`python` inside a container image)."),
+    python: Optional[str] = typer.Option(
+        None, "--python", help="Interpreter on the nodes (default: this one; `python` inside a container image)."
+    ),
 ) -> None:
     """Launch a plan on Slurm (through submitit) or locally, one process per rank.
 
@@ -45,8 +69,18 @@ def launch(
     from specdraft.execute import launch as use_case
 
     plan, _ = load_plan(args)  # a plan.json is re-validated and re-compiled from its spec
-    request = use_case.prepare(plan, executor=executor, run_dir=run_dir, python=python, workload=workload,
-                               steps=steps, force=force, wait=wait, resume=resume, resume_from=resume_from)
+    request = use_case.prepare(
+        plan,
+        executor=executor,
+        run_dir=run_dir,
+        python=python,
+        workload=workload,
+        steps=steps,
+        force=force,
+        wait=wait,
+        resume=resume,
+        resume_from=resume_from,
+    )
     err = _console(stderr=True)
     for note in request.notes:
         err.print(f"warning: {note}", markup=False)
@@ -82,8 +116,10 @@ def launch(
         result = use_case.launch(request, lambda line: out.print(line, markup=False), on_progress, warn)
     if not result.ended:
         folder = request.run_dir
-        out.print(f"follow it: specdraft status {folder} | specdraft logs {folder} --follow | "
-                  f"specdraft cancel {folder}", markup=False)
+        out.print(
+            f"follow it: specdraft status {folder} | specdraft logs {folder} --follow | specdraft cancel {folder}",
+            markup=False,
+        )
         return
     _finish(request.run_dir, result)
 
@@ -94,8 +130,10 @@ def _print_dry_run(request, err) -> None:
     from specdraft.execute.launch import dry_run_notes
 
     sys.stdout.write(request.render.script)
-    err.print(f"# dry run: nothing written, nothing submitted. executor: {request.executor} "
-              f"({request.executor_why})", markup=False)
+    err.print(
+        f"# dry run: nothing written, nothing submitted. executor: {request.executor} ({request.executor_why})",
+        markup=False,
+    )
     err.print(f"# run folder: {request.run_dir}", markup=False)
     if request.checkpoint:
         err.print(f"# resumes from: {request.checkpoint} (every rank gets the same flag)", markup=False)
@@ -151,8 +189,10 @@ def status(run: Optional[str] = RunArg) -> None:
 
     folder, record, broken = resolve_run(run)
     if broken:
-        _console(stderr=True).print(f"note: {len(broken)} other folder(s) under runs/ could not be read; "
-                                    "`specdraft runs` shows why", markup=False)
+        _console(stderr=True).print(
+            f"note: {len(broken)} other folder(s) under runs/ could not be read; `specdraft runs` shows why",
+            markup=False,
+        )
     print_status(_console(), folder, record)
 
 

@@ -11,8 +11,9 @@ from specdraft import __version__
 from specdraft.cli.args import target_args, typer_app
 from specdraft.cli.boundary import console as _console
 
-app = typer_app("specdraft", "Plan, validate and launch RL post-training with an online co-trained EAGLE-3 draft "
-                            "under TP/CP/PP.")
+app = typer_app(
+    "specdraft", "Plan, validate and launch RL post-training with an online co-trained EAGLE-3 draft under TP/CP/PP."
+)
 
 TargetArgs = target_args("the built-in tiny CPU layout")
 
@@ -21,12 +22,19 @@ TargetArgs = target_args("the built-in tiny CPU layout")
 def plan(
     args: Optional[List[str]] = TargetArgs,
     format: str = typer.Option("text", "--format", "-f", help="text (rich summary) or json."),
-    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write the JSON plan to this file (atomically; "
-                                         "a regular file only), or to standard output with `-o -`."),
+    output: Optional[str] = typer.Option(
+        None,
+        "--output",
+        "-o",
+        help="Write the JSON plan to this file (atomically; a regular file only), or to standard output with `-o -`.",
+    ),
     balance: bool = typer.Option(False, "--balance", help="Apply the uneven split that evens peak memory."),
-    picture: Optional[str] = typer.Option(None, "--picture", metavar="FILE.png|FILE.svg",
-                                          help="Draw nodes x GPUs by stage, draft ranks, TP/CP groups and tap "
-                                               "routes (needs matplotlib: the plot extra)."),
+    picture: Optional[str] = typer.Option(
+        None,
+        "--picture",
+        metavar="FILE.png|FILE.svg",
+        help="Draw nodes x GPUs by stage, draft ranks, TP/CP groups and tap routes (needs matplotlib: the plot extra).",
+    ),
 ) -> None:
     """Compile a layout into a launch plan and show it."""
     from specdraft.cli.args import load_plan
@@ -66,8 +74,7 @@ def _write_picture(launch_plan, path: str) -> None:
     try:
         import matplotlib  # noqa: F401 - only to learn whether the plot extra is installed
     except ImportError:
-        raise UserError("--picture needs matplotlib, which is not installed",
-                        "pip install 'specdraft[plot]'") from None
+        raise UserError("--picture needs matplotlib, which is not installed", "pip install 'specdraft[plot]'") from None
     from specdraft.render.picture import picture_bytes
 
     atomic_write_bytes(path, picture_bytes(launch_plan, path.lower().rsplit(".", 1)[1]))
@@ -76,8 +83,12 @@ def _write_picture(launch_plan, path: str) -> None:
 @app.command()
 def validate(
     args: Optional[List[str]] = TargetArgs,
-    cluster: bool = typer.Option(False, "--cluster", help="Also ask the Slurm cluster (bounded sinfo/scontrol) "
-                                 "whether it could ever run the job: partition, nodes, CPUs, GPUs, memory, time."),
+    cluster: bool = typer.Option(
+        False,
+        "--cluster",
+        help="Also ask the Slurm cluster (bounded sinfo/scontrol) "
+        "whether it could ever run the job: partition, nodes, CPUs, GPUs, memory, time.",
+    ),
 ) -> None:
     """Dry-run a layout: report every problem at once (exit 2), or confirm it is valid (exit 0)."""
     from specdraft.assemble import check
@@ -93,8 +104,10 @@ def validate(
     print_warnings(console, warnings)
     if errors:
         raise SpecError(errors, path or "the built-in default layout")
-    console.print(f"[green]valid:[/] {spec.name} ({spec.cluster.num_nodes * spec.cluster.gpus_per_node} GPUs, "
-                  f"{len(warnings)} warning{'s' if len(warnings) != 1 else ''})")
+    console.print(
+        f"[green]valid:[/] {spec.name} ({spec.cluster.num_nodes * spec.cluster.gpus_per_node} GPUs, "
+        f"{len(warnings)} warning{'s' if len(warnings) != 1 else ''})"
+    )
     if cluster:
         from specdraft.execute.slurm.preflight import describe, require
 
@@ -103,11 +116,14 @@ def validate(
 
 
 @app.command()
-def explain(field: Optional[str] = typer.Argument(None, help="A field path such as parallel.cp, or a section.")) -> None:
+def explain(
+    field: Optional[str] = typer.Argument(None, help="A field path such as parallel.cp, or a section."),
+) -> None:
     """Print a layout field's documentation, type and default (every field without FIELD)."""
     from rich.markup import escape
 
-    from specdraft.spec.docs import all_fields, explain as explain_field
+    from specdraft.spec.docs import all_fields
+    from specdraft.spec.docs import explain as explain_field
     from specdraft.spec.gpus import describe
 
     console = _console()
@@ -147,8 +163,10 @@ def render(
 
         vllm = renders.vllm
         if vllm.problems:
-            raise UserError("the vLLM settings break vLLM's rules: " + "; ".join(vllm.problems),
-                            "fix the rollout section of the layout")
+            raise UserError(
+                "the vLLM settings break vLLM's rules: " + "; ".join(vllm.problems),
+                "fix the rollout section of the layout",
+            )
         sys.stdout.write(json.dumps(vllm.engine_args, indent=2) + "\n")
         if check:
             from specdraft.render.vllm import check_with_vllm
@@ -156,7 +174,9 @@ def render(
             try:
                 message = check_with_vllm(vllm.engine_args)
             except ImportError:
-                message = "vllm check skipped: vllm is not importable here (it needs a CUDA torch); run it on the cluster"
+                message = (
+                    "vllm check skipped: vllm is not importable here (it needs a CUDA torch); run it on the cluster"
+                )
             _console(stderr=True).print(message)
     else:
         raise UserError(f"--to {to!r} is not a render target", "use --to megatron, --to nemo-rl or --to vllm")

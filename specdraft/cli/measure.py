@@ -1,6 +1,6 @@
 """`specdraft rollout measure RUN`: real speculative decoding with a run's own policy and draft, against plain greedy
-decoding in the same process (thin; the work is runtime/serve/measure.py, run in a subprocess); and the measured draft in
-`rollout simulate --acceptance-from` (the model is rollout/model/measured.py)."""
+decoding in the same process (thin; the work is runtime/serve/measure.py, run in a subprocess); and the measured
+draft in `rollout simulate --acceptance-from` (the model is rollout/model/measured.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ from specdraft.cli.boundary import console as _console
 def measure_cmd(
     run: str = typer.Argument(..., metavar="RUN", help="A run folder's path, or its name under runs/."),
     step: Optional[int] = typer.Option(None, "--step", help="The policy's checkpoint step (default: the newest)."),
-    draft_step: Optional[int] = typer.Option(None, "--draft-step", help="The draft's checkpoint step (default: "
-                                             "--step's); an older one measures a stale draft."),
+    draft_step: Optional[int] = typer.Option(
+        None,
+        "--draft-step",
+        help="The draft's checkpoint step (default: --step's); an older one measures a stale draft.",
+    ),
     k: int = typer.Option(3, "--k", help="Draft tokens per verify step."),
     prompts: int = typer.Option(8, "--prompts", help="Held-out prompts to decode."),
     prompt_length: int = typer.Option(16, "--prompt-length", help="Tokens per prompt."),
@@ -32,8 +35,12 @@ def measure_cmd(
 
     if format not in ("text", "json"):
         raise UserError(f"--format {format!r} is not supported", "use --format text or --format json")
-    for option, value in (("--k", k), ("--prompts", prompts), ("--prompt-length", prompt_length),
-                          ("--max-new-tokens", max_new_tokens)):
+    for option, value in (
+        ("--k", k),
+        ("--prompts", prompts),
+        ("--prompt-length", prompt_length),
+        ("--max-new-tokens", max_new_tokens),
+    ):
         if not 1 <= value <= 1 << 16:
             raise UserError(f"{option} {value}: must be in 1..65536", f"e.g. {option} {3 if option == '--k' else 8}")
     for option, value in (("--step", step), ("--draft-step", draft_step)):
@@ -41,8 +48,17 @@ def measure_cmd(
             raise UserError(f"{option} {value}: a checkpoint step is >= 0", f"drop {option} for the newest")
     folder, _, _ = resolve_run(run)
     payload.require_runtime("rollout measure")
-    argv = [str(folder), "--k", str(k), "--prompts", str(prompts), "--prompt-length", str(prompt_length),
-            "--max-new-tokens", str(max_new_tokens)]
+    argv = [
+        str(folder),
+        "--k",
+        str(k),
+        "--prompts",
+        str(prompts),
+        "--prompt-length",
+        str(prompt_length),
+        "--max-new-tokens",
+        str(max_new_tokens),
+    ]
     argv += ["--step", str(step)] if step is not None else []
     argv += ["--draft-step", str(draft_step)] if draft_step is not None else []
     err = _console(stderr=True)
@@ -56,18 +72,22 @@ def measure_cmd(
 def _print(r: dict) -> None:
     from rich.table import Table
 
-    table = Table(title=f"speculative decoding, measured: {r['run']} (policy step {r['target_step']}, draft step "
-                        f"{r['draft_step']}, k {r['k']}, {r['prompts']} prompts x {r['max_new_tokens']} tokens, "
-                        f"{r['device']})")
+    table = Table(
+        title=f"speculative decoding, measured: {r['run']} (policy step {r['target_step']}, draft step "
+        f"{r['draft_step']}, k {r['k']}, {r['prompts']} prompts x {r['max_new_tokens']} tokens, "
+        f"{r['device']})"
+    )
     table.add_column("figure")
     table.add_column("value", justify="right")
     accept = " ".join(f"{a:.3f}" for a in r["acceptance"])
-    for name, value in (("accept_len (tokens per verify step)", f"{r['accept_len']:.3f}"),
-                        ("tokens per target forward (prefill included)", f"{r['tokens_per_target_forward']:.3f}"),
-                        ("acceptance (>= i+1 drafts accepted)", accept),
-                        ("lossless (= plain greedy decoding)", str(r["lossless"])),
-                        ("wall-clock speedup vs plain greedy", f"{r['speedup_wall']:.2f}x"),
-                        ("draft vocabulary", f"{r['draft_vocab_size']:,} of {r['vocab_size']:,}")):
+    for name, value in (
+        ("accept_len (tokens per verify step)", f"{r['accept_len']:.3f}"),
+        ("tokens per target forward (prefill included)", f"{r['tokens_per_target_forward']:.3f}"),
+        ("acceptance (>= i+1 drafts accepted)", accept),
+        ("lossless (= plain greedy decoding)", str(r["lossless"])),
+        ("wall-clock speedup vs plain greedy", f"{r['speedup_wall']:.2f}x"),
+        ("draft vocabulary", f"{r['draft_vocab_size']:,} of {r['vocab_size']:,}"),
+    ):
         table.add_row(name, value)
     _console().print(table)
 
@@ -80,8 +100,10 @@ def read_measured(path: str, spec):
     from specdraft.rollout.model import measured
 
     if not spec.draft.enabled:
-        raise UserError("--acceptance-from speculates with a draft, but the layout has draft.enabled=false",
-                        "use a layout with a draft")
+        raise UserError(
+            "--acceptance-from speculates with a draft, but the layout has draft.enabled=false",
+            "use a layout with a draft",
+        )
     if not os.path.exists(path):
         from specdraft.runs.rundir import resolve_run
 
@@ -93,17 +115,22 @@ def add_speedup(report, spec, opts, draft) -> None:
     """The same simulation without speculation, and the ratios: what the measured draft buys in this model."""
     from dataclasses import replace
 
-    from specdraft.rollout.report.compare import run
     from specdraft.rollout.model.measured import speedups, without_speculation
+    from specdraft.rollout.report.compare import run
 
     none = run(without_speculation(spec), replace(opts, adaptive_tp=False, timeline=False))
     report.data["acceptance_from"] = {
-        **draft.to_dict(), "speedup": speedups(report.data, none.data),
-        "measured": "accept_len at k (" + ("real greedy speculative decoding with the run's policy and draft"
-                                           if draft.kind == "decoding" else "the training-time test's top-1 "
-                                           "agreement on training rows") + ")",
+        **draft.to_dict(),
+        "speedup": speedups(report.data, none.data),
+        "measured": "accept_len at k ("
+        + (
+            "real greedy speculative decoding with the run's policy and draft"
+            if draft.kind == "decoding"
+            else "the training-time test's top-1 agreement on training rows"
+        )
+        + ")",
         "modelled": "decode and verify step costs, batching, KV capacity, the trainer (the calibrated cost model); "
-                    "per-token acceptance a solved from accept_len = (1 - a^(k+1)) / (1 - a)",
+        "per-token acceptance a solved from accept_len = (1 - a^(k+1)) / (1 - a)",
         "acceptance_rate_replaced": spec.rollout.acceptance_rate,
         "num_speculative_tokens": draft.k,  # what with_measured puts in the simulated spec
     }
@@ -112,17 +139,27 @@ def add_speedup(report, spec, opts, draft) -> None:
 def print_speedup(console, data: dict) -> None:
     from rich.table import Table
 
-    table = Table(title=f"measured draft ({data['kind']}: {data['source']}): accept_len {data['accept_len']:.3f} at k "
-                        f"{data['k']} -> per-token acceptance {data['per_token_acceptance']:.3f} (spec: "
-                        f"{data['acceptance_rate_replaced']:.2f}); projected, model-based")
-    for column in ("policy", "iteration s none / spec", "iteration speedup", "makespan s none / spec",
-                   "generation speedup"):
+    table = Table(
+        title=f"measured draft ({data['kind']}: {data['source']}): accept_len {data['accept_len']:.3f} at k "
+        f"{data['k']} -> per-token acceptance {data['per_token_acceptance']:.3f} (spec: "
+        f"{data['acceptance_rate_replaced']:.2f}); projected, model-based"
+    )
+    for column in (
+        "policy",
+        "iteration s none / spec",
+        "iteration speedup",
+        "makespan s none / spec",
+        "generation speedup",
+    ):
         table.add_column(column, justify="left" if column == "policy" else "right")
     for policy, rec in data["speedup"].items():
-        table.add_row(policy, f"{rec['iteration_time_s']['none']:.1f} / {rec['iteration_time_s']['speculative']:.1f}",
-                      f"{rec['iteration_speedup']:.2f}x",
-                      f"{rec['makespan_s']['none']:.1f} / {rec['makespan_s']['speculative']:.1f}",
-                      f"{rec['generation_speedup']:.2f}x")
+        table.add_row(
+            policy,
+            f"{rec['iteration_time_s']['none']:.1f} / {rec['iteration_time_s']['speculative']:.1f}",
+            f"{rec['iteration_speedup']:.2f}x",
+            f"{rec['makespan_s']['none']:.1f} / {rec['makespan_s']['speculative']:.1f}",
+            f"{rec['generation_speedup']:.2f}x",
+        )
     console.print(table)
     console.print(f"measured: {data['measured']}; modelled: {data['modelled']}", markup=False)
 

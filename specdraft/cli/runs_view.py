@@ -10,9 +10,20 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-STYLE = {"COMPLETED": "green", "RUNNING": "cyan", "PENDING": "yellow", "SUBMITTING": "yellow", "STARTING": "yellow",
-         "REQUEUED": "yellow", "PREEMPTED": "yellow", "CANCELLED": "magenta", "TIMEOUT": "red", "FAILED": "red",
-         "SUBMIT_FAILED": "red", "LOST": "red"}
+STYLE = {
+    "COMPLETED": "green",
+    "RUNNING": "cyan",
+    "PENDING": "yellow",
+    "SUBMITTING": "yellow",
+    "STARTING": "yellow",
+    "REQUEUED": "yellow",
+    "PREEMPTED": "yellow",
+    "CANCELLED": "magenta",
+    "TIMEOUT": "red",
+    "FAILED": "red",
+    "SUBMIT_FAILED": "red",
+    "LOST": "red",
+}
 
 
 def _state(state: str) -> str:
@@ -22,8 +33,11 @@ def _state(state: str) -> str:
 
 def _rank_state(result: dict | None, job_state: str) -> str:
     if result is None:
-        return "running" if job_state == "RUNNING" else ("-" if job_state in ("PENDING", "SUBMITTING") else
-                                                          "[red]no result[/]")
+        return (
+            "running"
+            if job_state == "RUNNING"
+            else ("-" if job_state in ("PENDING", "SUBMITTING") else "[red]no result[/]")
+        )
     if result.get("ok"):
         return "[green]ok[/]"
     stopped = result.get("preempted")
@@ -36,8 +50,11 @@ def rank_table(plan, results: dict[int, dict], job_state: str) -> Table:
     """One row per rank: placement, coordinates, result and self-test checks passed."""
     table = Table(title=f"{plan.name}: {plan.world_size} ranks")
     for col in ("rank", "node", "host", "tp", "cp", "pp", "dp", "result", "checks", "failed checks / error"):
-        table.add_column(col, justify="right" if col in ("rank", "node", "tp", "cp", "pp", "dp") else "left",
-                         no_wrap=col != "failed checks / error")
+        table.add_column(
+            col,
+            justify="right" if col in ("rank", "node", "tp", "cp", "pp", "dp") else "left",
+            no_wrap=col != "failed checks / error",
+        )
     for r in plan.ranks:
         res = results.get(r.global_rank)
         checks = (res or {}).get("checks", [])
@@ -46,9 +63,18 @@ def rank_table(plan, results: dict[int, dict], job_state: str) -> Table:
         if res and not res.get("ok") and not bad:
             lines = (res.get("error") or "").strip().splitlines()
             bad = [lines[-1] if lines else "no error recorded"]
-        table.add_row(str(r.global_rank), str(r.node), escape(str((res or {}).get("hostname", "-"))),
-                      str(r.tp), str(r.cp), str(r.pp), str(r.dp), _rank_state(res, job_state),
-                      f"{passed}/{len(checks)}" if checks else "-", escape(_clip("; ".join(bad), 60)))
+        table.add_row(
+            str(r.global_rank),
+            str(r.node),
+            escape(str((res or {}).get("hostname", "-"))),
+            str(r.tp),
+            str(r.cp),
+            str(r.pp),
+            str(r.dp),
+            _rank_state(res, job_state),
+            f"{passed}/{len(checks)}" if checks else "-",
+            escape(_clip("; ".join(bad), 60)),
+        )
     return table
 
 
@@ -75,12 +101,18 @@ def runs_table(entries, fresh: dict) -> Table:
     for entry in entries:
         rec = fresh.get(entry.folder, entry.record)
         if rec is None:
-            table.add_row(escape(entry.folder.name), "-", "-", f"[red]unreadable[/]: {escape(_clip(entry.problem, 120))}",
-                          "-")
+            table.add_row(
+                escape(entry.folder.name), "-", "-", f"[red]unreadable[/]: {escape(_clip(entry.problem, 120))}", "-"
+            )
             continue
         submitted = str(rec.submitted or "-").replace("T", " ").split("+")[0]
-        table.add_row(escape(entry.folder.name), escape(rec.executor), escape(rec.job_id or "-"), _state(rec.state),
-                      escape(submitted))
+        table.add_row(
+            escape(entry.folder.name),
+            escape(rec.executor),
+            escape(rec.job_id or "-"),
+            _state(rec.state),
+            escape(submitted),
+        )
     return table
 
 
@@ -94,15 +126,19 @@ def print_status(console: Console, folder: Path, record) -> None:
     console.print(f"[bold]run[/] {escape(folder.name)}  {escape(str(folder))}")
     nodes = f"  nodes {escape(seen.nodes)}" if seen.nodes and seen.nodes != "None assigned" else ""
     reason = f"  reason {escape(seen.reason)}" if seen.reason else ""
-    console.print(f"{escape(record.executor)} job {escape(record.job_id or '-')}  state {_state(state)} (from "
-                  f"{escape(seen.source)}){reason}{nodes}  submitted {escape(str(record.submitted or '-'))}  attempt "
-                  f"{len(record.attempts)}  workload {escape(record.workload)}")
+    console.print(
+        f"{escape(record.executor)} job {escape(record.job_id or '-')}  state {_state(state)} (from "
+        f"{escape(seen.source)}){reason}{nodes}  submitted {escape(str(record.submitted or '-'))}  attempt "
+        f"{len(record.attempts)}  workload {escape(record.workload)}"
+    )
     _print_history(console, record, monitor.restarts(record) if record.job_id else None)
     done = sum(1 for r in results.values() if r.get("ok"))
     stopped = sum(1 for r in results.values() if not r.get("ok") and isinstance(r.get("preempted"), dict))
     saved = f"{stopped} stopped at a checkpoint, " if stopped else ""
-    console.print(f"ranks: {done}/{plan.world_size} passed, {saved}{len(results) - done - stopped} failed, "
-                  f"{plan.world_size - len(results)} without a result")
+    console.print(
+        f"ranks: {done}/{plan.world_size} passed, {saved}{len(results) - done - stopped} failed, "
+        f"{plan.world_size - len(results)} without a result"
+    )
     console.print(rank_table(plan, results, state))
     metrics = monitor.metrics_summary(folder)
     if metrics:
@@ -110,8 +146,10 @@ def print_status(console: Console, folder: Path, record) -> None:
         steps = record.steps or plan.spec.training.train_iters
         reached = last.get("step")
         reached = reached + 1 if isinstance(reached, int) else count
-        console.print(f"progress: step {reached}/{steps} reached ({count} step(s) in metrics.jsonl); last: "
-                      + escape(_clip(", ".join(f"{k}={_short(v)}" for k, v in last.items() if v is not None), 200)))
+        console.print(
+            f"progress: step {reached}/{steps} reached ({count} step(s) in metrics.jsonl); last: "
+            + escape(_clip(", ".join(f"{k}={_short(v)}" for k, v in last.items() if v is not None), 200))
+        )
         from specdraft.cli.cotrain_view import acceptance_table
 
         table = acceptance_table(folder)
@@ -119,8 +157,10 @@ def print_status(console: Console, folder: Path, record) -> None:
             console.print(table)
     newest = monitor.newest_checkpoint(folder)
     if newest is not None:
-        console.print(f"checkpoint: {escape(newest[0])} is the newest complete one (after step "
-                      f"{escape(str(newest[1].get('step')))}); `specdraft launch ... --resume` continues from it")
+        console.print(
+            f"checkpoint: {escape(newest[0])} is the newest complete one (after step "
+            f"{escape(str(newest[1].get('step')))}); `specdraft launch ... --resume` continues from it"
+        )
     message = monitor.problem(folder, record, state, plan)
     if message:
         first, _, rest = message.partition("\n")

@@ -13,9 +13,18 @@ from specdraft.cli.boundary import console as _console
 TargetArgs = target_args("the built-in tiny CPU layout")
 GIB = 2**30
 # The estimate's breakdown terms, in the order it sums them, with their short names in the text table.
-COLUMNS = (("compute_s", "compute"), ("tp_sp_comm_s", "tp/sp"), ("cp_ring_s", "cp ring"), ("ep_a2a_s", "ep a2a"),
-           ("pp_p2p_s", "p2p"), ("pp_bubble_s", "bubble"), ("dp_comm_s", "dp"), ("optimizer_s", "optimizer"),
-           ("tapchannel_s", "taps"), ("draft_s", "draft"))
+COLUMNS = (
+    ("compute_s", "compute"),
+    ("tp_sp_comm_s", "tp/sp"),
+    ("cp_ring_s", "cp ring"),
+    ("ep_a2a_s", "ep a2a"),
+    ("pp_p2p_s", "p2p"),
+    ("pp_bubble_s", "bubble"),
+    ("dp_comm_s", "dp"),
+    ("optimizer_s", "optimizer"),
+    ("tapchannel_s", "taps"),
+    ("draft_s", "draft"),
+)
 
 
 def register(app) -> None:
@@ -37,8 +46,11 @@ def parse_pins(pins: list[str] | None) -> tuple[list[str], frozenset[str]]:
         if field not in SEARCHED:
             close = difflib.get_close_matches(field, SEARCHED, n=2)
             hint = f"did you mean {' or '.join(close)}?" if close else f"pin one of: {', '.join(SEARCHED)}"
-            raise UserError(f"--pin {field}: not a field the search varies (model, cluster, batch and dtype come "
-                            "from the spec and its overrides)", hint)
+            raise UserError(
+                f"--pin {field}: not a field the search varies (model, cluster, batch and dtype come "
+                "from the spec and its overrides)",
+                hint,
+            )
         overrides.append(pin)
         fields.add(field)
     return overrides, frozenset(fields)
@@ -49,8 +61,9 @@ def search_cmd(
     top: int = typer.Option(10, "--top", "-k", help="How many layouts to show, best first."),
     format: str = typer.Option("text", "--format", "-f", help="text (rich table) or json."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Write the best layout as YAML (atomically)."),
-    pin: Optional[List[str]] = typer.Option(None, "--pin", metavar="FIELD=VALUE",
-                                            help="Keep a searched field fixed (repeatable), e.g. parallel.tp=8."),
+    pin: Optional[List[str]] = typer.Option(
+        None, "--pin", metavar="FIELD=VALUE", help="Keep a searched field fixed (repeatable), e.g. parallel.tp=8."
+    ),
 ) -> None:
     """Rank every valid layout of the spec's model and cluster by estimated step time (the draft included)."""
     from specdraft.cli.args import split_target
@@ -69,10 +82,12 @@ def search_cmd(
     result = search(spec, top_k=top, pins=pins)
     if not result.rows:
         reasons = ", ".join(f"{n} {why}" for why, n in sorted(result.rejections.items())) or "none verified"
-        raise UserError(f"no valid layout of {spec.name} on {spec.cluster.num_nodes} x {spec.cluster.gpus_per_node} "
-                        f"{spec.cluster.gpu} ({result.num_candidates:,} candidates, {result.num_pruned:,} over the "
-                        f"memory bound, rejected: {reasons})",
-                        "add nodes, shorten model.seq_length, lower training.global_batch_size, or drop --pin")
+        raise UserError(
+            f"no valid layout of {spec.name} on {spec.cluster.num_nodes} x {spec.cluster.gpus_per_node} "
+            f"{spec.cluster.gpu} ({result.num_candidates:,} candidates, {result.num_pruned:,} over the "
+            f"memory bound, rejected: {reasons})",
+            "add nodes, shorten model.seq_length, lower training.global_batch_size, or drop --pin",
+        )
     if output:
         from specdraft.fsutil import atomic_write_text
 
@@ -92,26 +107,44 @@ def _print_result(console, spec, result) -> None:
 
     rows = result.rows
     shown = [(key, name) for key, name in COLUMNS if any(r.estimate.breakdown[key] > 0 for r in rows)]
-    table = Table(title=f"{spec.name}: {spec.cluster.num_nodes} x {spec.cluster.gpus_per_node} {spec.cluster.gpu}, "
-                        f"seq {spec.model.seq_length}, global batch {spec.training.global_batch_size}, "
-                        f"{spec.training.dtype}; estimates")
+    table = Table(
+        title=f"{spec.name}: {spec.cluster.num_nodes} x {spec.cluster.gpus_per_node} {spec.cluster.gpu}, "
+        f"seq {spec.model.seq_length}, global batch {spec.training.global_batch_size}, "
+        f"{spec.training.dtype}; estimates"
+    )
     for col in ("#", "layout", "split", "mbs", "recompute", "draft", "step s", "tok/s/GPU", "MFU", "peak GiB"):
         table.add_column(col, justify="right" if col not in ("layout", "split", "recompute") else "left")
     table.add_column("where the step goes (s)", justify="left")
     for i, row in enumerate(rows, 1):
         lay, est = row.layout, row.estimate
-        layout = (f"tp{lay.tp} cp{lay.cp} pp{lay.pp}" + (f" vpp{lay.vpp}" if lay.vpp > 1 else "") + f" dp{lay.dp}"
-                  + (f" ep{lay.ep} etp{lay.etp}" if spec.model.num_experts else "") + (" sp" if lay.sp else ""))
+        layout = (
+            f"tp{lay.tp} cp{lay.cp} pp{lay.pp}"
+            + (f" vpp{lay.vpp}" if lay.vpp > 1 else "")
+            + f" dp{lay.dp}"
+            + (f" ep{lay.ep} etp{lay.etp}" if spec.model.num_experts else "")
+            + (" sp" if lay.sp else "")
+        )
         parts = ", ".join(f"{name} {est.breakdown[key]:.3g}" for key, name in shown if est.breakdown[key] > 0)
-        table.add_row(str(i), layout, _split(row.spec.parallel), str(lay.mbs), lay.recompute,
-                      "-" if lay.draft_stage is None else str(lay.draft_stage), f"{est.step_time_s:.3f}",
-                      f"{est.tokens_per_s_per_gpu:,.0f}", f"{est.mfu:.1%}", f"{row.peak_memory_bytes / GIB:.1f}",
-                      parts)
+        table.add_row(
+            str(i),
+            layout,
+            _split(row.spec.parallel),
+            str(lay.mbs),
+            lay.recompute,
+            "-" if lay.draft_stage is None else str(lay.draft_stage),
+            f"{est.step_time_s:.3f}",
+            f"{est.tokens_per_s_per_gpu:,.0f}",
+            f"{est.mfu:.1%}",
+            f"{row.peak_memory_bytes / GIB:.1f}",
+            parts,
+        )
     console.print(table)
     rejected = ", ".join(f"{n} {why}" for why, n in sorted(result.rejections.items()))
-    console.print(f"{result.num_candidates:,} candidate layouts: {result.num_pruned:,} over the memory lower bound, "
-                  f"{result.num_estimated:,} estimated (the rest bounded out), {result.num_verified} verified by "
-                  f"the full validation{f' ({rejected} rejected)' if rejected else ''}; {result.seconds:.2f} s")
+    console.print(
+        f"{result.num_candidates:,} candidate layouts: {result.num_pruned:,} over the memory lower bound, "
+        f"{result.num_estimated:,} estimated (the rest bounded out), {result.num_verified} verified by "
+        f"the full validation{f' ({rejected} rejected)' if rejected else ''}; {result.seconds:.2f} s"
+    )
 
 
 def _split(p) -> str:

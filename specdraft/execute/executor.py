@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Callable, ClassVar
 
 from specdraft.errors import UserError
-from specdraft.runs.record import RunRecord
 from specdraft.execute.request import LaunchRequest
 from specdraft.plan.model import LaunchPlan
+from specdraft.runs.record import RunRecord
 
 # name -> "module:class"; the order is the automatic choice's preference.
 REGISTRY = {"slurm": "specdraft.execute.slurm.executor:SlurmExecutor", "local": "specdraft.execute.local:LocalExecutor"}
@@ -75,6 +75,7 @@ class Executor(ABC):
 
     def ready(self, request: LaunchRequest, warn: Callable[[str], None]) -> None:
         """Checks before the run folder is touched (raise UserError when the run cannot start here)."""
+        return None
 
     @abstractmethod
     def start(self, request: LaunchRequest, on_progress: ProgressFn) -> RunRecord:
@@ -127,8 +128,9 @@ def choose(requested: str | None) -> tuple[Executor, str]:
     """(executor, why): the requested one, else the first in REGISTRY order this machine can use."""
     if requested is not None:
         if requested not in REGISTRY:
-            raise UserError(f"--executor {requested!r} is not an executor",
-                            " or ".join(f"use --executor {n}" for n in REGISTRY))
+            raise UserError(
+                f"--executor {requested!r} is not an executor", " or ".join(f"use --executor {n}" for n in REGISTRY)
+            )
         return get(requested), "requested"
     reasons = []
     for name in REGISTRY:
@@ -136,4 +138,6 @@ def choose(requested: str | None) -> tuple[Executor, str]:
         if ok:
             return get(name), why if not reasons else "; ".join(reasons)
         reasons.append(why)
-    raise UserError("no executor is available here: " + "; ".join(reasons), "install Slurm's client or use --executor local")
+    raise UserError(
+        "no executor is available here: " + "; ".join(reasons), "install Slurm's client or use --executor local"
+    )

@@ -1,10 +1,10 @@
 """The launch use case: prepare a request, apply the relaunch rules, record the intent, start, wait, decide.
 
 The protocol (docs/launch.md, "Never twice"): under an exclusive flock on RUN/.launch.lock, read run.json and refuse
-if it holds a job (unless --force or --resume and that job is over); write plan.json and the executor's files; record the intent
-(state SUBMITTING, attempt n) atomically BEFORE sbatch; then record sbatch's answer (the job id, or SUBMIT_FAILED
-when sbatch said no). A crash between the two leaves SUBMITTING on disk: the next launch looks the job up by name in
-sacct/squeue and never submits blindly.
+if it holds a job (unless --force or --resume and that job is over); write plan.json and the executor's files;
+record the intent (state SUBMITTING, attempt n) atomically BEFORE sbatch; then record sbatch's answer (the job id,
+or SUBMIT_FAILED when sbatch said no). A crash between the two leaves SUBMITTING on disk: the next launch looks
+the job up by name in sacct/squeue and never submits blindly.
 """
 
 from __future__ import annotations
@@ -19,15 +19,23 @@ from specdraft.errors import UserError
 from specdraft.execute import executor as executors
 from specdraft.execute import monitor
 from specdraft.execute.executor import Executor, ProgressFn
-from specdraft.runs.record import Attempt, RunRecord, new_record, now_iso, read_record
 from specdraft.execute.request import LaunchRequest
-from specdraft.runs.rundir import (ACTIVE, TERMINAL, claim_run_dir, is_run_dir, launch_lock, refuse_foreign,
-                                      replace_record, run_dir_for)
-from specdraft.runs.files import is_dir
 from specdraft.fsutil import atomic_write_text
-from specdraft.runs import checkpoints
 from specdraft.plan.model import LaunchPlan
 from specdraft.render.sbatch import render_sbatch
+from specdraft.runs import checkpoints
+from specdraft.runs.files import is_dir
+from specdraft.runs.record import Attempt, RunRecord, new_record, now_iso, read_record
+from specdraft.runs.rundir import (
+    ACTIVE,
+    TERMINAL,
+    claim_run_dir,
+    is_run_dir,
+    launch_lock,
+    refuse_foreign,
+    replace_record,
+    run_dir_for,
+)
 
 # Workloads the runtime entry knows (runtime.entry.WORKLOADS has the module of each; a test keeps the two equal).
 WORKLOADS = ("selftest", "cotrain")
@@ -48,9 +56,19 @@ class LaunchResult:
     started: str  # one line saying what was started
 
 
-def prepare(plan: LaunchPlan, *, executor: str | None = None, run_dir: str | None = None,
-            python: str | None = None, workload: str = "cotrain", steps: int | None = None, force: bool = False,
-            wait: bool = False, resume: bool = False, resume_from: str | None = None) -> LaunchRequest:
+def prepare(
+    plan: LaunchPlan,
+    *,
+    executor: str | None = None,
+    run_dir: str | None = None,
+    python: str | None = None,
+    workload: str = "cotrain",
+    steps: int | None = None,
+    force: bool = False,
+    wait: bool = False,
+    resume: bool = False,
+    resume_from: str | None = None,
+) -> LaunchRequest:
     """Pick the executor, the run folder and the interpreter, check a resume's checkpoint, and render the script:
     no side effects."""
     if workload not in WORKLOADS:
@@ -59,27 +77,47 @@ def prepare(plan: LaunchPlan, *, executor: str | None = None, run_dir: str | Non
         raise UserError(f"--steps {steps} must be >= 1", "give a positive number of steps")
     if workload == "cotrain" and plan.spec.training.dtype == "fp8":
         # Refused here, before any allocation: the ranks would refuse it only once the job had started.
-        raise UserError("training.dtype = 'fp8': specdraft's co-training runtime builds megatron's local (non-TE) "
-                        "layers, which have no FP8 GEMMs", "launch with training.dtype=bf16; an fp8 layout still "
-                        "plans and renders for Megatron-LM (`specdraft render --to megatron`)")
+        raise UserError(
+            "training.dtype = 'fp8': specdraft's co-training runtime builds megatron's local (non-TE) "
+            "layers, which have no FP8 GEMMs",
+            "launch with training.dtype=bf16; an fp8 layout still "
+            "plans and renders for Megatron-LM (`specdraft render --to megatron`)",
+        )
     chosen, why = executors.choose(executor)
     folder = run_dir_for(plan, run_dir)
     source = os.path.abspath(resume_from) if resume_from is not None else None
     checkpoint, notes = check_resume(plan, folder, workload, resume, source)
     interpreter = chosen.default_python(plan, python)
     try:
-        render = render_sbatch(plan, folder, python=interpreter, workload=workload, steps=steps, resume=resume,
-                               resume_from=source)
+        render = render_sbatch(
+            plan, folder, python=interpreter, workload=workload, steps=steps, resume=resume, resume_from=source
+        )
     except ValueError as err:
-        raise UserError(f"cannot render a safe sbatch script: {err}", "fix those values in the layout, or move the "
-                        "checkpoint to a path without line breaks") from None
-    return LaunchRequest(plan=plan, executor=chosen.name, executor_why=why, run_dir=folder, python=interpreter,
-                         workload=workload, steps=steps, force=force, resume=resume, resume_from=source,
-                         checkpoint=checkpoint, notes=notes, waits=wait or chosen.runs_in_launcher, render=render)
+        raise UserError(
+            f"cannot render a safe sbatch script: {err}",
+            "fix those values in the layout, or move the checkpoint to a path without line breaks",
+        ) from None
+    return LaunchRequest(
+        plan=plan,
+        executor=chosen.name,
+        executor_why=why,
+        run_dir=folder,
+        python=interpreter,
+        workload=workload,
+        steps=steps,
+        force=force,
+        resume=resume,
+        resume_from=source,
+        checkpoint=checkpoint,
+        notes=notes,
+        waits=wait or chosen.runs_in_launcher,
+        render=render,
+    )
 
 
-def check_resume(plan: LaunchPlan, run_dir: str, workload: str, resume: bool,
-                 resume_from: str | None) -> tuple[str | None, tuple[str, ...]]:
+def check_resume(
+    plan: LaunchPlan, run_dir: str, workload: str, resume: bool, resume_from: str | None
+) -> tuple[str | None, tuple[str, ...]]:
     """The checkpoint a --resume / --resume-from launch will continue from, checked as the ranks will check it
     (runs/checkpoints.choose), and the warnings about damaged ones it skips; UserError for a resume that cannot go
     ahead (no checkpoint, another spec's, another model shape), before anything is written or submitted."""
@@ -87,25 +125,41 @@ def check_resume(plan: LaunchPlan, run_dir: str, workload: str, resume: bool,
         return None, ()
     flag = "--resume" if resume else "--resume-from"
     if resume and resume_from is not None:
-        raise UserError("--resume and --resume-from exclude each other", "--resume continues this run folder; "
-                        "--resume-from CHECKPOINT starts this plan from another checkpoint: give one of them")
+        raise UserError(
+            "--resume and --resume-from exclude each other",
+            "--resume continues this run folder; "
+            "--resume-from CHECKPOINT starts this plan from another checkpoint: give one of them",
+        )
     if workload != "cotrain":
-        raise UserError(f"{flag} needs --workload cotrain ({workload} writes no checkpoints)",
-                        f"drop {flag}, or launch the cotrain workload")
+        raise UserError(
+            f"{flag} needs --workload cotrain ({workload} writes no checkpoints)",
+            f"drop {flag}, or launch the cotrain workload",
+        )
     own = os.path.join(run_dir, checkpoints.CHECKPOINTS_DIR, "")
     if resume_from is not None and os.path.join(resume_from, "").startswith(own):
-        raise UserError(f"--resume-from {resume_from} is a checkpoint of this very run folder, which a relaunch "
-                        "starts over (its checkpoints move to attempts/N/)", "continue the run from its newest "
-                        "checkpoint with --resume, or copy that checkpoint out of the run folder and --resume-from "
-                        "the copy")
+        raise UserError(
+            f"--resume-from {resume_from} is a checkpoint of this very run folder, which a relaunch "
+            "starts over (its checkpoints move to attempts/N/)",
+            "continue the run from its newest "
+            "checkpoint with --resume, or copy that checkpoint out of the run folder and --resume-from "
+            "the copy",
+        )
     if resume and os.path.lexists(run_dir) and not is_run_dir(run_dir):
-        raise UserError(f"--resume: {run_dir} is not a specdraft run folder (it has no .specdraft-run marker), so "
-                        "specdraft reads nothing in it", "give the run folder `specdraft launch` created (see "
-                        "`specdraft runs`), or start from one of its checkpoints with --resume-from")
+        raise UserError(
+            f"--resume: {run_dir} is not a specdraft run folder (it has no .specdraft-run marker), so "
+            "specdraft reads nothing in it",
+            "give the run folder `specdraft launch` created (see "
+            "`specdraft runs`), or start from one of its checkpoints with --resume-from",
+        )
     notes: list[str] = []
     try:
-        chosen = checkpoints.choose(Path(run_dir), plan, "newest" if resume else "from",
-                                    Path(resume_from) if resume_from else None, notes.append)
+        chosen = checkpoints.choose(
+            Path(run_dir),
+            plan,
+            "newest" if resume else "from",
+            Path(resume_from) if resume_from else None,
+            notes.append,
+        )
     except checkpoints.ResumeError as err:
         raise UserError(str(err)) from None
     return str(chosen[0][0]), tuple(notes)
@@ -115,37 +169,46 @@ def dry_run_notes(request: LaunchRequest) -> list[str]:
     return executors.get(request.executor).dry_run_notes()
 
 
-def check_existing(run_dir: str, plan: LaunchPlan, force: bool, resume: bool = False,
-                   resume_from: str | None = None) -> int:
+def check_existing(
+    run_dir: str, plan: LaunchPlan, force: bool, resume: bool = False, resume_from: str | None = None
+) -> int:
     """Apply the relaunch rules to an existing run.json (the caller holds the launch lock); returns the next
     attempt number (1 for a fresh folder). --resume relaunches a run that ended, like --force, but continues it."""
     record = read_record(run_dir)
     if record is None:
         return 1
     if record.plan_hash != plan.plan_hash:
-        raise UserError(f"{run_dir} holds a run of another plan ({record.name}, plan {record.plan_hash[:8]})",
-                        "choose another --run-dir, or remove that folder")
+        raise UserError(
+            f"{run_dir} holds a run of another plan ({record.name}, plan {record.plan_hash[:8]})",
+            "choose another --run-dir, or remove that folder",
+        )
     state, record = monitor.observe(run_dir, record, launching=True)
     attempt = len(record.attempts) + 1
     where = f"{run_dir} ({record.executor}, {record.describe_job()}, state {state})"
     if state == "SUBMITTING":
         if not force:
-            raise UserError(f"a previous launch into {where} stopped between recording its intent and recording "
-                            f"sbatch's answer, and no job named {record.job_name} is visible in sacct/squeue",
-                            "check `squeue --me` yourself; if nothing of this plan runs, relaunch with --force")
+            raise UserError(
+                f"a previous launch into {where} stopped between recording its intent and recording "
+                f"sbatch's answer, and no job named {record.job_name} is visible in sacct/squeue",
+                "check `squeue --me` yourself; if nothing of this plan runs, relaunch with --force",
+            )
         return attempt
     if state in ACTIVE:
-        raise UserError(f"this plan is already running: {where}",
-                        f"follow it with `specdraft status {run_dir}`, or stop it first with "
-                        f"`specdraft cancel {run_dir}` (--force does not submit a plan twice at once)")
+        raise UserError(
+            f"this plan is already running: {where}",
+            f"follow it with `specdraft status {run_dir}`, or stop it first with "
+            f"`specdraft cancel {run_dir}` (--force does not submit a plan twice at once)",
+        )
     if state == "SUBMIT_FAILED":
         return attempt  # sbatch said no: nothing was ever queued, so a retry cannot double-submit
     if not force and not resume:
         start = "from that checkpoint" if resume_from else "from step 0"
-        raise UserError(f"this plan was already launched: {where}, submitted {record.submitted}",
-                        f"see `specdraft status {run_dir}`; continue it from its newest checkpoint with --resume, "
-                        f"start it over {start} with --force (attempt {attempt}; the old checkpoints and metrics "
-                        "move to attempts/), or change the layout (a different plan gets its own run folder)")
+        raise UserError(
+            f"this plan was already launched: {where}, submitted {record.submitted}",
+            f"see `specdraft status {run_dir}`; continue it from its newest checkpoint with --resume, "
+            f"start it over {start} with --force (attempt {attempt}; the old checkpoints and metrics "
+            "move to attempts/), or change the layout (a different plan gets its own run folder)",
+        )
     return attempt
 
 
@@ -154,8 +217,11 @@ def _check_folders(run_dir: str) -> None:
     elsewhere."""
     for name in ("results", "logs", "submitit", "attempts", "checkpoints"):
         if os.path.lexists(Path(run_dir) / name) and not is_dir(run_dir, name):
-            raise UserError(f"{Path(run_dir) / name} is a link or not a folder; specdraft writes only into real "
-                            "folders inside a run folder", "remove it (specdraft never creates one there)")
+            raise UserError(
+                f"{Path(run_dir) / name} is a link or not a folder; specdraft writes only into real "
+                "folders inside a run folder",
+                "remove it (specdraft never creates one there)",
+            )
 
 
 def _archive(run_dir: str, attempt: int, resume: bool) -> None:
@@ -180,18 +246,33 @@ def _intent(request: LaunchRequest, runner: Executor, attempt: int) -> RunRecord
     for name, (text, mode) in runner.intent_files(request).items():
         atomic_write_text(Path(run_dir) / name, text, mode=mode)
     previous = read_record(run_dir)
-    attempts = (*(previous.attempts if previous else ()),
-                Attempt(attempt=attempt, executor=runner.name, job_id=None, state=runner.intent_state,
-                        intent=now_iso()))
-    return replace_record(run_dir, new_record(
-        name=plan.name, run_dir=run_dir, executor=runner.name, job_name=request.render.job_name,
-        state=runner.intent_state, intent_epoch=time.time(), plan_hash=plan.plan_hash, spec_sha256=plan.spec_sha256,
-        specdraft_version=plan.specdraft_version, world_size=plan.world_size, workload=request.workload,
-        steps=request.steps, attempts=attempts))
+    attempts = (
+        *(previous.attempts if previous else ()),
+        Attempt(attempt=attempt, executor=runner.name, job_id=None, state=runner.intent_state, intent=now_iso()),
+    )
+    return replace_record(
+        run_dir,
+        new_record(
+            name=plan.name,
+            run_dir=run_dir,
+            executor=runner.name,
+            job_name=request.render.job_name,
+            state=runner.intent_state,
+            intent_epoch=time.time(),
+            plan_hash=plan.plan_hash,
+            spec_sha256=plan.spec_sha256,
+            specdraft_version=plan.specdraft_version,
+            world_size=plan.world_size,
+            workload=request.workload,
+            steps=request.steps,
+            attempts=attempts,
+        ),
+    )
 
 
-def launch(request: LaunchRequest, on_started: Callable[[str], None], on_progress: ProgressFn,
-           warn: Callable[[str], None]) -> LaunchResult:
+def launch(
+    request: LaunchRequest, on_started: Callable[[str], None], on_progress: ProgressFn, warn: Callable[[str], None]
+) -> LaunchResult:
     """Run the launch use case for ``request``; raises UserError when it cannot start."""
     runner = executors.get(request.executor)
     refuse_foreign(request.run_dir)  # a folder of the user's is refused whatever the executor
@@ -216,4 +297,3 @@ def launch(request: LaunchRequest, on_started: Callable[[str], None], on_progres
         state, record = monitor.wait(request.run_dir, budget, on_progress)
     plan = monitor.read_plan(request.run_dir)
     return LaunchResult(record, state, True, monitor.problem(request.run_dir, record, state, plan), started)
-

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from specdraft.runs import files as runfiles
 from specdraft.execute.executor import Executor, Observation, Progress, ProgressFn
+from specdraft.runs import files as runfiles
+from specdraft.runs.checkpoints import PREEMPTED_EXIT
 from specdraft.runs.record import LocalProcesses, RunRecord, now_iso
 from specdraft.runs.rundir import ACTIVE, lock_is_held, read_record, update_record
-from specdraft.runs.checkpoints import PREEMPTED_EXIT
 
 GRACE_S = 5.0
 POLL_S = 0.2
@@ -49,8 +49,12 @@ def rank_env(plan, rank: int, port: int) -> dict[str, str]:
     me = plan.ranks[rank]
     per_node = plan.spec.cluster.gpus_per_node
     return {
-        "RANK": str(rank), "WORLD_SIZE": str(plan.world_size), "LOCAL_RANK": str(me.local_rank),
-        "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(me.node), "MASTER_ADDR": "127.0.0.1",
+        "RANK": str(rank),
+        "WORLD_SIZE": str(plan.world_size),
+        "LOCAL_RANK": str(me.local_rank),
+        "LOCAL_WORLD_SIZE": str(per_node),
+        "GROUP_RANK": str(me.node),
+        "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
         # Ranks share this machine's cores; one torch thread per core each would thrash.
         "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // plan.world_size)),
@@ -92,8 +96,14 @@ def group_members(pgid: int, marker: str) -> list[int]:
     return out
 
 
-def run(plan, run_dir: str, argv: list[str], timeout_s: float, on_start: Callable[[int, list[int]], None],
-        on_progress: Callable[[dict[int, int | None], float], None]) -> LocalOutcome:
+def run(
+    plan,
+    run_dir: str,
+    argv: list[str],
+    timeout_s: float,
+    on_start: Callable[[int, list[int]], None],
+    on_progress: Callable[[dict[int, int | None], float], None],
+) -> LocalOutcome:
     """Start every rank, wait, stop the rest when one fails; ``on_start(pgid, pids)`` runs once all started."""
     runfiles.make_dir(run_dir, "logs")
     port = free_port()
@@ -111,8 +121,15 @@ def run(plan, run_dir: str, argv: list[str], timeout_s: float, on_start: Callabl
                 err = runfiles.open_append(run_dir, f"logs/rank-{rank}.err")
                 try:
                     # Rank 0 starts a new process group and the others join it: `cancel` signals the group.
-                    proc = subprocess.Popen(argv, env={**env, **rank_env(plan, rank, port)}, stdout=out, stderr=err,
-                                            stdin=subprocess.DEVNULL, cwd=run_dir, process_group=pgid)
+                    proc = subprocess.Popen(
+                        argv,
+                        env={**env, **rank_env(plan, rank, port)},
+                        stdout=out,
+                        stderr=err,
+                        stdin=subprocess.DEVNULL,
+                        cwd=run_dir,
+                        process_group=pgid,
+                    )
                 finally:
                     os.close(err)
             finally:
@@ -208,17 +225,24 @@ class LocalExecutor(Executor):
         return explicit or sys.executable
 
     def dry_run_notes(self) -> list[str]:
-        return ["local: the same command once per rank, with RANK, WORLD_SIZE, LOCAL_RANK, GROUP_RANK, "
-                "MASTER_ADDR=127.0.0.1 and a free MASTER_PORT"]
+        return [
+            "local: the same command once per rank, with RANK, WORLD_SIZE, LOCAL_RANK, GROUP_RANK, "
+            "MASTER_ADDR=127.0.0.1 and a free MASTER_PORT"
+        ]
 
     def start(self, request, on_progress: ProgressFn) -> RunRecord:
         """Run every rank here and wait; the caller holds the launch lock for the whole run."""
         run_dir, plan = request.run_dir, request.plan
 
         def started(pgid: int, pids: list[int]) -> None:
-            update_record(run_dir, job_id=f"local-{pgid}", state="RUNNING", submitted=now_iso(),
-                          local=LocalProcesses(pgid=pgid, pids=tuple(pids), launcher_pid=os.getpid()),
-                          attempt={"job_id": f"local-{pgid}", "state": "RUNNING", "submitted": now_iso()})
+            update_record(
+                run_dir,
+                job_id=f"local-{pgid}",
+                state="RUNNING",
+                submitted=now_iso(),
+                local=LocalProcesses(pgid=pgid, pids=tuple(pids), launcher_pid=os.getpid()),
+                attempt={"job_id": f"local-{pgid}", "state": "RUNNING", "submitted": now_iso()},
+            )
 
         seen: dict = {}
 
@@ -229,9 +253,15 @@ class LocalExecutor(Executor):
             heartbeat = seen.get("codes") == codes  # run() reports every HEARTBEAT_S even when nothing changed
             seen["codes"] = dict(codes)
             stopped = f"{saved} stopped at a checkpoint, " if saved else ""
-            on_progress(Progress(self.name, elapsed, "RUNNING" if running else "ENDING",
-                                 f"ranks: {running} running, {ok} done, {stopped}"
-                                 f"{len(codes) - running - ok - saved} failed", heartbeat))
+            on_progress(
+                Progress(
+                    self.name,
+                    elapsed,
+                    "RUNNING" if running else "ENDING",
+                    f"ranks: {running} running, {ok} done, {stopped}{len(codes) - running - ok - saved} failed",
+                    heartbeat,
+                )
+            )
 
         outcome = run(plan, run_dir, list(request.render.payload_argv), plan.slurm.time_limit_s, started, progress)
         record = read_record(run_dir)
@@ -245,9 +275,14 @@ class LocalExecutor(Executor):
             state = "PREEMPTED"  # every rank stopped at the same step boundary after saving
         else:
             state = "COMPLETED"
-        return update_record(run_dir, state=state, attempt={"state": state, "ended": now_iso()},
-                             exit_codes=tuple(c for _, c in sorted(outcome.exit_codes.items())),
-                             exit_order=tuple(outcome.exit_order), elapsed_s=round(outcome.elapsed_s, 3))
+        return update_record(
+            run_dir,
+            state=state,
+            attempt={"state": state, "ended": now_iso()},
+            exit_codes=tuple(c for _, c in sorted(outcome.exit_codes.items())),
+            exit_order=tuple(outcome.exit_order),
+            elapsed_s=round(outcome.elapsed_s, 3),
+        )
 
     def started_summary(self, record: RunRecord, plan) -> str:
         return f"ran {plan.world_size} rank process(es) here ({record.describe_job()})"
@@ -259,17 +294,21 @@ class LocalExecutor(Executor):
         if not launching and lock_is_held(run_dir):
             return Observation(record.state, "run.json")
         if record.local and group_members(record.local.pgid, str(Path(run_dir) / "plan.json")):
-            return Observation(record.state, "run.json (its launcher is gone, its ranks still run; "
-                               "`specdraft cancel` stops them)")
-        return Observation("LOST", "run.json (its launcher is gone)",
-                           note="the launcher stopped before recording how its ranks ended")
+            return Observation(
+                record.state, "run.json (its launcher is gone, its ranks still run; `specdraft cancel` stops them)"
+            )
+        return Observation(
+            "LOST", "run.json (its launcher is gone)", note="the launcher stopped before recording how its ranks ended"
+        )
 
     def cancel(self, run_dir: Path, record: RunRecord) -> tuple[str, str | None]:
         pgid = record.local.pgid if record.local else None
         killed = stop_group(pgid, str(Path(run_dir) / "plan.json")) if pgid else 0
         # A running launcher records the outcome itself; with none left, the canceller records it.
-        return (f"cancelled the local run: stopped {killed} rank process(es) of group {pgid}",
-                None if lock_is_held(run_dir) else "CANCELLED")
+        return (
+            f"cancelled the local run: stopped {killed} rank process(es) of group {pgid}",
+            None if lock_is_held(run_dir) else "CANCELLED",
+        )
 
     def log_paths(self, record: RunRecord, rank: int) -> tuple[str, str]:
         return f"logs/rank-{rank}.out", f"logs/rank-{rank}.err"

@@ -15,12 +15,12 @@ from typing import Callable, Iterator
 
 from specdraft.errors import UserError
 from specdraft.execute import executor as executors
-from specdraft.runs import files as runfiles
 from specdraft.execute.executor import Observation, Progress, ProgressFn
-from specdraft.runs.record import RunRecord, read_record
 from specdraft.execute.report import failure_message, read_results, root_cause
-from specdraft.runs.rundir import ACTIVE, TERMINAL, check_run_dir, update_record
 from specdraft.runs import checkpoints
+from specdraft.runs import files as runfiles
+from specdraft.runs.record import RunRecord, read_record
+from specdraft.runs.rundir import ACTIVE, TERMINAL, check_run_dir, update_record
 
 FAILED_STATES = frozenset({"FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "LOST"})
 MAX_PLAN_BYTES = 256 * 2**20  # as assemble.read_plan: a 131,072-GPU plan is about 25 MB
@@ -60,11 +60,11 @@ def observe(run_dir: str | Path, record: RunRecord, *, launching: bool = False) 
     return state, record
 
 
-def current_state(run_dir: str | Path, record: RunRecord, *,
-                  launching: bool = False) -> tuple[str, RunRecord, Observation]:
+def current_state(
+    run_dir: str | Path, record: RunRecord, *, launching: bool = False
+) -> tuple[str, RunRecord, Observation]:
     """(state, record, observation) now; run.json is updated when the executor knows better."""
-    seen = _settle(run_dir, record, executors.get(record.executor).observe(Path(run_dir), record,
-                                                                           launching=launching))
+    seen = _settle(run_dir, record, executors.get(record.executor).observe(Path(run_dir), record, launching=launching))
     return seen.state, _record_change(run_dir, record, seen), seen
 
 
@@ -106,10 +106,13 @@ def problem(run_dir: str | Path, record: RunRecord, state: str, plan) -> str | N
     stopped = stopped_at(results, plan.world_size)
     if state == "CANCELLED":
         return f"{job} was cancelled ({len(results)} of {plan.world_size} ranks left a result)" + _resumable(
-            run_dir, stopped)
+            run_dir, stopped
+        )
     if state in ("TIMEOUT", "DEADLINE"):
-        return (f"{job} hit its time limit (slurm.time = {plan.spec.slurm.time}); raise slurm.time in the "
-                "layout, or run fewer --steps" + _resumable(run_dir, stopped))
+        return (
+            f"{job} hit its time limit (slurm.time = {plan.spec.slurm.time}); raise slurm.time in the "
+            "layout, or run fewer --steps" + _resumable(run_dir, stopped)
+        )
     if state == "PREEMPTED":
         if stopped is None:
             return f"{job} was preempted before every rank stopped at a checkpoint" + _resumable(run_dir, None)
@@ -143,15 +146,19 @@ def stopped_at(results: dict[int, dict], world_size: int) -> dict | None:
 
 def resume_command(run_dir: str | Path) -> str:
     """The launch that continues this run folder from its newest complete checkpoint."""
-    return (f"specdraft launch {shlex.quote(str(Path(run_dir) / 'plan.json'))} --run-dir "
-            f"{shlex.quote(str(run_dir))} --resume")
+    return (
+        f"specdraft launch {shlex.quote(str(Path(run_dir) / 'plan.json'))} --run-dir "
+        f"{shlex.quote(str(run_dir))} --resume"
+    )
 
 
 def _resumable(run_dir: str | Path, stopped: dict | None) -> str:
     """What a resume would continue from (nothing when there is no complete checkpoint)."""
     if stopped is not None:
-        return (f"; it stopped at a checkpoint after step {stopped['step']} ({stopped['checkpoint']}): "
-                f"`{resume_command(run_dir)}` continues it")
+        return (
+            f"; it stopped at a checkpoint after step {stopped['step']} ({stopped['checkpoint']}): "
+            f"`{resume_command(run_dir)}` continues it"
+        )
     newest = newest_checkpoint(run_dir)
     if newest is None:
         return ""
@@ -171,7 +178,7 @@ def newest_checkpoint(run_dir: str | Path) -> tuple[str, dict] | None:
             if text is None:
                 continue
             meta = checkpoints.parse_marker(text)
-            checkpoints.check_manifest(meta, lambda file: runfiles.size(run_dir, f"{rel}/{file}"))
+            checkpoints.check_manifest(meta, lambda file: runfiles.size(run_dir, f"{rel}/{file}"))  # noqa: B023
         except (checkpoints.CorruptCheckpoint, UserError, ValueError, OSError):
             continue  # not complete: a resume skips it too
         return rel, meta
@@ -188,8 +195,7 @@ def progress_summary(record: RunRecord, state: str, seen: Observation, num_resul
     return f"{record.describe_job()}: {state}{reason}, {num_results}/{world_size} rank result(s)"
 
 
-def wait(run_dir: str | Path, timeout_s: float, on_progress: ProgressFn,
-         poll_s: float = 1.0) -> tuple[str, RunRecord]:
+def wait(run_dir: str | Path, timeout_s: float, on_progress: ProgressFn, poll_s: float = 1.0) -> tuple[str, RunRecord]:
     """Poll until the run reaches a terminal state or ``timeout_s`` passes; returns (state, record)."""
     started = time.monotonic()
     last = None
@@ -198,24 +204,34 @@ def wait(run_dir: str | Path, timeout_s: float, on_progress: ProgressFn,
         if record is None:
             raise UserError(f"{run_dir}/run.json vanished while waiting", "another program removed it")
         state, record, seen = current_state(run_dir, record)
-        summary = progress_summary(record, state, seen, len(read_results(run_dir, record.world_size)),
-                                   record.world_size)
+        summary = progress_summary(
+            record, state, seen, len(read_results(run_dir, record.world_size)), record.world_size
+        )
         if summary != last:
             on_progress(Progress(record.executor, time.monotonic() - started, state, summary))
             last = summary
         if state in TERMINAL:
             return state, record
         if seen.gone:
-            raise UserError(f"Slurm no longer knows {record.describe_job()} (last recorded state {state})",
-                            f"`specdraft status {run_dir}` shows what the ranks left")
+            raise UserError(
+                f"Slurm no longer knows {record.describe_job()} (last recorded state {state})",
+                f"`specdraft status {run_dir}` shows what the ranks left",
+            )
         if time.monotonic() - started > timeout_s:
-            raise UserError(f"gave up waiting after {timeout_s:.0f} s; the job is still {state}",
-                            f"it keeps running: `specdraft status {run_dir}`")
+            raise UserError(
+                f"gave up waiting after {timeout_s:.0f} s; the job is still {state}",
+                f"it keeps running: `specdraft status {run_dir}`",
+            )
         time.sleep(poll_s)
 
 
-def follow(run_dir: str | Path, paths: list[tuple[str, str]], done: Callable[[], str | None], poll_s: float = 0.5,
-           state_every_s: float = 2.0) -> Iterator[tuple[str, str]]:
+def follow(
+    run_dir: str | Path,
+    paths: list[tuple[str, str]],
+    done: Callable[[], str | None],
+    poll_s: float = 0.5,
+    state_every_s: float = 2.0,
+) -> Iterator[tuple[str, str]]:
     """Yield (label, new text) from growing files (paths relative to the run folder) until ``done()`` returns a
     reason to stop (checked every ``state_every_s``), then drain once; a final ("", reason) says why it stopped."""
     offsets = {rel: 0 for _, rel in paths}

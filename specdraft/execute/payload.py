@@ -22,18 +22,27 @@ QUIET_FRAGMENTS = ("Transformer Engine and Apex are not installed",)
 
 def require_runtime(command: str) -> None:
     """The runtime extra must be installed (find_spec looks without importing)."""
-    missing = [m for m in ("torch", "megatron.core", "safetensors")
-               if importlib.util.find_spec(m.split(".")[0]) is None]
+    missing = [
+        m for m in ("torch", "megatron.core", "safetensors") if importlib.util.find_spec(m.split(".")[0]) is None
+    ]
     if missing:
-        raise UserError(f"`specdraft {command}` runs the draft and the policy with torch, but {', '.join(missing)} "
-                        "is not installed here", "pip install 'specdraft[runtime]'")
+        raise UserError(
+            f"`specdraft {command}` runs the draft and the policy with torch, but {', '.join(missing)} "
+            "is not installed here",
+            "pip install 'specdraft[runtime]'",
+        )
 
 
 def run(module: str, argv: list[str], on_stderr: Callable[[str], None]) -> str:
     """Run ``python -m specdraft.runtime.<module> ARGV``; return its stdout. A user error it reports raises that
     UserError; any other failure raises RuntimeError with its last stderr lines."""
-    proc = subprocess.Popen([sys.executable, "-u", "-m", f"specdraft.runtime.{module}", *argv],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-m", f"specdraft.runtime.{module}", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+    )
     errors: list[UserError] = []
     tail: list[str] = []
 

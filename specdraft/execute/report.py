@@ -26,14 +26,22 @@ def _sane(record: object, rank: int) -> dict | None:
     if not isinstance(record, dict) or record.get("global_rank") != rank:
         return None
     checks = record.get("checks", [])
-    shapes_ok = (isinstance(record.get("ok"), bool) and isinstance(checks, list)
-                 and all(isinstance(c, dict) and isinstance(c.get("passed"), bool) and isinstance(c.get("name"), str)
-                         for c in checks)
-                 and isinstance(record.get("error") or "", str))
+    shapes_ok = (
+        isinstance(record.get("ok"), bool)
+        and isinstance(checks, list)
+        and all(
+            isinstance(c, dict) and isinstance(c.get("passed"), bool) and isinstance(c.get("name"), str) for c in checks
+        )
+        and isinstance(record.get("error") or "", str)
+    )
     if shapes_ok:
         return record
-    return {"global_rank": rank, "ok": False, "checks": [],
-            "error": f"{result_name(rank)} does not have the shape the runtime writes"}
+    return {
+        "global_rank": rank,
+        "ok": False,
+        "checks": [],
+        "error": f"{result_name(rank)} does not have the shape the runtime writes",
+    }
 
 
 def read_results(run_dir: str | Path, world_size: int) -> dict[int, dict]:
@@ -58,6 +66,7 @@ def read_results(run_dir: str | Path, world_size: int) -> dict[int, dict]:
 def root_cause(results: dict[int, dict], exit_order: list[int] | None = None) -> int | None:
     """The rank that failed first: a rank that raised on its own (not terminated by a signal) with the earliest
     failure time; else the first rank to exit non-zero (``exit_order``, known to the local executor)."""
+
     def when(rec: dict) -> float:
         value = rec.get("failed_at") or rec.get("finished_at") or 0.0
         return float(value) if isinstance(value, (int, float)) else 0.0
@@ -87,8 +96,9 @@ def describe_rank(plan, rank: int) -> str:
     return f"rank {rank} (node {r.node}, tp {r.tp} cp {r.cp} pp {r.pp} dp {r.dp})"
 
 
-def failure_message(plan, results: dict[int, dict], rank: int | None, run_dir: str | Path, stderr: str | None,
-                    what: str) -> str:
+def failure_message(
+    plan, results: dict[int, dict], rank: int | None, run_dir: str | Path, stderr: str | None, what: str
+) -> str:
     """One message: which rank failed first and why, the last lines of its stderr, what happened to the rest."""
     if rank is None:
         return f"{what}; no rank recorded a failure"
@@ -107,6 +117,8 @@ def failure_message(plan, results: dict[int, dict], rank: int | None, run_dir: s
     others = sorted(r for r, rec in results.items() if r != rank and not rec.get("ok"))
     missing = plan.world_size - len(results)
     if others or missing:
-        lines.append(f"--- then: {len(others)} other rank(s) failed after it"
-                     + (f", {missing} rank(s) left no result (killed)" if missing else ""))
+        lines.append(
+            f"--- then: {len(others)} other rank(s) failed after it"
+            + (f", {missing} rank(s) left no result (killed)" if missing else "")
+        )
     return "\n".join(lines)

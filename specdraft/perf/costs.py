@@ -144,7 +144,7 @@ class CostModel:
         tp, h, d = s.tp, self.h, self.d
         tokens = s.mbs * self.seq / s.cp  # this rank's sequence share; every tp rank works on all of it
         q, kv = self.heads * d, self.groups * d
-        gemm = (self._gemm(tokens, (q + 2 * kv) / tp, h) + self._gemm(tokens, h, q / tp))
+        gemm = self._gemm(tokens, (q + 2 * kv) / tp, h) + self._gemm(tokens, h, q / tp)
         mlp_rows, mlp_ffn = tokens, self.ffn
         if self.experts:
             # Balanced routing: each rank computes topk * tokens / tp token-expert pairs, split over its
@@ -152,11 +152,11 @@ class CostModel:
             pairs = tokens * self.topk * s.etp / tp
             mlp_rows, mlp_ffn = pairs / max(self.experts // s.ep, 1), self.moe_ffn
             per_expert = self._gemm(mlp_rows, (2 if self.gated else 1) * mlp_ffn / s.etp, h) + self._gemm(
-                mlp_rows, h, mlp_ffn / s.etp)
+                mlp_rows, h, mlp_ffn / s.etp
+            )
             gemm += per_expert * max(self.experts // s.ep, 1) + self._gemm(tokens / tp, self.experts, h)
         else:
-            gemm += (self._gemm(tokens, (2 if self.gated else 1) * mlp_ffn / tp, h)
-                     + self._gemm(tokens, h, mlp_ffn / tp))
+            gemm += self._gemm(tokens, (2 if self.gated else 1) * mlp_ffn / tp, h) + self._gemm(tokens, h, mlp_ffn / tp)
         attn_fwd = self._attention(tokens, self.heads / tp, s.cp)
         elem_fwd = self._elementwise_bytes(s, tokens) / self.hbm
         forward = gemm / PASSES + attn_fwd + elem_fwd
@@ -179,8 +179,12 @@ class CostModel:
             # Dispatch and combine, forward and backward: each rank sends its sequence-parallel token shard.
             routed = tokens / tp * self.topk * h * self.act_bytes
             ep_a2a = 2 * passes * (s.ep - 1) / s.ep * routed / bw.ep
-        return LayerCost(compute=compute + self.eff.layer_overhead_s, tp_comm=tp_comm,
-                         cp_ring=self._cp_ring(s, tokens, attn_fwd, bw, steps=1), ep_a2a=ep_a2a)
+        return LayerCost(
+            compute=compute + self.eff.layer_overhead_s,
+            tp_comm=tp_comm,
+            cp_ring=self._cp_ring(s, tokens, attn_fwd, bw, steps=1),
+            ep_a2a=ep_a2a,
+        )
 
     def _tp_exposed(self, c: float, tp: int, sp: bool, passes: int) -> float:
         """Exposed seconds of one block's TP collectives (a column-parallel GEMM in, a row-parallel GEMM out) per
@@ -282,14 +286,19 @@ class CostModel:
         tokens = s.mbs * self.seq / s.cp
         q, kv = self.heads * d, self.groups * d
         bf16 = self.bf16_gemm_peak
-        layer = (self._gemm(tokens, (q + 2 * kv) / tp, 2 * h, bf16) + self._gemm(tokens, h, q / tp, bf16)
-                 + self._gemm(tokens, (2 if self.gated else 1) * self.ffn / tp, h, bf16)
-                 + self._gemm(tokens, h, self.ffn / tp, bf16))
+        layer = (
+            self._gemm(tokens, (q + 2 * kv) / tp, 2 * h, bf16)
+            + self._gemm(tokens, h, q / tp, bf16)
+            + self._gemm(tokens, (2 if self.gated else 1) * self.ffn / tp, h, bf16)
+            + self._gemm(tokens, h, self.ffn / tp, bf16)
+        )
         attn_fwd = self._attention(tokens, self.heads / tp, s.cp)
         elem = self._elementwise_bytes(s._replace(recompute="none"), tokens) / self.hbm * PASSES
-        per_step = (self.draft_layers * (layer + attn_fwd * (1 + ATTENTION_BACKWARD) + elem)
-                    + self._gemm(tokens, self.draft_vocab / tp, h, bf16)
-                    + CE_BYTES_PER_LOGIT * tokens * self.draft_vocab / tp / self.hbm)
+        per_step = (
+            self.draft_layers * (layer + attn_fwd * (1 + ATTENTION_BACKWARD) + elem)
+            + self._gemm(tokens, self.draft_vocab / tp, h, bf16)
+            + CE_BYTES_PER_LOGIT * tokens * self.draft_vocab / tp / self.hbm
+        )
         compute = self._gemm(tokens, h, self.num_taps * h, bf16) + steps * per_step
         act = tokens * h * self.act_bytes
         # The runtime's draft layers are megatron's Column/RowParallelLinear without SP or TE's overlap: two blocks

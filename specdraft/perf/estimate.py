@@ -25,8 +25,18 @@ from specdraft.spec.schema import LayoutSpec
 # (benchmarks/calibration_h100.yaml); every other constant keeps its documented prior (specdraft.perf.costs).
 CALIBRATED = Efficiency(gemm_fp8=0.5307, attention=0.4414)
 OPTIMIZER_BYTES_PER_PARAM = 34  # Adam on fp32 master, m, v and grad: 16 bytes read, 16 written, 2 (bf16) written
-BREAKDOWN_KEYS = ("compute_s", "tp_sp_comm_s", "cp_ring_s", "ep_a2a_s", "pp_p2p_s", "pp_bubble_s", "dp_comm_s",
-                  "optimizer_s", "tapchannel_s", "draft_s")
+BREAKDOWN_KEYS = (
+    "compute_s",
+    "tp_sp_comm_s",
+    "cp_ring_s",
+    "ep_a2a_s",
+    "pp_p2p_s",
+    "pp_bubble_s",
+    "dp_comm_s",
+    "optimizer_s",
+    "tapchannel_s",
+    "draft_s",
+)
 
 
 class Layout(NamedTuple):
@@ -133,12 +143,21 @@ class Estimator:
         link, net = c.gpu.link_bw * self.eff.link, c.gpu.net_bw * self.eff.network
         end_layer, end_first, end_last = self._step_ends(lay, bw)
         hit = self._units[key] = _Unit(
-            layer=layer, layer_time=sum(layer), embedding=c.embedding(shape, bw), head=c.head(shape, bw),
-            send=c.p2p_send(shape, bw) if lay.pp > 1 else 0.0, end_layer=end_layer, end_first=end_first,
+            layer=layer,
+            layer_time=sum(layer),
+            embedding=c.embedding(shape, bw),
+            head=c.head(shape, bw),
+            send=c.p2p_send(shape, bw) if lay.pp > 1 else 0.0,
+            end_layer=end_layer,
+            end_first=end_first,
             end_last=end_last,
-            hidden=hidden, logits=logits,
-            node=tuple(stage * pp_stride // self.gpn for stage in range(lay.pp)), link=link, net=net,
-            microbatches=max(self.gbs // (lay.mbs * lay.dp), 1))
+            hidden=hidden,
+            logits=logits,
+            node=tuple(stage * pp_stride // self.gpn for stage in range(lay.pp)),
+            link=link,
+            net=net,
+            microbatches=max(self.gbs // (lay.mbs * lay.dp), 1),
+        )
         return hit
 
     def _draft_unit(self, lay: Layout) -> tuple[float, tuple[float, float]]:
@@ -202,8 +221,14 @@ class Estimator:
             # Stage 0 runs the most warm-up forwards, each followed by a blocking send, and as many flush backwards
             # (megatron-core schedules.get_pp_rank_microbatches).
             fill = 2 * min(2 * (pp - 1) + (vpp - 1) * pp, m * vpp) * send
-        return Pipeline(times=tuple(times), parts=tuple(parts), end=tuple(end), num_microbatches=m,
-                        vpp=vpp if pp > 1 else 1, fill=fill)
+        return Pipeline(
+            times=tuple(times),
+            parts=tuple(parts),
+            end=tuple(end),
+            num_microbatches=m,
+            vpp=vpp if pp > 1 else 1,
+            fill=fill,
+        )
 
     def _step_ends(self, lay: Layout, bw: Bandwidths) -> tuple[tuple[float, float], ...]:
         """(exposed DP reduce-scatter + all-gather, optimizer step) per layer, for the embedding and for the output
@@ -211,12 +236,18 @@ class Estimator:
         group, edp = lay.dp * lay.cp, max(self.world // (lay.etp * lay.ep * lay.pp), 1)
         coll, g, w = self.costs.collective, self.grad_bytes, self.weight_bytes
         out = []
-        for dense, expert in ((self.dense_layer / lay.tp, self.expert_layer / (lay.etp * lay.ep)),
-                              (self.embed / lay.tp, 0.0),
-                              (self.embed / lay.tp if not self.tied or lay.pp > 1 else 0.0, 0.0)):
+        for dense, expert in (
+            (self.dense_layer / lay.tp, self.expert_layer / (lay.etp * lay.ep)),
+            (self.embed / lay.tp, 0.0),
+            (self.embed / lay.tp if not self.tied or lay.pp > 1 else 0.0, 0.0),
+        ):
             if self.distributed_optimizer:
-                comm = (coll(dense * g, group, bw.dp) + coll(dense * w, group, bw.dp)
-                        + coll(expert * g, edp, bw.edp) + coll(expert * w, edp, bw.edp))
+                comm = (
+                    coll(dense * g, group, bw.dp)
+                    + coll(dense * w, group, bw.dp)
+                    + coll(expert * g, edp, bw.edp)
+                    + coll(expert * w, edp, bw.edp)
+                )
                 local = dense / group + expert / edp
             else:
                 comm = coll(dense * g, group, bw.dp, allreduce=True) + coll(expert * g, edp, bw.edp, allreduce=True)
@@ -289,9 +320,23 @@ class Estimator:
         compute, tp, cp, ep, p2p = (m * x for x in pipe.parts[crit])
         on_crit = crit == k
         e = ends.index(max(ends))
-        breakdown = dict(zip(BREAKDOWN_KEYS, (
-            compute, tp, cp, ep, p2p + pipe.fill, bubble, end[e][0], end[e][1],
-            m * taps_mb if on_crit else 0.0, (m * draft_mb if on_crit else 0.0) + post)))
+        breakdown = dict(
+            zip(
+                BREAKDOWN_KEYS,
+                (
+                    compute,
+                    tp,
+                    cp,
+                    ep,
+                    p2p + pipe.fill,
+                    bubble,
+                    end[e][0],
+                    end[e][1],
+                    m * taps_mb if on_crit else 0.0,
+                    (m * draft_mb if on_crit else 0.0) + post,
+                ),
+            )
+        )
         return step, breakdown
 
     def placements(self, lay: Layout, pipe: Pipeline, stages) -> list[tuple[Optional[int], float]]:
@@ -346,8 +391,12 @@ class Estimator:
         step, breakdown = self._step(lay, self.pipeline(lay), detail=True)
         tokens = self.gbs * self.costs.seq / step / self.world
         peak = self.costs.gpu.fp8_flops if self.costs.fp8 and self.costs.gpu.fp8_flops else self.costs.gpu.peak_flops
-        return StepEstimate(step_time_s=step, tokens_per_s_per_gpu=tokens,
-                            mfu=self.costs.model_flops_per_token() * tokens / peak, breakdown=breakdown)
+        return StepEstimate(
+            step_time_s=step,
+            tokens_per_s_per_gpu=tokens,
+            mfu=self.costs.model_flops_per_token() * tokens / peak,
+            breakdown=breakdown,
+        )
 
 
 def _top2(values) -> tuple[tuple[float, int], tuple[float, int]]:
@@ -368,10 +417,18 @@ def layout_of(spec: LayoutSpec) -> Layout:
 
     p = spec.parallel
     return Layout(
-        tp=p.tp, cp=p.cp, pp=p.pp, dp=derived.resolved_dp(spec) or 1, ep=p.ep, etp=derived.etp(p),
-        sp=p.sequence_parallel, recompute=spec.training.recompute, mbs=spec.training.micro_batch_size,
+        tp=p.tp,
+        cp=p.cp,
+        pp=p.pp,
+        dp=derived.resolved_dp(spec) or 1,
+        ep=p.ep,
+        etp=derived.etp(p),
+        sp=p.sequence_parallel,
+        recompute=spec.training.recompute,
+        mbs=spec.training.micro_batch_size,
         chunks=tuple(tuple(count for _, count in stage) for stage in chunk_layout(spec)),
-        draft_stage=derived.draft_stage_index(spec) if spec.draft.enabled else None)
+        draft_stage=derived.draft_stage_index(spec) if spec.draft.enabled else None,
+    )
 
 
 def estimate(spec: LayoutSpec, eff: Efficiency = CALIBRATED) -> StepEstimate:

@@ -56,10 +56,15 @@ class Locality:
             if ep_nodes > 1:
                 # All-to-all: the share bound for other nodes leaves through this rank's NIC.
                 cross = 1 - ep_per_node / ep
-                ep_bw = 1 / (cross / (self.gpu.net_bw * self.eff.network)
-                             + (1 - cross) / (self.gpu.link_bw * self.eff.link))
+                ep_bw = 1 / (
+                    cross / (self.gpu.net_bw * self.eff.network) + (1 - cross) / (self.gpu.link_bw * self.eff.link)
+                )
             hit = self._cache[key] = Bandwidths(
-                tp=self.bw(((st["tp"], tp),)), cp=self.bw(((st["cp"], cp),), collective=False), ep=ep_bw,
-                dp=self.bw(((st["cp"], cp), (st["dp"], dp))), edp=self.bw(((es["dp"], edp),)),
-                p2p=self.bw(((st["pp"], min(pp, 2)),), collective=False))
+                tp=self.bw(((st["tp"], tp),)),
+                cp=self.bw(((st["cp"], cp),), collective=False),
+                ep=ep_bw,
+                dp=self.bw(((st["cp"], cp), (st["dp"], dp))),
+                edp=self.bw(((es["dp"], edp),)),
+                p2p=self.bw(((st["pp"], min(pp, 2)),), collective=False),
+            )
         return hit

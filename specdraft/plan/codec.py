@@ -61,11 +61,15 @@ def decode(tp: Any, data: Any, path: str, *, spec_decoder: Callable[[Any, str], 
         unknown = sorted(set(data) - names)
         missing = [name for name, _ in hints if name not in data]
         if missing or unknown:
-            what = (f"missing {', '.join(missing)}" if missing else "") + ("; " if missing and unknown else "") + (
-                f"unknown {', '.join(map(str, unknown))[:200]}" if unknown else "")
+            what = (
+                (f"missing {', '.join(missing)}" if missing else "")
+                + ("; " if missing and unknown else "")
+                + (f"unknown {', '.join(map(str, unknown))[:200]}" if unknown else "")
+            )
             raise PlanFormatError(f"{path or 'plan'}: {what}")
-        return tp(**{name: decode(hint, data[name], _join(path, name), spec_decoder=spec_decoder)
-                     for name, hint in hints})
+        return tp(
+            **{name: decode(hint, data[name], _join(path, name), spec_decoder=spec_decoder) for name, hint in hints}
+        )
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (Union, types.UnionType):
         if data is None and type(None) in args:

@@ -9,8 +9,18 @@ from specdraft import __version__
 from specdraft.errors import Problem, SpecError
 from specdraft.plan.grid import RankGrid
 from specdraft.plan.memory import draft_params, stage_memory
-from specdraft.plan.model import (SCHEMA_VERSION, DraftPlan, LaunchPlan, ModelShape, PaddingReport, ParallelPlan,
-                                  PlanWarning, SlurmPlan, StageMemory, TapTraffic)
+from specdraft.plan.model import (
+    SCHEMA_VERSION,
+    DraftPlan,
+    LaunchPlan,
+    ModelShape,
+    PaddingReport,
+    ParallelPlan,
+    PlanWarning,
+    SlurmPlan,
+    StageMemory,
+    TapTraffic,
+)
 from specdraft.plan.stages import layer_owner, stage_records
 from specdraft.plan.taps import pipeline_activation_bytes_per_step, tap_routes
 from specdraft.spec import derived
@@ -25,8 +35,16 @@ def parallel_plan(spec: LayoutSpec) -> ParallelPlan:
     """The resolved sizes of a layout that passed the field rules."""
     p = spec.parallel
     return ParallelPlan(
-        tp=p.tp, cp=p.cp, pp=p.pp, dp=derived.resolved_dp(spec) or 1, ep=p.ep, etp=derived.etp(p),
-        edp=derived.edp(spec), vpp=derived.vpp(p), order=p.order, sequence_parallel=p.sequence_parallel,
+        tp=p.tp,
+        cp=p.cp,
+        pp=p.pp,
+        dp=derived.resolved_dp(spec) or 1,
+        ep=p.ep,
+        etp=derived.etp(p),
+        edp=derived.edp(spec),
+        vpp=derived.vpp(p),
+        order=p.order,
+        sequence_parallel=p.sequence_parallel,
         cp_comm_type=p.cp_comm_type,
         hierarchical_cp_sizes=tuple(p.hierarchical_cp_sizes) if p.hierarchical_cp_sizes is not None else None,
         pad_multiple=derived.pad_multiple(p),
@@ -36,10 +54,18 @@ def parallel_plan(spec: LayoutSpec) -> ParallelPlan:
 def model_shape(spec: LayoutSpec) -> ModelShape:
     m = spec.model
     return ModelShape(
-        num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
-        num_attention_heads=m.num_attention_heads, num_query_groups=derived.kv_heads(m),
-        head_dim=derived.head_dim(m), vocab_size=m.vocab_size, seq_length=m.seq_length, num_experts=m.num_experts,
-        moe_ffn_hidden_size=m.moe_ffn_hidden_size, moe_router_topk=m.moe_router_topk, swiglu=m.swiglu,
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        ffn_hidden_size=m.ffn_hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        num_query_groups=derived.kv_heads(m),
+        head_dim=derived.head_dim(m),
+        vocab_size=m.vocab_size,
+        seq_length=m.seq_length,
+        num_experts=m.num_experts,
+        moe_ffn_hidden_size=m.moe_ffn_hidden_size,
+        moe_router_topk=m.moe_router_topk,
+        swiglu=m.swiglu,
         tie_embeddings=m.tie_embeddings,
     )
 
@@ -66,7 +92,9 @@ def padding_report(spec: LayoutSpec) -> PaddingReport:
     padded = [-(-n // multiple) * multiple for n in lengths]
     real = sum(lengths)
     return PaddingReport(
-        pad_multiple=multiple, sequence_lengths=tuple(lengths), padded_lengths=tuple(padded),
+        pad_multiple=multiple,
+        sequence_lengths=tuple(lengths),
+        padded_lengths=tuple(padded),
         padding_overhead=round((sum(padded) - real) / real, 6) if real else 0.0,
         # Over uniformly distributed lengths a sequence pads (multiple - 1) / 2 tokens on average.
         expected_pad_tokens_per_sequence=(multiple - 1) / 2,
@@ -78,8 +106,7 @@ def plan_memory(spec: LayoutSpec) -> tuple[StageMemory, ...]:
     parallel = parallel_plan(spec)
     m = num_microbatches(spec, parallel.dp)
     draft_stage = derived.draft_stage_index(spec) if spec.draft.enabled else None
-    return stage_memory(spec, stage_layer_counts(spec), parallel.dp, parallel.edp, m, draft_stage,
-                        draft_slots(spec, m))
+    return stage_memory(spec, stage_layer_counts(spec), parallel.dp, parallel.edp, m, draft_stage, draft_slots(spec, m))
 
 
 def _analyse(spec: LayoutSpec) -> tuple[list[Problem], list[Problem], tuple[StageMemory, ...] | None]:
@@ -92,12 +119,24 @@ def _analyse(spec: LayoutSpec) -> tuple[list[Problem], list[Problem], tuple[Stag
         cap = stage.hbm / 2**30
         where = f"memory.stage[{stage.pp}]"
         if stage.fraction > 1.0:
-            errors.append(Problem(path=where, value=f"{gib:.1f} GiB", rule=f"exceeds the {spec.cluster.gpu} HBM "
-                                  f"({cap:.1f} GiB) on pipeline stage {stage.pp}", fix=_memory_fix(spec, stage)))
+            errors.append(
+                Problem(
+                    path=where,
+                    value=f"{gib:.1f} GiB",
+                    rule=f"exceeds the {spec.cluster.gpu} HBM ({cap:.1f} GiB) on pipeline stage {stage.pp}",
+                    fix=_memory_fix(spec, stage),
+                )
+            )
         elif stage.fraction > 0.9:
-            warnings.append(Problem(path=where, value=f"{gib:.1f} GiB", rule=f"uses {stage.fraction:.0%} of "
-                                    f"the {spec.cluster.gpu} HBM ({cap:.1f} GiB)", fix=_memory_fix(spec, stage),
-                                    severity="warning"))
+            warnings.append(
+                Problem(
+                    path=where,
+                    value=f"{gib:.1f} GiB",
+                    rule=f"uses {stage.fraction:.0%} of the {spec.cluster.gpu} HBM ({cap:.1f} GiB)",
+                    fix=_memory_fix(spec, stage),
+                    severity="warning",
+                )
+            )
     return errors, warnings, memory
 
 
@@ -111,8 +150,10 @@ def _memory_fix(spec: LayoutSpec, stage: StageMemory) -> str:
     t, p = spec.training, spec.parallel
     hints = []
     if stage.draft > 0.25 * stage.total:
-        hints.append("move layers off the draft's stage (`specdraft plan --balance` finds the split, or set "
-                     "parallel.first_stage_layers/last_stage_layers), or put the draft elsewhere (draft.stage)")
+        hints.append(
+            "move layers off the draft's stage (`specdraft plan --balance` finds the split, or set "
+            "parallel.first_stage_layers/last_stage_layers), or put the draft elsewhere (draft.stage)"
+        )
     if not t.distributed_optimizer:
         hints.append("training.distributed_optimizer=true")
     if t.recompute != "full":
@@ -121,8 +162,7 @@ def _memory_fix(spec: LayoutSpec, stage: StageMemory) -> str:
     return "try " + "; ".join(hints)
 
 
-def compile_core(spec: LayoutSpec, extra_errors: list[Problem] = (),
-                 extra_warnings: list[Problem] = ()) -> LaunchPlan:
+def compile_core(spec: LayoutSpec, extra_errors: list[Problem] = (), extra_warnings: list[Problem] = ()) -> LaunchPlan:
     """Validate and compile ``spec`` into a plan without renders or rollout; raise SpecError listing every problem.
 
     ``extra_errors`` / ``extra_warnings`` come from the layers above (the rollout rules), so one pass reports all.
@@ -140,16 +180,29 @@ def compile_core(spec: LayoutSpec, extra_errors: list[Problem] = (),
         draft_stage = derived.draft_stage_index(spec)
         routes, taps = tap_routes(spec, grid, layer_owner(spec), m)
         draft = DraftPlan(
-            enabled=True, stage=draft_stage, ranks=tuple(grid.stage_ranks(draft_stage)),
+            enabled=True,
+            stage=draft_stage,
+            ranks=tuple(grid.stage_ranks(draft_stage)),
             aux_layers=tuple(derived.aux_layers(spec)),
-            cp_attention=CP_ATTENTION_MODE if parallel.cp > 1 else "off", num_params=draft_params(spec),
-            memory_bytes=memory[draft_stage].draft, landing_slots=draft_slots(spec, m),
+            cp_attention=CP_ATTENTION_MODE if parallel.cp > 1 else "off",
+            num_params=draft_params(spec),
+            memory_bytes=memory[draft_stage].draft,
+            landing_slots=draft_slots(spec, m),
             padding=padding_report(spec) if parallel.cp > 1 else None,
         )
     else:
         routes, taps = (), ()
-        draft = DraftPlan(enabled=False, stage=None, ranks=(), aux_layers=(), cp_attention="off", num_params=0,
-                          memory_bytes=0, landing_slots=0, padding=None)
+        draft = DraftPlan(
+            enabled=False,
+            stage=None,
+            ranks=(),
+            aux_layers=(),
+            cp_attention="off",
+            num_params=0,
+            memory_bytes=0,
+            landing_slots=0,
+            padding=None,
+        )
     limit = derived.slurm_time_seconds(spec.slurm.time)
     return LaunchPlan(
         schema_version=SCHEMA_VERSION,

@@ -11,13 +11,28 @@ def nccl_env(plan: LaunchPlan) -> list[tuple[str, str, str]]:
     cluster = plan.spec.cluster
     if cluster.gpu == "cpu":
         return []
-    out = [("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1",
-            "a collective whose peer died raises on the surviving ranks instead of hanging until the time limit")]
+    out = [
+        (
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+            "1",
+            "a collective whose peer died raises on the surviving ranks instead of hanging until the time limit",
+        )
+    ]
     if plan.parallel.tp > 1:
-        out.append(("CUDA_DEVICE_MAX_CONNECTIONS", "1",
-                    "Megatron needs one hardware queue so TP/sequence-parallel communication kernels start before "
-                    "the GEMMs they overlap with"))
+        out.append(
+            (
+                "CUDA_DEVICE_MAX_CONNECTIONS",
+                "1",
+                "Megatron needs one hardware queue so TP/sequence-parallel communication kernels start before "
+                "the GEMMs they overlap with",
+            )
+        )
     if cluster.num_nodes > 1:
-        out.append(("NCCL_DEBUG", "WARN",
-                    "a failed cross-node connection (IB/RoCE/socket) logs NCCL's own reason in the task's stderr"))
+        out.append(
+            (
+                "NCCL_DEBUG",
+                "WARN",
+                "a failed cross-node connection (IB/RoCE/socket) logs NCCL's own reason in the task's stderr",
+            )
+        )
     return out

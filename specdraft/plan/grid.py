@@ -69,9 +69,16 @@ class RankGrid:
         e = self._expert
         g = self.gpus_per_node
         return RankPlacement(
-            global_rank=r, node=r // g, local_rank=r % g,
-            tp=(r // d["tp"]) % s.tp, cp=(r // d["cp"]) % s.cp, dp=(r // d["dp"]) % s.dp, pp=(r // d["pp"]) % s.pp,
-            ep=(r // e["ep"]) % s.ep, etp=(r // e["tp"]) % s.etp, edp=(r // e["dp"]) % s.edp,
+            global_rank=r,
+            node=r // g,
+            local_rank=r % g,
+            tp=(r // d["tp"]) % s.tp,
+            cp=(r // d["cp"]) % s.cp,
+            dp=(r // d["dp"]) % s.dp,
+            pp=(r // d["pp"]) % s.pp,
+            ep=(r // e["ep"]) % s.ep,
+            etp=(r // e["tp"]) % s.etp,
+            edp=(r // e["dp"]) % s.edp,
         )
 
     def ranks(self) -> tuple[RankPlacement, ...]:
@@ -81,8 +88,9 @@ class RankGrid:
     def stage_ranks(self, pp: int) -> list[int]:
         """Every global rank of pipeline stage ``pp``, ascending."""
         s = self.sizes
-        return sorted(self.rank_of(tp=t, cp=c, dp=x, pp=pp)
-                      for t in range(s.tp) for c in range(s.cp) for x in range(s.dp))
+        return sorted(
+            self.rank_of(tp=t, cp=c, dp=x, pp=pp) for t in range(s.tp) for c in range(s.cp) for x in range(s.dp)
+        )
 
     def groups(self, dim: str) -> list[list[int]]:
         """All groups of one decoder dimension (tp, cp, dp or pp), like RankGenerator.get_ranks(dim)."""

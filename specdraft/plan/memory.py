@@ -55,8 +55,12 @@ def draft_params(spec: LayoutSpec) -> int:
     h = m.hidden_size
     num_taps = len(aux_layers(spec))
     # The draft layer's attention input is [embedding ; hidden] (2h), as in EAGLE-3.
-    layer = attention_params(spec) + h * m.num_attention_heads * head_dim(m) + 2 * h * (
-        kv_heads(m) * head_dim(m)) + mlp_params(h, m.ffn_hidden_size, m.swiglu)
+    layer = (
+        attention_params(spec)
+        + h * m.num_attention_heads * head_dim(m)
+        + 2 * h * (kv_heads(m) * head_dim(m))
+        + mlp_params(h, m.ffn_hidden_size, m.swiglu)
+    )
     return num_taps * h * h + d.num_layers * layer + draft_vocab_size(spec) * h + 2 * h
 
 
@@ -98,8 +102,15 @@ def activation_bytes_per_layer(spec: LayoutSpec, tokens: int, ffn_term: float, r
     return sbh * (replicated + sharded / p.tp) * scale
 
 
-def stage_memory(spec: LayoutSpec, stage_counts: list[int], dp: int, edp: int, num_microbatches: int,
-                 draft_stage: int | None, draft_slots: int) -> tuple[StageMemory, ...]:
+def stage_memory(
+    spec: LayoutSpec,
+    stage_counts: list[int],
+    dp: int,
+    edp: int,
+    num_microbatches: int,
+    draft_stage: int | None,
+    draft_slots: int,
+) -> tuple[StageMemory, ...]:
     """The plan's `memory`: bytes per GPU for each pipeline stage."""
     from specdraft.spec.gpus import CATALOGUE
 
@@ -126,9 +137,19 @@ def stage_memory(spec: LayoutSpec, stage_counts: list[int], dp: int, edp: int, n
             activations += 4 * tokens * m.vocab_size / p.tp
         draft = draft_memory(spec, tokens, draft_slots) if rank == draft_stage else 0
         total = weights + grads + optimizer + activations + draft
-        out.append(StageMemory(pp=rank, weights=int(weights), grads=int(grads), optimizer=int(optimizer),
-                               activations=int(activations), draft=int(draft), total=int(total), hbm=hbm,
-                               fraction=round(total / hbm, 4)))
+        out.append(
+            StageMemory(
+                pp=rank,
+                weights=int(weights),
+                grads=int(grads),
+                optimizer=int(optimizer),
+                activations=int(activations),
+                draft=int(draft),
+                total=int(total),
+                hbm=hbm,
+                fraction=round(total / hbm, 4),
+            )
+        )
     return tuple(out)
 
 
@@ -139,15 +160,18 @@ def _ffn_term(spec: LayoutSpec) -> float:
     return 4 * width / m.hidden_size
 
 
-def _stage_states(spec: LayoutSpec, layers: int, first: bool, last: bool, dp: int,
-                  edp: int) -> tuple[float, float, float]:
+def _stage_states(
+    spec: LayoutSpec, layers: int, first: bool, last: bool, dp: int, edp: int
+) -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes per GPU of a stage holding ``layers`` layers (and the embedding or
     output layer when it is the first or last stage); the optimizer is sharded by the distributed optimizer."""
     m, p, t = spec.model, spec.parallel, spec.training
     w_b, g_b, o_b = _state_bytes(spec)
     dense, expert = layer_params(spec)
     embed = m.vocab_size * m.hidden_size
-    dense_params = layers * dense + (embed if first else 0) + (embed if last and (not m.tie_embeddings or p.pp > 1) else 0)
+    dense_params = (
+        layers * dense + (embed if first else 0) + (embed if last and (not m.tie_embeddings or p.pp > 1) else 0)
+    )
     # Norms and routers are TP-replicated; the last stage also holds the final norm.
     replicated = layers * replicated_params(spec) + (m.hidden_size if last else 0)
     dense_local = (dense_params - layers * replicated_params(spec)) / p.tp + replicated
@@ -195,9 +219,11 @@ def draft_memory(spec: LayoutSpec, tokens: int, draft_slots: int) -> float:
     # The LM head and KL run in checkpointed token chunks (runtime/models/vocab/parallel.py), so per TTT step only the
     # output hidden state is kept; one chunk's logits, log-probs and target slice live transiently.
     chunk = 4 * min(tokens, HEAD_CHUNK_TOKENS) * vocab / p.tp
-    per_step = (activation_bytes_per_layer(spec, tokens, ffn_term, recompute="none") * d.num_layers
-                + tokens * 2 * m.hidden_size * act_bytes  # [embedding ; hidden] input of the draft layer
-                + tokens * m.hidden_size * act_bytes)  # the step's output hidden state
+    per_step = (
+        activation_bytes_per_layer(spec, tokens, ffn_term, recompute="none") * d.num_layers
+        + tokens * 2 * m.hidden_size * act_bytes  # [embedding ; hidden] input of the draft layer
+        + tokens * m.hidden_size * act_bytes
+    )  # the step's output hidden state
     # The policy's log-probs restricted to the draft vocabulary and their halo copy, plus one chunk in flight; a
     # reduced vocabulary gathers one chunk of the selected columns from every TP rank (runtime/models/vocab/reduced.py).
     target_probs = 2 * logits + 3 * chunk + (chunk * p.tp if vocab != m.vocab_size else 0)

@@ -332,8 +332,10 @@ class LaunchPlan:
             raise PlanFormatError(f"a plan is a JSON object, not {type(data).__name__}")
         version = data.get("schema_version")
         if version != SCHEMA_VERSION:
-            raise PlanVersionError(f"plan schema_version is {version!r}, but this specdraft reads schema_version "
-                                   f"{SCHEMA_VERSION} (written by specdraft {data.get('specdraft_version', '?')!s:.40})")
+            raise PlanVersionError(
+                f"plan schema_version is {version!r}, but this specdraft reads schema_version "
+                f"{SCHEMA_VERSION} (written by specdraft {data.get('specdraft_version', '?')!s:.40})"
+            )
         return decode(cls, data, "", spec_decoder=_decode_spec)
 
 
@@ -343,6 +345,7 @@ def _decode_spec(data: Any, path: str) -> LayoutSpec:
     spec, problems = build(LayoutSpec, data, "")
     if problems:
         first = problems[0]
-        raise PlanFormatError(f"{path}.{first.path}: {first.rule}" + (f" (and {len(problems) - 1} more)"
-                                                                      if len(problems) > 1 else ""))
+        raise PlanFormatError(
+            f"{path}.{first.path}: {first.rule}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+        )
     return spec

@@ -7,9 +7,9 @@ Mirrors megatron-core 0.16 `get_transformer_layer_offset` / `get_num_layers_to_b
 from __future__ import annotations
 
 from specdraft.plan.model import ChunkPlan, StagePlan
+from specdraft.spec.accounting import split_accounting
 from specdraft.spec.derived import vpp as resolved_vpp
 from specdraft.spec.schema import LayoutSpec
-from specdraft.spec.accounting import split_accounting
 from specdraft.spec.validate import stage_layer_counts
 
 
@@ -43,8 +43,11 @@ def chunk_layout(spec: LayoutSpec) -> list[list[tuple[int, int]]]:
                 if rank == 0:
                     offset = v * round_layers
                 else:
-                    offset = v * round_layers + first_chunk + middle_rank * (
-                        middle_chunk // middle_stages if middle_stages else 0)
+                    offset = (
+                        v * round_layers
+                        + first_chunk
+                        + middle_rank * (middle_chunk // middle_stages if middle_stages else 0)
+                    )
             chunks.append((offset, per_chunk))
         out.append(chunks)
     return out
@@ -75,12 +78,18 @@ def stage_records(spec: LayoutSpec) -> tuple[StagePlan, ...]:
     records = []
     for rank, chunks in enumerate(chunk_layout(spec)):
         layers = sorted(layer for first, count in chunks for layer in range(first, first + count))
-        records.append(StagePlan(
-            pp=rank, first_layer=layers[0] if layers else None, last_layer=layers[-1] if layers else None,
-            num_layers=len(layers),
-            chunks=tuple(ChunkPlan(vpp=v, first_layer=first, last_layer=first + count - 1, num_layers=count)
-                         for v, (first, count) in enumerate(chunks)),
-        ))
+        records.append(
+            StagePlan(
+                pp=rank,
+                first_layer=layers[0] if layers else None,
+                last_layer=layers[-1] if layers else None,
+                num_layers=len(layers),
+                chunks=tuple(
+                    ChunkPlan(vpp=v, first_layer=first, last_layer=first + count - 1, num_layers=count)
+                    for v, (first, count) in enumerate(chunks)
+                ),
+            )
+        )
     return tuple(records)
 
 

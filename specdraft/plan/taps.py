@@ -48,8 +48,9 @@ def tap_sources(spec: LayoutSpec, owner: dict[int, tuple[int, int]]) -> list[tup
     return taps
 
 
-def tap_routes(spec: LayoutSpec, grid: RankGrid, owner: dict[int, tuple[int, int]],
-               num_microbatches: int) -> tuple[tuple[TapRoute, ...], tuple[TapSummary, ...]]:
+def tap_routes(
+    spec: LayoutSpec, grid: RankGrid, owner: dict[int, tuple[int, int]], num_microbatches: int
+) -> tuple[tuple[TapRoute, ...], tuple[TapSummary, ...]]:
     """(routes, per-tap summary). Local taps appear with ``local: true`` and src_rank == dst_rank."""
     s = grid.sizes
     dst_stage = draft_stage_index(spec)
@@ -65,15 +66,35 @@ def tap_routes(spec: LayoutSpec, grid: RankGrid, owner: dict[int, tuple[int, int
                     src = grid.rank_of(tp=tp, cp=cp, dp=dp, pp=src_stage)
                     dst = grid.rank_of(tp=tp, cp=cp, dp=dp, pp=dst_stage)
                     crossing = grid.node_of(src) != grid.node_of(dst)
-                    routes.append(TapRoute(tap=tap, src_rank=src, dst_rank=dst, src_stage=src_stage,
-                                           src_chunk=src_chunk, dst_stage=dst_stage, bytes_per_microbatch=nbytes,
-                                           cross_node=crossing, local=local))
+                    routes.append(
+                        TapRoute(
+                            tap=tap,
+                            src_rank=src,
+                            dst_rank=dst,
+                            src_stage=src_stage,
+                            src_chunk=src_chunk,
+                            dst_stage=dst_stage,
+                            bytes_per_microbatch=nbytes,
+                            cross_node=crossing,
+                            local=local,
+                        )
+                    )
                     count += 1
                     cross += crossing
         num_routes = 0 if local else count
-        summary.append(TapSummary(tap=tap, src_stage=src_stage, src_chunk=src_chunk, dst_stage=dst_stage,
-                                  local=local, num_routes=num_routes, num_cross_node=cross,
-                                  bytes_per_microbatch=nbytes, bytes_per_step=nbytes * num_routes * num_microbatches))
+        summary.append(
+            TapSummary(
+                tap=tap,
+                src_stage=src_stage,
+                src_chunk=src_chunk,
+                dst_stage=dst_stage,
+                local=local,
+                num_routes=num_routes,
+                num_cross_node=cross,
+                bytes_per_microbatch=nbytes,
+                bytes_per_step=nbytes * num_routes * num_microbatches,
+            )
+        )
     return tuple(routes), tuple(summary)
 
 

@@ -12,9 +12,12 @@ def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
     spec, par = plan.spec, plan.parallel
     m, p, t, d = spec.model, spec.parallel, spec.training, spec.draft
     args = [
-        "--tensor-model-parallel-size", str(p.tp),
-        "--pipeline-model-parallel-size", str(p.pp),
-        "--context-parallel-size", str(p.cp),
+        "--tensor-model-parallel-size",
+        str(p.tp),
+        "--pipeline-model-parallel-size",
+        str(p.pp),
+        "--context-parallel-size",
+        str(p.cp),
     ]
     if p.cp > 1:
         args += ["--cp-comm-type", p.cp_comm_type]
@@ -37,26 +40,45 @@ def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
     if p.order == "tp-cp-ep-pp-dp":
         args.append("--use-tp-pp-dp-mapping")
     args += [
-        "--num-layers", str(m.num_layers),
-        "--hidden-size", str(m.hidden_size),
-        "--ffn-hidden-size", str(m.ffn_hidden_size),
-        "--num-attention-heads", str(m.num_attention_heads),
+        "--num-layers",
+        str(m.num_layers),
+        "--hidden-size",
+        str(m.hidden_size),
+        "--ffn-hidden-size",
+        str(m.ffn_hidden_size),
+        "--num-attention-heads",
+        str(m.num_attention_heads),
     ]
     if m.num_query_groups and m.num_query_groups != m.num_attention_heads:
         args += ["--group-query-attention", "--num-query-groups", str(m.num_query_groups)]
     if m.kv_channels:
         args += ["--kv-channels", str(m.kv_channels)]
-    args += ["--seq-length", str(m.seq_length), "--max-position-embeddings", str(m.seq_length),
-             "--position-embedding-type", "rope"]
+    args += [
+        "--seq-length",
+        str(m.seq_length),
+        "--max-position-embeddings",
+        str(m.seq_length),
+        "--position-embedding-type",
+        "rope",
+    ]
     if m.swiglu:
         args.append("--swiglu")
     if not m.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     if m.num_experts:
-        args += ["--num-experts", str(m.num_experts), "--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size),
-                 "--moe-router-topk", str(m.moe_router_topk),
-                 # What specdraft's runtime runs: the all-to-all dispatcher and this load-balancing coefficient.
-                 "--moe-token-dispatcher-type", "alltoall", "--moe-aux-loss-coeff", repr(m.moe_aux_loss_coeff)]
+        args += [
+            "--num-experts",
+            str(m.num_experts),
+            "--moe-ffn-hidden-size",
+            str(m.moe_ffn_hidden_size),
+            "--moe-router-topk",
+            str(m.moe_router_topk),
+            # What specdraft's runtime runs: the all-to-all dispatcher and this load-balancing coefficient.
+            "--moe-token-dispatcher-type",
+            "alltoall",
+            "--moe-aux-loss-coeff",
+            repr(m.moe_aux_loss_coeff),
+        ]
         if m.moe_router_topk == 1:
             args.append("--moe-router-pre-softmax")  # megatron-core refuses top-1 softmax routing without it
     args += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", m.path]
@@ -79,15 +101,27 @@ def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
         args += ["--recompute-granularity", "selective"]
     elif t.recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    args += ["--lr", repr(t.lr), "--clip-grad", repr(t.clip_grad), "--seed", str(t.seed),
-             "--train-iters", str(t.train_iters)]
+    args += [
+        "--lr",
+        repr(t.lr),
+        "--clip-grad",
+        repr(t.clip_grad),
+        "--seed",
+        str(t.seed),
+        "--train-iters",
+        str(t.train_iters),
+    ]
     if d.enabled:
         # What specdraft's runtime adds to the Megatron job; its full settings (TTT steps included) are in the plan.
         args += [
-            "--specdraft-plan", PLAN_ARG,
-            "--specdraft-draft-stage", str(plan.draft.stage),
-            "--specdraft-draft-taps", ",".join(str(tap.tap) for tap in plan.taps),
-            "--specdraft-cp-attention", plan.draft.cp_attention,
+            "--specdraft-plan",
+            PLAN_ARG,
+            "--specdraft-draft-stage",
+            str(plan.draft.stage),
+            "--specdraft-draft-taps",
+            ",".join(str(tap.tap) for tap in plan.taps),
+            "--specdraft-cp-attention",
+            plan.draft.cp_attention,
         ]
     return tuple(args)
 

@@ -70,7 +70,9 @@ def nemo_rl_overrides(plan: LaunchPlan) -> dict:
     vllm_kwargs: dict = {"max_num_seqs": r.max_num_seqs}
     if d.enabled and r.speculative:
         vllm_kwargs["speculative_config"] = {
-            "method": "eagle3", "model": d.model, "num_speculative_tokens": num_speculative_tokens(spec),
+            "method": "eagle3",
+            "model": d.model,
+            "num_speculative_tokens": num_speculative_tokens(spec),
             "draft_tensor_parallel_size": r.tp,
         }
     out["policy"]["generation"]["vllm_kwargs"] = vllm_kwargs

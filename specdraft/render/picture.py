@@ -17,9 +17,28 @@ CELL_IN = 1.1  # inches per GPU cell (detail) or per node tile (summary)
 MARGIN_IN = (0.6, 1.2, 1.0, 0.4)  # left, top, bottom, right
 MIN_WIDTH_IN = 9.0  # room for the title and the legend under a narrow grid
 # One colour per pipeline stage (cycled beyond 20): a fixed palette, so the picture is the same everywhere.
-STAGE_COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
-                "#9c755f", "#bab0ac", "#86bcb6", "#d4a6c8", "#8cd17d", "#f1ce63", "#a0cbe8", "#ffbe7d",
-                "#499894", "#d37295", "#b6992d", "#79706e")
+STAGE_COLORS = (
+    "#4e79a7",
+    "#f28e2b",
+    "#59a14f",
+    "#e15759",
+    "#76b7b2",
+    "#edc948",
+    "#b07aa1",
+    "#ff9da7",
+    "#9c755f",
+    "#bab0ac",
+    "#86bcb6",
+    "#d4a6c8",
+    "#8cd17d",
+    "#f1ce63",
+    "#a0cbe8",
+    "#ffbe7d",
+    "#499894",
+    "#d37295",
+    "#b6992d",
+    "#79706e",
+)
 DRAFT_MARK = "#000000"
 TP_EDGE = "#222222"
 CP_EDGE = "#555555"
@@ -83,8 +102,12 @@ def _figure(cols: int, rows: int):
 def _pixels(fig, ax, height_px: int, x0: float, y0: float, x1: float, y1: float) -> tuple[int, int, int, int]:
     """Data rectangle -> (left, top, right, bottom) image pixels (matplotlib's display origin is bottom left)."""
     (ax_, ay_), (bx_, by_) = ax.transData.transform([(x0, y0), (x1, y1)])
-    return (round(min(ax_, bx_)), round(height_px - max(ay_, by_)), round(max(ax_, bx_)),
-            round(height_px - min(ay_, by_)))
+    return (
+        round(min(ax_, bx_)),
+        round(height_px - max(ay_, by_)),
+        round(max(ax_, bx_)),
+        round(height_px - min(ay_, by_)),
+    )
 
 
 def _draw_ranks(plan: LaunchPlan) -> Picture:
@@ -101,18 +124,31 @@ def _draw_ranks(plan: LaunchPlan) -> Picture:
         ax.text(x + 0.5, y + 0.42, f"rank {r.global_rank}", ha="center", va="center", fontsize=8)
         ax.text(x + 0.5, y + 0.6, f"pp{r.pp} tp{r.tp} cp{r.cp} dp{r.dp}", ha="center", va="center", fontsize=6)
         if r.global_rank in draft:
-            ax.add_patch(Polygon([(x + 0.68, y + 0.04), (x + 0.96, y + 0.04), (x + 0.96, y + 0.32)],
-                                 closed=True, facecolor=DRAFT_MARK, edgecolor="none"))
+            ax.add_patch(
+                Polygon(
+                    [(x + 0.68, y + 0.04), (x + 0.96, y + 0.04), (x + 0.96, y + 0.32)],
+                    closed=True,
+                    facecolor=DRAFT_MARK,
+                    edgecolor="none",
+                )
+            )
         cells[r.global_rank] = (x, y)
-    for group_key, style in ((("cp", "dp", "pp"), dict(edgecolor=TP_EDGE, linewidth=2.2, linestyle="-")),
-                             (("tp", "dp", "pp"), dict(edgecolor=CP_EDGE, linewidth=1.4, linestyle="--"))):
+    for group_key, style in (
+        (("cp", "dp", "pp"), dict(edgecolor=TP_EDGE, linewidth=2.2, linestyle="-")),
+        (("tp", "dp", "pp"), dict(edgecolor=CP_EDGE, linewidth=1.4, linestyle="--")),
+    ):
         _outline_groups(ax, plan, group_key, Rectangle, style)
     _tap_arrows(ax, plan, cells.__getitem__)
     _legend(fig, plan, summary=False)
-    fig.suptitle(f"{plan.name}: {plan.world_size} ranks on {nodes} node(s) x {gpn}, tp{plan.parallel.tp} "
-                 f"cp{plan.parallel.cp} pp{plan.parallel.pp} dp{plan.parallel.dp}", fontsize=11, y=0.99)
-    boxes = {rank: _pixels(fig, ax, height_px, x + 0.04, y + 0.04, x + 0.96, y + 0.96)
-             for rank, (x, y) in cells.items()}
+    fig.suptitle(
+        f"{plan.name}: {plan.world_size} ranks on {nodes} node(s) x {gpn}, tp{plan.parallel.tp} "
+        f"cp{plan.parallel.cp} pp{plan.parallel.pp} dp{plan.parallel.dp}",
+        fontsize=11,
+        y=0.99,
+    )
+    boxes = {
+        rank: _pixels(fig, ax, height_px, x + 0.04, y + 0.04, x + 0.96, y + 0.96) for rank, (x, y) in cells.items()
+    }
     return Picture(figure=fig, width_px=width_px, height_px=height_px, summary=False, cells=boxes)
 
 
@@ -136,7 +172,7 @@ def _tap_arrows(ax, plan: LaunchPlan, cell_of) -> None:
     for tap in plan.taps:
         if not tap.local:
             by_stage.setdefault(tap.src_stage, []).append(tap)
-    for i, (stage, taps) in enumerate(sorted(by_stage.items())):
+    for i, (_stage, taps) in enumerate(sorted(by_stage.items())):
         names = {tap.tap for tap in taps}
         route = min((rt for rt in plan.tap_routes if rt.tap in names), key=lambda rt: rt.src_rank)
         (sx, sy), (dx, dy) = cell_of(route.src_rank), cell_of(route.dst_rank)
@@ -149,12 +185,30 @@ def _tap_arrows(ax, plan: LaunchPlan, cell_of) -> None:
 def _arrow(ax, start, end, label: str, bend: float) -> None:
     from matplotlib.patches import FancyArrowPatch
 
-    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=14, color=ARROW, linewidth=1.4,
-                                 connectionstyle=f"arc3,rad={bend}", zorder=5))
+    ax.add_patch(
+        FancyArrowPatch(
+            start,
+            end,
+            arrowstyle="-|>",
+            mutation_scale=14,
+            color=ARROW,
+            linewidth=1.4,
+            connectionstyle=f"arc3,rad={bend}",
+            zorder=5,
+        )
+    )
     # The label sits a quarter of the way along, beside the source, so labels of different sources do not meet.
     lx, ly = start[0] + 0.25 * (end[0] - start[0]) + 0.2, start[1] + 0.25 * (end[1] - start[1])
-    ax.text(lx, ly, label, fontsize=7, ha="left", va="center", zorder=6,
-            bbox=dict(boxstyle="round,pad=0.2", facecolor="white", edgecolor=ARROW, linewidth=0.6, alpha=0.9))
+    ax.text(
+        lx,
+        ly,
+        label,
+        fontsize=7,
+        ha="left",
+        va="center",
+        zorder=6,
+        bbox=dict(boxstyle="round,pad=0.2", facecolor="white", edgecolor=ARROW, linewidth=0.6, alpha=0.9),
+    )
 
 
 def _legend(fig, plan: LaunchPlan, summary: bool) -> None:
@@ -191,22 +245,34 @@ def _draw_nodes(plan: LaunchPlan) -> Picture:
         held = sorted(stages.get(node, []))
         width = 0.92 / max(len(held), 1)
         for i, stage in enumerate(held):  # a node holding several stages is striped
-            ax.add_patch(Rectangle((x + 0.04 + i * width, y + 0.04), width, 0.92, facecolor=stage_color(stage),
-                                   edgecolor="none"))
+            ax.add_patch(
+                Rectangle((x + 0.04 + i * width, y + 0.04), width, 0.92, facecolor=stage_color(stage), edgecolor="none")
+            )
         if node in draft_nodes:
-            ax.add_patch(Polygon([(x + 0.68, y + 0.04), (x + 0.96, y + 0.04), (x + 0.96, y + 0.32)],
-                                 closed=True, facecolor=DRAFT_MARK, edgecolor="none"))
+            ax.add_patch(
+                Polygon(
+                    [(x + 0.68, y + 0.04), (x + 0.96, y + 0.04), (x + 0.96, y + 0.32)],
+                    closed=True,
+                    facecolor=DRAFT_MARK,
+                    edgecolor="none",
+                )
+            )
         if cols <= 16:
-            ax.text(x + 0.5, y + 0.5, f"node {node}\npp " + ",".join(map(str, held)), ha="center", va="center",
-                    fontsize=7)
+            ax.text(
+                x + 0.5, y + 0.5, f"node {node}\npp " + ",".join(map(str, held)), ha="center", va="center", fontsize=7
+            )
         cells[node] = (x, y)
     _tap_arrows(ax, plan, lambda rank: cells[plan.ranks[rank].node])
     _legend(fig, plan, summary=True)
-    fig.suptitle(f"{plan.name}: {plan.world_size} ranks, one tile per node ({nodes} nodes x {gpn}), "
-                 f"tp{plan.parallel.tp} cp{plan.parallel.cp} pp{plan.parallel.pp} dp{plan.parallel.dp}",
-                 fontsize=11, y=0.99)
-    boxes = {node: _pixels(fig, ax, height_px, x + 0.04, y + 0.04, x + 0.96, y + 0.96)
-             for node, (x, y) in cells.items()}
+    fig.suptitle(
+        f"{plan.name}: {plan.world_size} ranks, one tile per node ({nodes} nodes x {gpn}), "
+        f"tp{plan.parallel.tp} cp{plan.parallel.cp} pp{plan.parallel.pp} dp{plan.parallel.dp}",
+        fontsize=11,
+        y=0.99,
+    )
+    boxes = {
+        node: _pixels(fig, ax, height_px, x + 0.04, y + 0.04, x + 0.96, y + 0.96) for node, (x, y) in cells.items()
+    }
     return Picture(figure=fig, width_px=width_px, height_px=height_px, summary=True, cells=boxes)
 
 
@@ -215,6 +281,7 @@ def picture_bytes(plan: LaunchPlan, fmt: str) -> bytes:
     import io
 
     buffer = io.BytesIO()
-    draw(plan).figure.savefig(buffer, format=fmt, dpi=DPI, metadata={"Software": None} if fmt == "png" else
-                              {"Date": None})
+    draw(plan).figure.savefig(
+        buffer, format=fmt, dpi=DPI, metadata={"Software": None} if fmt == "png" else {"Date": None}
+    )
     return buffer.getvalue()

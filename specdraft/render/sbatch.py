@@ -32,8 +32,15 @@ class SbatchRender:
     payload_argv: list[str]  # what every task runs: python -u -m specdraft.runtime.entry PLAN ...
 
 
-def payload_argv(python: str, plan_path: str, workload: str, steps: int | None, *, resume: bool = False,
-                 resume_from: str | None = None) -> list[str]:
+def payload_argv(
+    python: str,
+    plan_path: str,
+    workload: str,
+    steps: int | None,
+    *,
+    resume: bool = False,
+    resume_from: str | None = None,
+) -> list[str]:
     """The rank payload's argv; the resume flag (if any) is the same on every rank."""
     argv = [python, "-u", "-m", "specdraft.runtime.entry", plan_path, "--workload", workload]
     argv += ["--steps", str(steps)] if steps is not None else []
@@ -47,8 +54,13 @@ def _template():
 
     import jinja2
 
-    env = jinja2.Environment(autoescape=False, undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(
+        autoescape=False,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     # Every value that reaches a shell line goes through |q (shlex.quote); #SBATCH lines use it too, since
     # sbatch's own #SBATCH parser honours single quotes the same way.
     env.filters["q"] = shlex.quote
@@ -62,10 +74,17 @@ def unsafe_values(plan: LaunchPlan, run_dir: str, python: str, resume_from: str 
     hand-edited plan.json, the run folder and a --resume-from path."""
     slurm = plan.spec.slurm
     problems = []
-    one_line = {"run folder": run_dir, "python": python, "name": plan.name, "slurm.time": slurm.time,
-                "--resume-from": resume_from or "",
-                "slurm.partition": slurm.partition or "", "slurm.account": slurm.account or "",
-                "slurm.qos": slurm.qos or "", "slurm.container_image": slurm.container_image or ""}
+    one_line = {
+        "run folder": run_dir,
+        "python": python,
+        "name": plan.name,
+        "slurm.time": slurm.time,
+        "--resume-from": resume_from or "",
+        "slurm.partition": slurm.partition or "",
+        "slurm.account": slurm.account or "",
+        "slurm.qos": slurm.qos or "",
+        "slurm.container_image": slurm.container_image or "",
+    }
     one_line.update({f"slurm.container_mounts[{i}]": m for i, m in enumerate(slurm.container_mounts)})
     one_line.update({f"slurm.extra_sbatch_args[{i}]": a for i, a in enumerate(slurm.extra_sbatch_args)})
     for what, value in one_line.items():
@@ -75,22 +94,37 @@ def unsafe_values(plan: LaunchPlan, run_dir: str, python: str, resume_from: str 
         if "%" in value:
             problems.append(f"{what} {value!r} contains '%', which Slurm expands in log file names")
     # sbatch's #SBATCH reader unescapes '\' even inside single quotes, so no quoting carries one into those lines.
-    sbatch_lines = {"run folder": run_dir, "name": plan.name, "slurm.time": slurm.time,
-                    "slurm.partition": slurm.partition or "", "slurm.account": slurm.account or "",
-                    "slurm.qos": slurm.qos or ""}
+    sbatch_lines = {
+        "run folder": run_dir,
+        "name": plan.name,
+        "slurm.time": slurm.time,
+        "slurm.partition": slurm.partition or "",
+        "slurm.account": slurm.account or "",
+        "slurm.qos": slurm.qos or "",
+    }
     sbatch_lines.update({f"slurm.extra_sbatch_args[{i}]": a for i, a in enumerate(slurm.extra_sbatch_args)})
     for what, value in sbatch_lines.items():
         if "\\" in value:
-            problems.append(f"{what} {value!r} contains a backslash, which sbatch reads as an escape in #SBATCH "
-                            "lines even inside quotes (the job would run elsewhere than the script says)")
+            problems.append(
+                f"{what} {value!r} contains a backslash, which sbatch reads as an escape in #SBATCH "
+                "lines even inside quotes (the job would run elsewhere than the script says)"
+            )
     for key, value in slurm.env.items():
         if not ENV_KEY.match(key) or "\x00" in value:
             problems.append(f"slurm.env key {key!r} is not a shell variable name, or its value holds NUL")
     return problems
 
 
-def render_sbatch(plan: LaunchPlan, run_dir: str, *, python: str, workload: str = "cotrain",
-                  steps: int | None = None, resume: bool = False, resume_from: str | None = None) -> SbatchRender:
+def render_sbatch(
+    plan: LaunchPlan,
+    run_dir: str,
+    *,
+    python: str,
+    workload: str = "cotrain",
+    steps: int | None = None,
+    resume: bool = False,
+    resume_from: str | None = None,
+) -> SbatchRender:
     """Render the sbatch script for ``plan`` in the run folder ``run_dir`` (an absolute, normalised path);
     ``resume``/``resume_from`` (an absolute path) add the payload's --resume/--resume-from on every rank.
 
@@ -103,22 +137,51 @@ def render_sbatch(plan: LaunchPlan, run_dir: str, *, python: str, workload: str 
     plan_path = f"{run_dir}/plan.json"
     argv = payload_argv(python, plan_path, workload, steps, resume=resume, resume_from=resume_from)
     command = shlex.join(argv)
-    srun = ["srun", "--unbuffered", "--kill-on-bad-exit=1", f"--output={folder}/%j_%t_log.out",
-            f"--error={folder}/%j_%t_log.err"]
+    srun = [
+        "srun",
+        "--unbuffered",
+        "--kill-on-bad-exit=1",
+        f"--output={folder}/%j_%t_log.out",
+        f"--error={folder}/%j_%t_log.err",
+    ]
     if slurm.container_image:
         srun.append(f"--container-image={slurm.container_image}")
     if slurm.container_mounts:
         srun.append(f"--container-mounts={','.join(slurm.container_mounts)}")
     srun_words = shlex.join(srun)
     script = _template().render(
-        version=plan.specdraft_version, name=plan.name, spec_sha256=plan.spec_sha256, plan_hash=plan.plan_hash,
-        run_dir=run_dir, plan_path=plan_path, script_path=f"{run_dir}/sbatch.sh", job_name=plan.run_name,
-        nodes=cluster.num_nodes, tasks_per_node=cluster.gpus_per_node,
+        version=plan.specdraft_version,
+        name=plan.name,
+        spec_sha256=plan.spec_sha256,
+        plan_hash=plan.plan_hash,
+        run_dir=run_dir,
+        plan_path=plan_path,
+        script_path=f"{run_dir}/sbatch.sh",
+        job_name=plan.run_name,
+        nodes=cluster.num_nodes,
+        tasks_per_node=cluster.gpus_per_node,
         gpus_per_node=0 if cluster.gpu == "cpu" else cluster.gpus_per_node,
-        cpus_per_task=slurm.cpus_per_task, time=slurm.time, partition=slurm.partition,
-        account=slurm.account, qos=slurm.qos, folder=folder, signal_delay=plan.slurm.signal_delay_s,
-        extra_sbatch_args=slurm.extra_sbatch_args, nccl=nccl_env(plan), env=slurm.env,
-        world_size=plan.world_size, srun=srun_words, payload=command, port_base=PORT_BASE, port_span=PORT_SPAN,
+        cpus_per_task=slurm.cpus_per_task,
+        time=slurm.time,
+        partition=slurm.partition,
+        account=slurm.account,
+        qos=slurm.qos,
+        folder=folder,
+        signal_delay=plan.slurm.signal_delay_s,
+        extra_sbatch_args=slurm.extra_sbatch_args,
+        nccl=nccl_env(plan),
+        env=slurm.env,
+        world_size=plan.world_size,
+        srun=srun_words,
+        payload=command,
+        port_base=PORT_BASE,
+        port_span=PORT_SPAN,
     )
-    return SbatchRender(script=script, job_name=plan.run_name, submitit_folder=folder, task_command=command,
-                        srun_line=f"{srun_words} {command}", payload_argv=argv)
+    return SbatchRender(
+        script=script,
+        job_name=plan.run_name,
+        submitit_folder=folder,
+        task_command=command,
+        srun_line=f"{srun_words} {command}",
+        payload_argv=argv,
+    )

@@ -60,8 +60,10 @@ class EngineSettings:
             if sc.num_speculative_tokens < 1:
                 out.append(f"speculative_config.num_speculative_tokens = {sc.num_speculative_tokens}: must be >= 1")
             if sc.draft_tensor_parallel_size not in (1, self.tensor_parallel_size):
-                out.append(f"speculative_config.draft_tensor_parallel_size = {sc.draft_tensor_parallel_size}: vLLM "
-                           f"supports 1 or the target's tensor_parallel_size ({self.tensor_parallel_size})")
+                out.append(
+                    f"speculative_config.draft_tensor_parallel_size = {sc.draft_tensor_parallel_size}: vLLM "
+                    f"supports 1 or the target's tensor_parallel_size ({self.tensor_parallel_size})"
+                )
             if not sc.model:
                 out.append("speculative_config.model: must name the draft checkpoint")
         return out
@@ -77,11 +79,16 @@ def engine_settings(spec: LayoutSpec) -> EngineSettings:
     r, d = spec.rollout, spec.draft
     spec_cfg = None
     if d.enabled and r.speculative:
-        spec_cfg = SpeculativeConfig(method="eagle3", model=d.model,
-                                     num_speculative_tokens=num_speculative_tokens(spec),
-                                     draft_tensor_parallel_size=r.tp)
+        spec_cfg = SpeculativeConfig(
+            method="eagle3",
+            model=d.model,
+            num_speculative_tokens=num_speculative_tokens(spec),
+            draft_tensor_parallel_size=r.tp,
+        )
     return EngineSettings(
-        model=spec.model.path, tensor_parallel_size=r.tp, pipeline_parallel_size=1,
+        model=spec.model.path,
+        tensor_parallel_size=r.tp,
+        pipeline_parallel_size=1,
         gpu_memory_utilization=r.gpu_memory_utilization,
         max_model_len=max_model_len(spec),
         max_num_seqs=r.max_num_seqs,
@@ -94,8 +101,11 @@ def vllm_settings(plan: LaunchPlan) -> VllmRender:
     """The plan's `renders.vllm`: engine arguments shared by every rollout instance."""
     spec = plan.spec
     settings = engine_settings(spec)
-    return VllmRender(engine_args=settings.to_dict(), num_instances=rollout_gpus(spec) // max(spec.rollout.tp, 1),
-                      problems=tuple(settings.problems()))
+    return VllmRender(
+        engine_args=settings.to_dict(),
+        num_instances=rollout_gpus(spec) // max(spec.rollout.tp, 1),
+        problems=tuple(settings.problems()),
+    )
 
 
 def check_with_vllm(engine_args: dict) -> str:

@@ -59,23 +59,37 @@ def step_dirs(root: Path) -> list[tuple[int, Path]]:
 
 def describe(plan: LaunchPlan) -> dict:
     """What a checkpoint records about the run that wrote it (JSON-ready)."""
-    return json.loads(json.dumps({
-        "name": plan.name, "spec_sha256": plan.spec_sha256, "specdraft_version": plan.specdraft_version,
-        "world_size": plan.world_size, "parallel": dataclasses.asdict(plan.parallel),
-        "model": dataclasses.asdict(plan.model), "draft": draft_fields(plan),
-    }))
+    return json.loads(
+        json.dumps(
+            {
+                "name": plan.name,
+                "spec_sha256": plan.spec_sha256,
+                "specdraft_version": plan.specdraft_version,
+                "world_size": plan.world_size,
+                "parallel": dataclasses.asdict(plan.parallel),
+                "model": dataclasses.asdict(plan.model),
+                "draft": draft_fields(plan),
+            }
+        )
+    )
 
 
 def draft_fields(plan: LaunchPlan) -> dict:
     """The draft's shape as a checkpoint must match it (the rest of the draft's shape is the target's)."""
-    return {"enabled": plan.draft.enabled, "num_layers": plan.spec.draft.num_layers,
-            "aux_layers": list(plan.draft.aux_layers)}
+    return {
+        "enabled": plan.draft.enabled,
+        "num_layers": plan.spec.draft.num_layers,
+        "aux_layers": list(plan.draft.aux_layers),
+    }
 
 
 def write_marker(folder: Path, meta: dict) -> Path:
     """Rank 0, after every rank wrote its shards: the manifest of the folder plus ``meta``, atomically."""
-    manifest = {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*"))
-                if p.is_file() and p.name != MARKER and not p.name.startswith(f".{MARKER}.")}
+    manifest = {
+        str(p.relative_to(folder)): p.stat().st_size
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != MARKER and not p.name.startswith(f".{MARKER}.")
+    }
     record = {"format": FORMAT_VERSION, **meta, "manifest": manifest}
     return atomic_write_text(folder / MARKER, json.dumps(record, indent=1, sort_keys=True) + "\n")
 
@@ -142,14 +156,23 @@ def complete_checkpoints(run_dir: Path, warn: Callable[[str], None]) -> list[tup
 def check_compatible(meta: dict, plan: LaunchPlan, folder: Path) -> None:
     """Refuse a checkpoint of another model (or draft) shape, naming every field that differs."""
     mine = describe(plan)
-    diffs = [f"model.{k}: checkpoint {meta['model'].get(k)!r}, this plan {v!r}"
-             for k, v in mine["model"].items() if meta["model"].get(k) != v]
-    diffs += [f"draft.{k}: checkpoint {meta['draft'].get(k)!r}, this plan {v!r}"
-              for k, v in mine["draft"].items() if meta["draft"].get(k) != v]
+    diffs = [
+        f"model.{k}: checkpoint {meta['model'].get(k)!r}, this plan {v!r}"
+        for k, v in mine["model"].items()
+        if meta["model"].get(k) != v
+    ]
+    diffs += [
+        f"draft.{k}: checkpoint {meta['draft'].get(k)!r}, this plan {v!r}"
+        for k, v in mine["draft"].items()
+        if meta["draft"].get(k) != v
+    ]
     if diffs:
-        raise ResumeError(f"checkpoint {folder} holds another model shape than this plan's, so it cannot be loaded: "
-                          + "; ".join(diffs) + ". Resume from a checkpoint of this model, or start without "
-                          "--resume/--resume-from")
+        raise ResumeError(
+            f"checkpoint {folder} holds another model shape than this plan's, so it cannot be loaded: "
+            + "; ".join(diffs)
+            + ". Resume from a checkpoint of this model, or start without "
+            "--resume/--resume-from"
+        )
 
 
 def same_layout(meta: dict, plan: LaunchPlan) -> bool:
@@ -158,8 +181,9 @@ def same_layout(meta: dict, plan: LaunchPlan) -> bool:
     return meta["parallel"] == mine["parallel"] and meta["world_size"] == mine["world_size"]
 
 
-def choose(run_dir: Path, plan: LaunchPlan, mode: str, resume_from: Path | None,
-           warn: Callable[[str], None]) -> list[tuple[Path, dict]]:
+def choose(
+    run_dir: Path, plan: LaunchPlan, mode: str, resume_from: Path | None, warn: Callable[[str], None]
+) -> list[tuple[Path, dict]]:
     """The checkpoints a resume may load, best first (a later one is used only if an earlier one fails to load).
 
     ``mode`` "newest" (--resume): complete checkpoints of this run folder, which must be of this spec;
@@ -181,15 +205,18 @@ def choose(run_dir: Path, plan: LaunchPlan, mode: str, resume_from: Path | None,
     if not found:
         if mode == "auto":
             return []
-        raise ResumeError(f"--resume: there is no complete checkpoint in {checkpoints_root(run_dir)} to resume "
-                          "from; run without --resume to start from step 0 (and set training.save_interval so "
-                          "checkpoints are written)")
+        raise ResumeError(
+            f"--resume: there is no complete checkpoint in {checkpoints_root(run_dir)} to resume "
+            "from; run without --resume to start from step 0 (and set training.save_interval so "
+            "checkpoints are written)"
+        )
     for folder, meta in found:
         if meta["spec_sha256"] != plan.spec_sha256:
             raise ResumeError(
                 f"--resume: checkpoint {folder} was written by a run of another spec (spec sha256 "
                 f"{meta['spec_sha256'][:12]}, this plan's is {plan.spec_sha256[:12]}); --resume continues only "
-                f"the same run. To start this layout from it deliberately, use --resume-from {folder}")
+                f"the same run. To start this layout from it deliberately, use --resume-from {folder}"
+            )
         check_compatible(meta, plan, folder)
     return found
 

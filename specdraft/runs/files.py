@@ -21,8 +21,10 @@ _LINK_ERRORS = (errno.ELOOP, errno.ENOTDIR)
 
 
 def _refuse(root: Path, rel: str, why: str) -> NotRegularFile:
-    return NotRegularFile(f"{Path(root) / rel} is {why}; specdraft opens only regular files inside a run folder "
-                          "and follows no link", "remove it (specdraft never creates one there)")
+    return NotRegularFile(
+        f"{Path(root) / rel} is {why}; specdraft opens only regular files inside a run folder and follows no link",
+        "remove it (specdraft never creates one there)",
+    )
 
 
 @contextlib.contextmanager
@@ -82,8 +84,10 @@ def read_bytes(root: str | os.PathLike, rel: str, limit: int) -> bytes | None:
     finally:
         os.close(fd)
     if len(data) > limit:
-        raise UserError(f"{Path(root) / rel} is larger than {limit:,} bytes, far more than specdraft writes there",
-                        "remove it or move it out of the run folder")
+        raise UserError(
+            f"{Path(root) / rel} is larger than {limit:,} bytes, far more than specdraft writes there",
+            "remove it or move it out of the run folder",
+        )
     return data
 
 

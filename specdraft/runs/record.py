@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from specdraft.errors import UserError
-from specdraft.runs import files as runfiles
 from specdraft.fsutil import atomic_write_text
 from specdraft.plan.codec import PlanFormatError, decode, encode_value
+from specdraft.runs import files as runfiles
 
 RECORD = "run.json"
 RECORD_VERSION = 1
@@ -108,8 +108,12 @@ def _problems(record: RunRecord) -> list[str]:
             out.append(f"{where} {job_id[:60]!r} is neither a Slurm job id nor local-<pgid>")
     states = [("state", record.state)] + [(f"attempts[{i}].state", a.state) for i, a in enumerate(record.attempts)]
     out += [f"{where} {state[:40]!r} is not a job state" for where, state in states if not _STATE.fullmatch(state)]
-    for where, text in (("name", record.name), ("job_name", record.job_name), ("executor", record.executor),
-                        ("workload", record.workload)):
+    for where, text in (
+        ("name", record.name),
+        ("job_name", record.job_name),
+        ("executor", record.executor),
+        ("workload", record.workload),
+    ):
         if not _NAME.fullmatch(text):
             out.append(f"{where} {text[:60]!r} is empty, too long or holds a control character or '%'")
     if len(record.attempts) > MAX_ATTEMPTS:
@@ -127,8 +131,10 @@ def _problems(record: RunRecord) -> list[str]:
 
 def parse_record(text: str, source: str) -> RunRecord:
     """run.json text -> RunRecord; UserError naming the first thing wrong."""
-    fix = ("specdraft writes it atomically, so it was edited by hand or by another program: restore it, or remove "
-           "the run folder")
+    fix = (
+        "specdraft writes it atomically, so it was edited by hand or by another program: restore it, or remove "
+        "the run folder"
+    )
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as err:
@@ -137,9 +143,11 @@ def parse_record(text: str, source: str) -> RunRecord:
         raise UserError(f"{source} is a JSON {type(data).__name__}, not a run record", fix)
     version = data.get("record_version")
     if version != RECORD_VERSION:
-        raise UserError(f"{source} has record_version {str(version)[:20]}, but this specdraft reads record_version "
-                        f"{RECORD_VERSION}", "it was written by another specdraft version; use that version, or "
-                        "remove the run folder")
+        raise UserError(
+            f"{source} has record_version {str(version)[:20]}, but this specdraft reads record_version "
+            f"{RECORD_VERSION}",
+            "it was written by another specdraft version; use that version, or remove the run folder",
+        )
     try:
         record = decode(RunRecord, data, "run", spec_decoder=_no_spec)
     except (PlanFormatError, RecursionError) as err:
@@ -158,15 +166,27 @@ def read_record(run_dir: str | Path) -> RunRecord | None:
 
 def new_record(**fields) -> RunRecord:
     """A record with every optional field empty, then ``fields``."""
-    empty = dict(record_version=RECORD_VERSION, job_id=None, submitted=None, updated=now_iso(), steps=None,
-                 attempts=(), message=None, cancel_requested=False, local=None, exit_codes=(), exit_order=(),
-                 elapsed_s=None)
+    empty = dict(
+        record_version=RECORD_VERSION,
+        job_id=None,
+        submitted=None,
+        updated=now_iso(),
+        steps=None,
+        attempts=(),
+        message=None,
+        cancel_requested=False,
+        local=None,
+        exit_codes=(),
+        exit_order=(),
+        elapsed_s=None,
+    )
     return RunRecord(**{**empty, **fields})
 
 
 def write_record(run_dir: str | Path, record: RunRecord) -> RunRecord:
     """Stamp ``updated`` and write run.json atomically (the caller holds the record lock)."""
-    record = dataclasses.replace(record, updated=now_iso(),
-                                 message=None if record.message is None else record.message[:MAX_TEXT])
+    record = dataclasses.replace(
+        record, updated=now_iso(), message=None if record.message is None else record.message[:MAX_TEXT]
+    )
     atomic_write_text(Path(run_dir) / RECORD, json.dumps(encode_value(record), indent=1) + "\n")
     return record

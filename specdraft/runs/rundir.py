@@ -16,19 +16,49 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdraft.errors import UserError
+from specdraft.fsutil import atomic_write_text
 from specdraft.runs import files as runfiles
 from specdraft.runs.record import RECORD, RunRecord, read_record, write_record
-from specdraft.fsutil import atomic_write_text
 
 RUNS_DIR = "runs"
 MARKER = ".specdraft-run"
 MARKER_TEXT = "This folder is a specdraft run folder (docs/launch.md); specdraft touches no folder without this file.\n"
 # Slurm's terminal states (sacct(1) JOB STATE CODES) plus ours: SUBMIT_FAILED (sbatch said no: nothing exists).
-TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
-                      "DEADLINE", "PREEMPTED", "REVOKED", "SUBMIT_FAILED", "LOST"})
+TERMINAL = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "OUT_OF_MEMORY",
+        "NODE_FAIL",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "PREEMPTED",
+        "REVOKED",
+        "SUBMIT_FAILED",
+        "LOST",
+    }
+)
 # SUBMITTING: intent written, sbatch's answer not yet recorded; the job may or may not exist.
-ACTIVE = frozenset({"SUBMITTING", "STARTING", "PENDING", "RUNNING", "REQUEUED", "COMPLETING", "CONFIGURING",
-                    "SUSPENDED", "RESIZING", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED"})
+ACTIVE = frozenset(
+    {
+        "SUBMITTING",
+        "STARTING",
+        "PENDING",
+        "RUNNING",
+        "REQUEUED",
+        "COMPLETING",
+        "CONFIGURING",
+        "SUSPENDED",
+        "RESIZING",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "SIGNALING",
+        "STAGE_OUT",
+        "STOPPED",
+    }
+)
 UNSAFE_PATH = re.compile(r"[\x00-\x1f\x7f%]")
 
 
@@ -36,9 +66,11 @@ def run_dir_for(plan, explicit: str | None = None) -> str:
     """The run folder's absolute, normalised path (not created): --run-dir DIR, else ./runs/<name>-<hash8>."""
     path = os.path.abspath(explicit if explicit else os.path.join(RUNS_DIR, plan.run_name))
     if UNSAFE_PATH.search(path):
-        raise UserError(f"the run folder path {path!r} contains a control character or '%'",
-                        "Slurm expands '%' in log paths and scripts cannot carry line breaks in paths; "
-                        "pick another --run-dir (or run from another directory)")
+        raise UserError(
+            f"the run folder path {path!r} contains a control character or '%'",
+            "Slurm expands '%' in log paths and scripts cannot carry line breaks in paths; "
+            "pick another --run-dir (or run from another directory)",
+        )
     return path
 
 
@@ -57,9 +89,11 @@ def check_run_dir(folder: str | Path) -> Path:
     if not path.is_dir():
         raise UserError(f"{path} is not a folder", "give a run folder's path or a name from `specdraft runs`")
     if not is_run_dir(path):
-        raise UserError(f"{path} is not a specdraft run folder (it has no {MARKER} marker), so specdraft leaves it "
-                        "alone", "name a folder `specdraft launch` created (see `specdraft runs`); folders made by "
-                        "specdraft before the marker existed must be relaunched into a new folder")
+        raise UserError(
+            f"{path} is not a specdraft run folder (it has no {MARKER} marker), so specdraft leaves it alone",
+            "name a folder `specdraft launch` created (see `specdraft runs`); folders made by "
+            "specdraft before the marker existed must be relaunched into a new folder",
+        )
     return path
 
 
@@ -75,9 +109,11 @@ def refuse_foreign(folder: str | Path) -> None:
     entries = sorted(os.listdir(path))
     if entries:
         shown = ", ".join(entries[:6]) + (f" and {len(entries) - 6} more" if len(entries) > 6 else "")
-        raise UserError(f"{path} is not a specdraft run folder (no {MARKER} marker) and holds files ({shown}); "
-                        "specdraft does not write into it", "choose a new or empty --run-dir (the default, "
-                        "runs/<name>-<hash8>, is always specdraft's)")
+        raise UserError(
+            f"{path} is not a specdraft run folder (no {MARKER} marker) and holds files ({shown}); "
+            "specdraft does not write into it",
+            "choose a new or empty --run-dir (the default, runs/<name>-<hash8>, is always specdraft's)",
+        )
 
 
 def claim_run_dir(folder: str | Path) -> Path:
@@ -110,8 +146,10 @@ def update_record(folder: str | Path, /, *, attempt: dict | None = None, **chang
     with _flock(folder, ".record.lock", blocking=True):
         record = read_record(folder)
         if record is None:
-            raise UserError(f"{Path(folder) / RECORD} vanished while specdraft was updating it",
-                            "another program removed it; relaunch with --force")
+            raise UserError(
+                f"{Path(folder) / RECORD} vanished while specdraft was updating it",
+                "another program removed it; relaunch with --force",
+            )
         record = dataclasses.replace(record, **changes)
         if attempt and record.attempts:
             last = dataclasses.replace(record.attempts[-1], **attempt)
@@ -135,8 +173,10 @@ def launch_lock(run_dir: str | Path):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            raise UserError(f"another `specdraft launch` (pid {holder[:12]}) is launching or running {run_dir} now",
-                            "wait for it to finish, or follow it with `specdraft status` / `specdraft logs`") from None
+            raise UserError(
+                f"another `specdraft launch` (pid {holder[:12]}) is launching or running {run_dir} now",
+                "wait for it to finish, or follow it with `specdraft status` / `specdraft logs`",
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
@@ -192,8 +232,10 @@ def list_runs(root: str | Path = RUNS_DIR) -> list[RunEntry]:
             out.append(RunEntry(child.absolute(), None, "no run.json yet (a launch stopped before its intent)"))
         else:
             out.append(RunEntry(child.absolute(), record))
-    out.sort(key=lambda e: (e.record is not None, e.record.submitted or e.record.updated if e.record else "",
-                            e.folder.name), reverse=True)
+    out.sort(
+        key=lambda e: (e.record is not None, e.record.submitted or e.record.updated if e.record else "", e.folder.name),
+        reverse=True,
+    )
     return out
 
 
@@ -205,8 +247,10 @@ def resolve_run(arg: str | None, root: str | Path = RUNS_DIR) -> tuple[Path, Run
         good = [e for e in runs if e.record is not None]
         if not good:
             broken = f" ({len(runs)} unreadable: see `specdraft runs`)" if runs else ""
-            raise UserError(f"no readable runs under {os.path.abspath(root)}{broken}",
-                            "start one with `specdraft launch`, or name a run folder")
+            raise UserError(
+                f"no readable runs under {os.path.abspath(root)}{broken}",
+                "start one with `specdraft launch`, or name a run folder",
+            )
         return good[0].folder, good[0].record, [e for e in runs if e.record is None]
     candidates = list(dict.fromkeys((Path(arg), Path(root) / arg)))  # an absolute arg is both
     for candidate in candidates:
@@ -214,10 +258,13 @@ def resolve_run(arg: str | None, root: str | Path = RUNS_DIR) -> tuple[Path, Run
             check_run_dir(candidate)
             record = read_record(candidate)
             if record is None:
-                raise UserError(f"{candidate} has no run.json yet", "its launch stopped before recording its "
-                                "intent; launch again")
+                raise UserError(
+                    f"{candidate} has no run.json yet", "its launch stopped before recording its intent; launch again"
+                )
             return candidate.absolute(), record, []
     known = ", ".join(e.folder.name for e in list_runs(root)[:8]) or "none"
     looked = " and ".join(str(c / RECORD) for c in candidates)
-    raise UserError(f"no run folder {arg!r} (looked for {looked})",
-                    f"give a run folder path or a name from `specdraft runs` (known: {known})")
+    raise UserError(
+        f"no run folder {arg!r} (looked for {looked})",
+        f"give a run folder path or a name from `specdraft runs` (known: {known})",
+    )

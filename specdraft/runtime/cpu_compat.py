@@ -184,6 +184,6 @@ def _pos_emb_on_this_cp_rank(pos_emb, seq_dim, cp_group):
         raise ValueError("cp_group must be provided to get positional embedding per CP rank")
     cp_size, cp_rank = cp_group.size(), cp_group.rank()
     index = torch.tensor([cp_rank, 2 * cp_size - cp_rank - 1], device=pos_emb.device)
-    pos_emb = pos_emb.view(*pos_emb.shape[:seq_dim], 2 * cp_size, -1, *pos_emb.shape[seq_dim + 1:])
+    pos_emb = pos_emb.view(*pos_emb.shape[:seq_dim], 2 * cp_size, -1, *pos_emb.shape[seq_dim + 1 :])
     pos_emb = pos_emb.index_select(seq_dim, index)
-    return pos_emb.view(*pos_emb.shape[:seq_dim], -1, *pos_emb.shape[seq_dim + 2:])
+    return pos_emb.view(*pos_emb.shape[:seq_dim], -1, *pos_emb.shape[seq_dim + 2 :])

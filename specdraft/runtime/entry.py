@@ -22,9 +22,9 @@ from pathlib import Path
 from specdraft.errors import SpecdraftError
 from specdraft.plan.codec import PlanFormatError
 from specdraft.plan.model import LaunchPlan
-from specdraft.runtime.train import preempt
 from specdraft.runs.checkpoints import ResumeError
 from specdraft.runtime.context import RankContext
+from specdraft.runtime.train import preempt
 from specdraft.runtime.train.preempt import Terminated
 
 # name -> "module:function"; imported only when chosen, so a missing module fails only the workload that needs it.
@@ -49,23 +49,30 @@ def load_workload(name: str):
     except ModuleNotFoundError as err:
         if err.name != module_name:
             raise
-        raise WorkloadUnavailable(f"workload {name!r} is not available yet: {module_name} is not part of this "
-                                  "specdraft; run --workload selftest") from None
+        raise WorkloadUnavailable(
+            f"workload {name!r} is not available yet: {module_name} is not part of this "
+            "specdraft; run --workload selftest"
+        ) from None
     return getattr(module, func)
 
 
 def rank_env(environ) -> tuple[int, int, int, int]:
     """(global_rank, local_rank, world_size, node) from torchrun-style env, else from Slurm's."""
+
     def need(*names):
         missing = [n for n in names if n not in environ]
         if missing:
-            raise ValueError(f"missing environment variable(s) {', '.join(missing)}: run this through "
-                             "`specdraft launch` (Slurm or local), or set RANK/WORLD_SIZE/LOCAL_RANK yourself")
+            raise ValueError(
+                f"missing environment variable(s) {', '.join(missing)}: run this through "
+                "`specdraft launch` (Slurm or local), or set RANK/WORLD_SIZE/LOCAL_RANK yourself"
+            )
         return [int(environ[n]) for n in names]
 
     if not {"MASTER_ADDR", "MASTER_PORT"} <= set(environ):
-        raise ValueError("MASTER_ADDR and MASTER_PORT must be set (the sbatch script exports them from the "
-                         "allocation; the local executor sets 127.0.0.1 and a free port)")
+        raise ValueError(
+            "MASTER_ADDR and MASTER_PORT must be set (the sbatch script exports them from the "
+            "allocation; the local executor sets 127.0.0.1 and a free port)"
+        )
     if "RANK" in environ or "WORLD_SIZE" in environ:
         rank, world, local = need("RANK", "WORLD_SIZE", "LOCAL_RANK")
         return rank, local, world, int(environ.get("GROUP_RANK", "0"))
@@ -78,20 +85,26 @@ def check_placement(plan: LaunchPlan, rank: int, local_rank: int, world_size: in
     from specdraft.plan.grid import RankGrid
 
     if world_size != plan.world_size or len(plan.ranks) != plan.world_size:
-        raise ValueError(f"WORLD_SIZE is {world_size} but the plan's world_size is {plan.world_size} with "
-                         f"{len(plan.ranks)} rank records: the allocation does not match the plan (nodes x tasks "
-                         "per node)")
+        raise ValueError(
+            f"WORLD_SIZE is {world_size} but the plan's world_size is {plan.world_size} with "
+            f"{len(plan.ranks)} rank records: the allocation does not match the plan (nodes x tasks "
+            "per node)"
+        )
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
     me = plan.ranks[rank]
     grid = RankGrid(sizes=plan.parallel, world_size=world_size, gpus_per_node=plan.spec.cluster.gpus_per_node)
     if me != grid.placement(rank):
-        raise ValueError(f"plan.json's ranks[{rank}] is {me} but its own layout gives {grid.placement(rank)}: the "
-                         "plan was edited or is stale; recompile it with `specdraft plan`")
+        raise ValueError(
+            f"plan.json's ranks[{rank}] is {me} but its own layout gives {grid.placement(rank)}: the "
+            "plan was edited or is stale; recompile it with `specdraft plan`"
+        )
     if (local_rank, node) != (me.local_rank, me.node):
-        raise ValueError(f"rank {rank} runs as local rank {local_rank} on node {node}, but the plan places it as "
-                         f"local rank {me.local_rank} on node {me.node}: tasks must be laid out in blocks of "
-                         "gpus_per_node per node (sbatch --ntasks-per-node, the default block distribution)")
+        raise ValueError(
+            f"rank {rank} runs as local rank {local_rank} on node {node}, but the plan places it as "
+            f"local rank {me.local_rank} on node {me.node}: tasks must be laid out in blocks of "
+            "gpus_per_node per node (sbatch --ntasks-per-node, the default block distribution)"
+        )
 
 
 def init_megatron(plan: LaunchPlan, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
@@ -103,13 +116,18 @@ def init_megatron(plan: LaunchPlan, rank: int, world_size: int, backend: str, ti
     from megatron.core import parallel_state as ps
 
     par = plan.parallel
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend, init_method="env://", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s)
+    )
     ps.initialize_model_parallel(
-        tensor_model_parallel_size=par.tp, pipeline_model_parallel_size=par.pp,
-        virtual_pipeline_model_parallel_size=par.vpp, context_parallel_size=par.cp,
+        tensor_model_parallel_size=par.tp,
+        pipeline_model_parallel_size=par.pp,
+        virtual_pipeline_model_parallel_size=par.vpp,
+        context_parallel_size=par.cp,
         hierarchical_context_parallel_sizes=list(par.hierarchical_cp_sizes) if par.hierarchical_cp_sizes else None,
-        expert_model_parallel_size=par.ep, expert_tensor_parallel_size=par.etp, order=par.order,
+        expert_model_parallel_size=par.ep,
+        expert_tensor_parallel_size=par.etp,
+        order=par.order,
         distributed_timeout_minutes=max(1, int(timeout_s // 60)),
         # On gloo the default groups already are gloo groups; duplicates would only double the set-up time.
         create_gloo_process_groups=backend != "gloo",
@@ -127,17 +145,22 @@ def check_megatron_ranks(plan: LaunchPlan, rank: int) -> dict:
     from megatron.core import parallel_state as ps
 
     got = {
-        "tp": ps.get_tensor_model_parallel_rank(), "cp": ps.get_context_parallel_rank(),
-        "dp": ps.get_data_parallel_rank(), "pp": ps.get_pipeline_model_parallel_rank(),
-        "ep": ps.get_expert_model_parallel_rank(), "etp": ps.get_expert_tensor_parallel_rank(),
+        "tp": ps.get_tensor_model_parallel_rank(),
+        "cp": ps.get_context_parallel_rank(),
+        "dp": ps.get_data_parallel_rank(),
+        "pp": ps.get_pipeline_model_parallel_rank(),
+        "ep": ps.get_expert_model_parallel_rank(),
+        "etp": ps.get_expert_tensor_parallel_rank(),
         "edp": ps.get_expert_data_parallel_rank(),
     }
     me = plan.ranks[rank]
     bad = {k: (getattr(me, k), v) for k, v in got.items() if getattr(me, k) != v}
     if bad:
         detail = ", ".join(f"{k}: plan {p} vs megatron {m}" for k, (p, m) in bad.items())
-        raise ValueError(f"rank {rank}: megatron-core placed this rank differently from the plan ({detail}); "
-                         f"the plan's rank order {plan.parallel.order!r} and megatron disagree")
+        raise ValueError(
+            f"rank {rank}: megatron-core placed this rank differently from the plan ({detail}); "
+            f"the plan's rank order {plan.parallel.order!r} and megatron disagree"
+        )
     return got
 
 
@@ -154,8 +177,10 @@ def _device(plan: LaunchPlan, local_rank: int) -> tuple[str, str]:
     import torch
 
     if not torch.cuda.is_available():
-        raise ValueError(f"the plan is for {gpu} GPUs but torch.cuda.is_available() is False on "
-                         f"{socket.gethostname()}; use a CUDA build of torch, or cluster.gpu=cpu for a CPU run")
+        raise ValueError(
+            f"the plan is for {gpu} GPUs but torch.cuda.is_available() is False on "
+            f"{socket.gethostname()}; use a CUDA build of torch, or cluster.gpu=cpu for a CPU run"
+        )
     # Before NCCL's init: every communicator this rank creates binds to its own GPU.
     torch.cuda.set_device(local_rank)
     # fp32 means fp32: no TF32 matmuls (torch's default for matmul, not for cuDNN); bf16/fp16 runs are unaffected.
@@ -183,18 +208,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workload", default="selftest", choices=sorted(WORKLOADS))
     parser.add_argument("--steps", type=int, default=None)
     resume = parser.add_mutually_exclusive_group()
-    resume.add_argument("--resume", action="store_true",
-                        help="continue from the newest complete checkpoint in the run folder (same spec)")
-    resume.add_argument("--resume-from", type=Path, default=None, metavar="CHECKPOINT",
-                        help="continue from this checkpoint folder (any run or layout of the same model shape)")
+    resume.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest complete checkpoint in the run folder (same spec)",
+    )
+    resume.add_argument(
+        "--resume-from",
+        type=Path,
+        default=None,
+        metavar="CHECKPOINT",
+        help="continue from this checkpoint folder (any run or layout of the same model shape)",
+    )
     args = parser.parse_args(argv)
 
     preempt.install()
     started = time.time()
     plan_path = Path(args.plan).absolute()
     run_dir = plan_path.parent
-    record: dict = {"hostname": socket.gethostname(), "workload": args.workload, "started_at": started,
-                    "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "pid": os.getpid()}
+    record: dict = {
+        "hostname": socket.gethostname(),
+        "workload": args.workload,
+        "started_at": started,
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "pid": os.getpid(),
+    }
     rank = None
     try:
         rank, local_rank, world_size, node = rank_env(os.environ)
@@ -214,11 +252,23 @@ def main(argv: list[str] | None = None) -> int:
         steps = args.steps if args.steps is not None else plan.spec.training.train_iters
         # A job Slurm restarted continues its own newest checkpoint whatever flag it was launched with: the
         # script (and so --resume-from) is the same on every restart (runs/checkpoints.choose, mode "auto").
-        mode = (preempt.resume_mode_from_env(os.environ)
-                or ("from" if args.resume_from is not None else "newest" if args.resume else None))
-        ctx = RankContext(plan=plan, run_dir=run_dir, global_rank=rank, local_rank=local_rank, world_size=world_size,
-                          node=node, device=device, backend=backend, steps=steps, workload=args.workload,
-                          resume=mode, resume_from=args.resume_from)
+        mode = preempt.resume_mode_from_env(os.environ) or (
+            "from" if args.resume_from is not None else "newest" if args.resume else None
+        )
+        ctx = RankContext(
+            plan=plan,
+            run_dir=run_dir,
+            global_rank=rank,
+            local_rank=local_rank,
+            world_size=world_size,
+            node=node,
+            device=device,
+            backend=backend,
+            steps=steps,
+            workload=args.workload,
+            resume=mode,
+            resume_from=args.resume_from,
+        )
         fault = os.environ.get(FAULT_ENV)
         if fault is not None and fault.strip() == str(rank):
             raise RuntimeError(f"injected fault on rank {rank} ({FAULT_ENV}={fault})")
@@ -226,26 +276,42 @@ def main(argv: list[str] | None = None) -> int:
         record.update(out)
         failed = [c for c in record.get("checks", []) if not c["passed"]]
         preempted = record.get("preempted")
-        record.update(ok=not failed and not preempted, error=None, terminated=bool(preempted),
-                      finished_at=time.time())
+        record.update(ok=not failed and not preempted, error=None, terminated=bool(preempted), finished_at=time.time())
         if failed:
             record["error"] = "failed checks: " + "; ".join(
-                f"{c['name']} got {c.get('value')} expected {c.get('expected')}" for c in failed)
+                f"{c['name']} got {c.get('value')} expected {c.get('expected')}" for c in failed
+            )
         record["elapsed_s"] = round(record["finished_at"] - started, 3)
         write_result(run_dir, rank, record)
-        outcome = ("FAILED: " + record["error"] if failed else "ok" if not preempted else
-                   f"preempted ({preempted['signal']}) after step {preempted['step']}: {preempted['checkpoint']}")
+        outcome = (
+            "FAILED: " + record["error"]
+            if failed
+            else "ok"
+            if not preempted
+            else f"preempted ({preempted['signal']}) after step {preempted['step']}: {preempted['checkpoint']}"
+        )
         print(f"[specdraft] rank {rank}: {args.workload} {outcome}", flush=True)
         _teardown()
         return 1 if failed else preempt.PREEMPTED_EXIT if preempted else 0
-    except BaseException as err:  # noqa: BLE001 - recorded in the result file and re-signalled by the exit code
+    except BaseException as err:
         # A plan this version cannot read is the user's to fix: one line, no traceback.
-        tail = ([str(err)] if isinstance(err, ResumeError) else [f"{plan_path}: {err}"]
-                if isinstance(err, (PlanFormatError, SpecdraftError)) else traceback.format_exc().splitlines()[-30:])
+        tail = (
+            [str(err)]
+            if isinstance(err, ResumeError)
+            else [f"{plan_path}: {err}"]
+            if isinstance(err, (PlanFormatError, SpecdraftError))
+            else traceback.format_exc().splitlines()[-30:]
+        )
         # A rank asked to stop whose peers are gone fails in the next collective: that, too, is not its fault.
         terminated = isinstance(err, (Terminated, KeyboardInterrupt)) or preempt.terminating()
-        record.update(ok=False, terminated=terminated, error="\n".join(tail), error_type=type(err).__name__,
-                      failed_at=time.time(), finished_at=time.time())
+        record.update(
+            ok=False,
+            terminated=terminated,
+            error="\n".join(tail),
+            error_type=type(err).__name__,
+            failed_at=time.time(),
+            finished_at=time.time(),
+        )
         print("\n".join(tail), file=sys.stderr, flush=True)
         if rank is not None and rank >= 0:
             try:

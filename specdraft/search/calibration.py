@@ -18,8 +18,9 @@ from specdraft.perf.estimate import CALIBRATED
 from specdraft.search.ranking import Row, search
 from specdraft.spec.schema import ClusterSpec, DraftSpec, LayoutSpec, ModelSpec, TrainingSpec
 
-PUBLISHED = frozenset({"parallel.tp", "parallel.pp", "parallel.cp", "parallel.vpp", "parallel.ep",
-                       "training.micro_batch_size"})
+PUBLISHED = frozenset(
+    {"parallel.tp", "parallel.pp", "parallel.cp", "parallel.vpp", "parallel.ep", "training.micro_batch_size"}
+)
 BATCH = frozenset({"training.micro_batch_size"})  # what a ranking search keeps at the run's value
 
 
@@ -55,13 +56,24 @@ def load_points(path: str | Path) -> list[Point]:
     data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     out = []
     for raw in data["points"]:
-        out.append(Point(
-            id=raw["id"], source=raw["source"], url=data["sources"][raw["source"]]["url"], row=raw["row"],
-            model=dict(data["models"][raw["model"]]), gpus=raw["gpus"], dtype=raw["dtype"],
-            global_batch_size=raw["global_batch_size"], micro_batch_size=raw["micro_batch_size"],
-            seq_length=raw["seq_length"], layout=dict(raw["layout"]),
-            tokens_per_s_per_gpu=float(raw["tokens_per_s_per_gpu"]), settings=dict(raw.get("settings") or {}),
-            recipe=raw.get("recipe", "")))
+        out.append(
+            Point(
+                id=raw["id"],
+                source=raw["source"],
+                url=data["sources"][raw["source"]]["url"],
+                row=raw["row"],
+                model=dict(data["models"][raw["model"]]),
+                gpus=raw["gpus"],
+                dtype=raw["dtype"],
+                global_batch_size=raw["global_batch_size"],
+                micro_batch_size=raw["micro_batch_size"],
+                seq_length=raw["seq_length"],
+                layout=dict(raw["layout"]),
+                tokens_per_s_per_gpu=float(raw["tokens_per_s_per_gpu"]),
+                settings=dict(raw.get("settings") or {}),
+                recipe=raw.get("recipe", ""),
+            )
+        )
     return out
 
 
@@ -84,8 +96,13 @@ def point_spec(point: Point, gpus_per_node: int = 8) -> LayoutSpec:
         cluster=ClusterSpec(num_nodes=point.gpus // gpus_per_node, gpus_per_node=gpus_per_node, gpu="h100-80gb"),
         parallel=ParallelSpec(tp=p["tp"], pp=p["pp"], cp=p["cp"], vpp=p["vpp"], ep=p["ep"], **fields["parallel"]),
         draft=DraftSpec(enabled=False),
-        training=TrainingSpec(micro_batch_size=point.micro_batch_size, global_batch_size=point.global_batch_size,
-                              dtype=point.dtype, grad_reduce_in_bf16=True, **fields["training"]),
+        training=TrainingSpec(
+            micro_batch_size=point.micro_batch_size,
+            global_batch_size=point.global_batch_size,
+            dtype=point.dtype,
+            grad_reduce_in_bf16=True,
+            **fields["training"],
+        ),
     )
 
 
@@ -112,8 +129,9 @@ def published_estimate(point: Point, eff: Efficiency = CALIBRATED) -> Optional[R
     return rows[0] if rows else None
 
 
-def published_rank(point: Point, eff: Efficiency = CALIBRATED,
-                   depth: int = 5) -> tuple[Optional[int], list[tuple], float]:
+def published_rank(
+    point: Point, eff: Efficiency = CALIBRATED, depth: int = 5
+) -> tuple[Optional[int], list[tuple], float]:
     """(1-based rank of the published fields among the search's distinct field tuples (None below ``depth``),
     the first ``depth`` tuples, the best estimate in tokens/s/GPU).
 

@@ -12,11 +12,22 @@ def row_json(row: Row) -> dict:
     spec, est = row.spec, row.estimate
     p, t = spec.parallel, spec.training
     return {
-        "parallel": {"tp": p.tp, "cp": p.cp, "pp": p.pp, "vpp": derived.vpp(p), "dp": derived.resolved_dp(spec),
-                     "ep": p.ep, "etp": derived.etp(p), "sequence_parallel": p.sequence_parallel},
-        "layer_split": {"first_stage_layers": p.first_stage_layers, "last_stage_layers": p.last_stage_layers,
-                        "account_for_embedding_in_pipeline_split": p.account_for_embedding_in_pipeline_split,
-                        "account_for_loss_in_pipeline_split": p.account_for_loss_in_pipeline_split},
+        "parallel": {
+            "tp": p.tp,
+            "cp": p.cp,
+            "pp": p.pp,
+            "vpp": derived.vpp(p),
+            "dp": derived.resolved_dp(spec),
+            "ep": p.ep,
+            "etp": derived.etp(p),
+            "sequence_parallel": p.sequence_parallel,
+        },
+        "layer_split": {
+            "first_stage_layers": p.first_stage_layers,
+            "last_stage_layers": p.last_stage_layers,
+            "account_for_embedding_in_pipeline_split": p.account_for_embedding_in_pipeline_split,
+            "account_for_loss_in_pipeline_split": p.account_for_loss_in_pipeline_split,
+        },
         "training": {"micro_batch_size": t.micro_batch_size, "recompute": t.recompute},
         "draft_stage": row.layout.draft_stage,
         "step_time_s": round(est.step_time_s, 6),
@@ -36,8 +47,10 @@ def layout_yaml(row: Row) -> str:
     import yaml
 
     est = row.estimate
-    header = (f"# Written by `specdraft search`: estimated {est.step_time_s:.3f} s per step, "
-              f"{est.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, MFU {est.mfu:.1%}, "
-              f"peak {row.peak_memory_bytes / 2**30:.1f} GiB per GPU.\n")
+    header = (
+        f"# Written by `specdraft search`: estimated {est.step_time_s:.3f} s per step, "
+        f"{est.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, MFU {est.mfu:.1%}, "
+        f"peak {row.peak_memory_bytes / 2**30:.1f} GiB per GPU.\n"
+    )
     body = yaml.safe_dump(spec_to_dict(row.spec), sort_keys=False, default_flow_style=False, allow_unicode=True)
     return header + body

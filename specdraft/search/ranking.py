@@ -68,13 +68,25 @@ def _probe(spec: LayoutSpec, base: Base, cache: dict) -> LayoutSpec:
     parallel = cache.get(par_key)
     if parallel is None:
         parallel = cache[par_key] = dataclasses.replace(
-            spec.parallel, tp=base.tp, cp=base.cp, pp=base.pp, dp=base.dp, ep=base.ep, etp=base.etp,
-            sequence_parallel=base.sp, vpp=None, first_stage_layers=None, last_stage_layers=None,
-            account_for_embedding_in_pipeline_split=False, account_for_loss_in_pipeline_split=False)
+            spec.parallel,
+            tp=base.tp,
+            cp=base.cp,
+            pp=base.pp,
+            dp=base.dp,
+            ep=base.ep,
+            etp=base.etp,
+            sequence_parallel=base.sp,
+            vpp=None,
+            first_stage_layers=None,
+            last_stage_layers=None,
+            account_for_embedding_in_pipeline_split=False,
+            account_for_loss_in_pipeline_split=False,
+        )
     training = cache.get(train_key)
     if training is None:
-        training = cache[train_key] = dataclasses.replace(spec.training, micro_batch_size=base.mbs,
-                                                          recompute=base.recompute)
+        training = cache[train_key] = dataclasses.replace(
+            spec.training, micro_batch_size=base.mbs, recompute=base.recompute
+        )
     return dataclasses.replace(spec, parallel=parallel, training=training)
 
 
@@ -164,8 +176,14 @@ class _Frontier:
                 self.estimated += 1
 
 
-def search(spec: LayoutSpec, top_k: int = 10, pins: frozenset[str] = frozenset(), eff: Efficiency = CALIBRATED,
-           max_memory: float = MAX_MEMORY_FRACTION, max_verified: int | None = None) -> SearchResult:
+def search(
+    spec: LayoutSpec,
+    top_k: int = 10,
+    pins: frozenset[str] = frozenset(),
+    eff: Efficiency = CALIBRATED,
+    max_memory: float = MAX_MEMORY_FRACTION,
+    max_verified: int | None = None,
+) -> SearchResult:
     """The ``top_k`` best valid layouts of ``spec``'s model, cluster and batch, best first.
 
     A layout whose estimated peak exceeds ``max_memory`` of the HBM is passed over like an invalid one (the
@@ -196,11 +214,25 @@ def search(spec: LayoutSpec, top_k: int = 10, pins: frozenset[str] = frozenset()
         if peak > max_memory * hbm:
             rejections["memory headroom"] += 1
             continue
-        rows.append(Row(spec=layout_spec, layout=lay, estimate=estimator.estimate(lay), peak_memory_bytes=peak,
-                        num_warnings=len(warnings)))
-    return SearchResult(rows=tuple(rows), num_candidates=frontier.enumerated, num_pruned=frontier.pruned,
-                        num_estimated=frontier.estimated, num_verified=verified, num_rejected=verified - len(rows),
-                        rejections=dict(rejections), seconds=time.perf_counter() - started)
+        rows.append(
+            Row(
+                spec=layout_spec,
+                layout=lay,
+                estimate=estimator.estimate(lay),
+                peak_memory_bytes=peak,
+                num_warnings=len(warnings),
+            )
+        )
+    return SearchResult(
+        rows=tuple(rows),
+        num_candidates=frontier.enumerated,
+        num_pruned=frontier.pruned,
+        num_estimated=frontier.estimated,
+        num_verified=verified,
+        num_rejected=verified - len(rows),
+        rejections=dict(rejections),
+        seconds=time.perf_counter() - started,
+    )
 
 
 def _reason(problem) -> str:

@@ -18,10 +18,23 @@ from specdraft.spec.validate import divisors
 
 RECOMPUTE = ("none", "selective", "full")
 # The spec fields a search varies (and `--pin` may fix); everything else comes from the spec.
-SEARCHED = ("parallel.tp", "parallel.cp", "parallel.pp", "parallel.dp", "parallel.vpp", "parallel.ep", "parallel.etp",
-            "parallel.sequence_parallel", "parallel.first_stage_layers", "parallel.last_stage_layers",
-            "parallel.account_for_embedding_in_pipeline_split", "parallel.account_for_loss_in_pipeline_split",
-            "training.micro_batch_size", "training.recompute", "draft.stage")
+SEARCHED = (
+    "parallel.tp",
+    "parallel.cp",
+    "parallel.pp",
+    "parallel.dp",
+    "parallel.vpp",
+    "parallel.ep",
+    "parallel.etp",
+    "parallel.sequence_parallel",
+    "parallel.first_stage_layers",
+    "parallel.last_stage_layers",
+    "parallel.account_for_embedding_in_pipeline_split",
+    "parallel.account_for_loss_in_pipeline_split",
+    "training.micro_batch_size",
+    "training.recompute",
+    "draft.stage",
+)
 
 
 class Base(NamedTuple):
@@ -81,8 +94,9 @@ def bases(spec: LayoutSpec, pins: frozenset[str]) -> list[Base]:
                         if sp and (tp == 1 or m.seq_length % (2 * cp * tp)):
                             continue
                         for rc in _pinned(spec, pins, "training.recompute", RECOMPUTE):
-                            for mbs in _pinned(spec, pins, "training.micro_batch_size",
-                                               divisors(t.global_batch_size // dp)):
+                            for mbs in _pinned(
+                                spec, pins, "training.micro_batch_size", divisors(t.global_batch_size // dp)
+                            ):
                                 if t.global_batch_size % (mbs * dp) == 0:
                                     out.append(Base(tp, cp, pp, dp, ep, etp, sp, rc, mbs))
     return out
@@ -150,8 +164,12 @@ def splits(spec: LayoutSpec, pp: int, pins: frozenset[str]) -> list[Split]:
                 found.append((first if d_first else None, last if d_last else None, False, False))
     out = []
     p = spec.parallel
-    fields = ("first_stage_layers", "last_stage_layers", "account_for_embedding_in_pipeline_split",
-              "account_for_loss_in_pipeline_split")
+    fields = (
+        "first_stage_layers",
+        "last_stage_layers",
+        "account_for_embedding_in_pipeline_split",
+        "account_for_loss_in_pipeline_split",
+    )
     for values in found:
         if any(f"parallel.{name}" in pins and value != getattr(p, name) for name, value in zip(fields, values)):
             continue
@@ -160,8 +178,11 @@ def splits(spec: LayoutSpec, pp: int, pins: frozenset[str]) -> list[Split]:
             unit = (n + e + loss) // pp
         else:
             middle = (n - (first or 0) - (last or 0)) // max(pp - (first is not None) - (last is not None), 1)
-            unit = math.gcd(first or middle, last or middle, middle) if pp > 2 else math.gcd(first or middle,
-                                                                                                last or middle)
+            unit = (
+                math.gcd(first or middle, last or middle, middle)
+                if pp > 2
+                else math.gcd(first or middle, last or middle)
+            )
         for vpp in _vpps(spec, pp, unit, pins):
             chunks = _chunks(spec, pp, first, last, e, loss, vpp)
             if chunks is not None:
@@ -188,9 +209,18 @@ def _chunks(spec: LayoutSpec, pp: int, first, last, e: bool, loss: bool, vpp) ->
     from specdraft.plan.stages import chunk_layout
     from specdraft.spec.validate import layer_split_problems
 
-    probe = dataclasses.replace(spec, parallel=dataclasses.replace(
-        spec.parallel, pp=pp, vpp=vpp, first_stage_layers=first, last_stage_layers=last,
-        account_for_embedding_in_pipeline_split=e, account_for_loss_in_pipeline_split=loss))
+    probe = dataclasses.replace(
+        spec,
+        parallel=dataclasses.replace(
+            spec.parallel,
+            pp=pp,
+            vpp=vpp,
+            first_stage_layers=first,
+            last_stage_layers=last,
+            account_for_embedding_in_pipeline_split=e,
+            account_for_loss_in_pipeline_split=loss,
+        ),
+    )
     result = None
     if not layer_split_problems(probe):
         result = tuple(tuple(count for _, count in stage) for stage in chunk_layout(probe))
@@ -207,9 +237,20 @@ def candidate_spec(spec: LayoutSpec, base: Base, split: Split, draft_stage: Opti
     return dataclasses.replace(
         spec,
         parallel=dataclasses.replace(
-            p, tp=base.tp, cp=base.cp, pp=base.pp, dp=base.dp, ep=base.ep,
-            etp=None if base.etp == base.tp else base.etp, sequence_parallel=base.sp, vpp=split.vpp,
-            first_stage_layers=split.first, last_stage_layers=split.last,
-            account_for_embedding_in_pipeline_split=split.embedding, account_for_loss_in_pipeline_split=split.loss),
+            p,
+            tp=base.tp,
+            cp=base.cp,
+            pp=base.pp,
+            dp=base.dp,
+            ep=base.ep,
+            etp=None if base.etp == base.tp else base.etp,
+            sequence_parallel=base.sp,
+            vpp=split.vpp,
+            first_stage_layers=split.first,
+            last_stage_layers=split.last,
+            account_for_embedding_in_pipeline_split=split.embedding,
+            account_for_loss_in_pipeline_split=split.loss,
+        ),
         training=dataclasses.replace(t, micro_batch_size=base.mbs, recompute=base.recompute),
-        draft=dataclasses.replace(d, stage=stage))
+        draft=dataclasses.replace(d, stage=stage),
+    )

@@ -31,17 +31,25 @@ def accounted_counts(spec: LayoutSpec) -> list[int] | None:
 def accounted_split_rules(spec: LayoutSpec, err) -> None:
     p, n = spec.parallel, spec.model.num_layers
     e, loss = split_accounting(p)
-    path = ("parallel.account_for_embedding_in_pipeline_split" if e
-            else "parallel.account_for_loss_in_pipeline_split")
+    path = "parallel.account_for_embedding_in_pipeline_split" if e else "parallel.account_for_loss_in_pipeline_split"
     if p.first_stage_layers is not None or p.last_stage_layers is not None:
-        err(path, True, "Megatron cannot count the embedding or loss as a layer together with an uneven split "
-            "(first_stage_layers/last_stage_layers)", "drop one of them")
+        err(
+            path,
+            True,
+            "Megatron cannot count the embedding or loss as a layer together with an uneven split "
+            "(first_stage_layers/last_stage_layers)",
+            "drop one of them",
+        )
         return
     total = n + e + loss
     if total % p.pp:
         ok = [d for d in range(1, n + 1) if total % d == 0]
-        err("parallel.pp", p.pp, f"must divide num_layers + the accounted embedding/loss ({n} + {e + loss} = "
-            f"{total})", f"use one of {', '.join(map(str, ok))}, or change the account_for_* fields")
+        err(
+            "parallel.pp",
+            p.pp,
+            f"must divide num_layers + the accounted embedding/loss ({n} + {e + loss} = {total})",
+            f"use one of {', '.join(map(str, ok))}, or change the account_for_* fields",
+        )
         return
     vpp = p.vpp if p.vpp and p.vpp > 1 and p.pp > 1 else 1
     if p.vpp is not None and p.vpp < 1:
@@ -49,8 +57,16 @@ def accounted_split_rules(spec: LayoutSpec, err) -> None:
     elif p.vpp is not None and p.vpp > 1 and p.pp < 2:
         err("parallel.vpp", p.vpp, "interleaving needs pp >= 2", "set parallel.vpp=null")
     elif (total // p.pp) % vpp:
-        err("parallel.vpp", p.vpp, f"must divide the layers per stage counting the embedding/loss "
-            f"({total} / pp {p.pp} = {total // p.pp})", f"use a vpp dividing {total // p.pp}")
+        err(
+            "parallel.vpp",
+            p.vpp,
+            f"must divide the layers per stage counting the embedding/loss ({total} / pp {p.pp} = {total // p.pp})",
+            f"use a vpp dividing {total // p.pp}",
+        )
     elif total // p.pp // vpp <= max(e, loss):
-        err("parallel.pp", p.pp, "leaves a model chunk with no transformer layer once the embedding or loss takes "
-            "its place", "lower pp or vpp")
+        err(
+            "parallel.pp",
+            p.pp,
+            "leaves a model chunk with no transformer layer once the embedding or loss takes its place",
+            "lower pp or vpp",
+        )

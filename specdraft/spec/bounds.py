@@ -111,40 +111,64 @@ def int_problem(path: str, value: int, shown: Any = None) -> Problem | None:
         return None
     shown = value if shown is None else shown
     if value > hi:
-        return Problem(path=path, value=shown, rule=f"is larger than specdraft's bound of {hi:,}",
-                       fix="use a realistic value (docs/spec.md, 'Bounds', lists every bound)")
-    return Problem(path=path, value=shown, rule=f"is below specdraft's bound of {lo:,}",
-                   fix="use a value in range (docs/spec.md, 'Bounds')" if lo == FLOOR else f"use {lo}..{hi:,}")
+        return Problem(
+            path=path,
+            value=shown,
+            rule=f"is larger than specdraft's bound of {hi:,}",
+            fix="use a realistic value (docs/spec.md, 'Bounds', lists every bound)",
+        )
+    return Problem(
+        path=path,
+        value=shown,
+        rule=f"is below specdraft's bound of {lo:,}",
+        fix="use a value in range (docs/spec.md, 'Bounds')" if lo == FLOOR else f"use {lo}..{hi:,}",
+    )
 
 
 def float_problem(path: str, value: float) -> Problem | None:
     if math.isfinite(value):
         return None
-    return Problem(path=path, value=value, rule="must be a finite number (not nan or inf)",
-                   fix=f"`specdraft explain {field_key(path)}` shows the default and what the field means")
+    return Problem(
+        path=path,
+        value=value,
+        rule="must be a finite number (not nan or inf)",
+        fix=f"`specdraft explain {field_key(path)}` shows the default and what the field means",
+    )
 
 
 def string_problem(path: str, value: str) -> Problem | None:
     if len(value) > MAX_STRING_CHARS:
-        return Problem(path=path, value=value, rule=f"is {len(value):,} characters; the bound is {MAX_STRING_CHARS:,}",
-                       fix="shorten it")
+        return Problem(
+            path=path,
+            value=value,
+            rule=f"is {len(value):,} characters; the bound is {MAX_STRING_CHARS:,}",
+            fix="shorten it",
+        )
     control = CONTROL_IN_ENV_VALUE if field_key(path) == "slurm.env" else CONTROL
     bad = control.search(value)
     if bad:
-        return Problem(path=path, value=value, rule=f"contains the control character {bad.group()!r} at "
-                       f"position {bad.start()}", fix="remove it (NUL, escape codes and line breaks cannot be carried "
-                       "safely into argv, scripts and logs)")
+        return Problem(
+            path=path,
+            value=value,
+            rule=f"contains the control character {bad.group()!r} at position {bad.start()}",
+            fix="remove it (NUL, escape codes and line breaks cannot be carried safely into argv, scripts and logs)",
+        )
     if SURROGATE.search(value):
-        return Problem(path=path, value=value, rule="is not valid Unicode text (undecodable bytes)",
-                       fix="write it in UTF-8")
+        return Problem(
+            path=path, value=value, rule="is not valid Unicode text (undecodable bytes)", fix="write it in UTF-8"
+        )
     return None
 
 
 def list_problem(path: str, value: list) -> Problem | None:
     if len(value) <= MAX_LIST_ITEMS:
         return None
-    return Problem(path=path, value=value, rule=f"has {len(value):,} items; the bound is {MAX_LIST_ITEMS:,}",
-                   fix="list fewer (typical values suffice)")
+    return Problem(
+        path=path,
+        value=value,
+        rule=f"has {len(value):,} items; the bound is {MAX_LIST_ITEMS:,}",
+        fix="list fewer (typical values suffice)",
+    )
 
 
 def value_problems(value: Any, path: str) -> list[Problem]:
@@ -162,8 +186,11 @@ def value_problems(value: Any, path: str) -> list[Problem]:
         if found is None:
             return [p for i, item in enumerate(value) for p in value_problems(item, f"{path}[{i}]")]
     elif isinstance(value, dict):
-        return [p for key, item in value.items() for p in
-                (value_problems(str(key), f"{path}.<key>") + value_problems(item, f"{path}.{key}"))]
+        return [
+            p
+            for key, item in value.items()
+            for p in (value_problems(str(key), f"{path}.<key>") + value_problems(item, f"{path}.{key}"))
+        ]
     elif is_dataclass(value):
         return [p for f in fields(value) for p in value_problems(getattr(value, f.name), _join(path, f.name))]
     else:
@@ -179,19 +206,35 @@ def check(spec) -> list[Problem]:
     c, r = spec.cluster, spec.rollout
     world = c.num_nodes * c.gpus_per_node
     if world > MAX_WORLD_SIZE:
-        problems.append(Problem(path="cluster", value=f"{c.num_nodes} nodes x {c.gpus_per_node} GPUs = {world:,}",
-                                rule=f"is more than specdraft's bound of {MAX_WORLD_SIZE:,} GPUs",
-                                fix="plan a smaller job (the bound keeps planning within seconds and a few GB)"))
+        problems.append(
+            Problem(
+                path="cluster",
+                value=f"{c.num_nodes} nodes x {c.gpus_per_node} GPUs = {world:,}",
+                rule=f"is more than specdraft's bound of {MAX_WORLD_SIZE:,} GPUs",
+                fix="plan a smaller job (the bound keeps planning within seconds and a few GB)",
+            )
+        )
     if r.enabled and not r.colocated and r.num_nodes * c.gpus_per_node > MAX_WORLD_SIZE:
-        problems.append(Problem(path="rollout.num_nodes", value=r.num_nodes,
-                                rule=f"{r.num_nodes} nodes x {c.gpus_per_node} GPUs is more than specdraft's bound "
-                                     f"of {MAX_WORLD_SIZE:,} rollout GPUs", fix="plan fewer rollout nodes"))
+        problems.append(
+            Problem(
+                path="rollout.num_nodes",
+                value=r.num_nodes,
+                rule=f"{r.num_nodes} nodes x {c.gpus_per_node} GPUs is more than specdraft's bound "
+                f"of {MAX_WORLD_SIZE:,} rollout GPUs",
+                fix="plan fewer rollout nodes",
+            )
+        )
     samples = r.num_prompts_per_step * r.num_generations_per_prompt
     if samples > MAX_SAMPLES_PER_STEP:
-        problems.append(Problem(path="rollout.num_prompts_per_step", value=r.num_prompts_per_step,
-                                rule=f"x num_generations_per_prompt ({r.num_generations_per_prompt}) = {samples:,} "
-                                     f"samples per step; the bound is {MAX_SAMPLES_PER_STEP:,}",
-                                fix="simulate fewer prompts per step (the scheduler's figures scale with them)"))
+        problems.append(
+            Problem(
+                path="rollout.num_prompts_per_step",
+                value=r.num_prompts_per_step,
+                rule=f"x num_generations_per_prompt ({r.num_generations_per_prompt}) = {samples:,} "
+                f"samples per step; the bound is {MAX_SAMPLES_PER_STEP:,}",
+                fix="simulate fewer prompts per step (the scheduler's figures scale with them)",
+            )
+        )
     return problems
 
 
@@ -200,14 +243,21 @@ def bounds_table() -> list[tuple[str, str]]:
     rows = [
         ("layout file, and all overrides together", f"{MAX_LAYOUT_BYTES:,} bytes of UTF-8 text"),
         ("overrides on one command", f"{MAX_OVERRIDES:,}"),
-        ("YAML nodes after expanding aliases", f"{MAX_YAML_NODES:,} in a file, {MAX_OVERRIDE_YAML_NODES:,} in "
-                                               "one override value"),
+        (
+            "YAML nodes after expanding aliases",
+            f"{MAX_YAML_NODES:,} in a file, {MAX_OVERRIDE_YAML_NODES:,} in one override value",
+        ),
         ("items of a list field", f"{MAX_LIST_ITEMS:,}"),
-        ("characters of a string value", f"{MAX_STRING_CHARS:,}, no control characters (slurm.env values may "
-                                         "hold tabs and line breaks)"),
-        ("`${...}` interpolations", f"{MAX_INTERPOLATIONS}, each a whole or part of one value, pointing at a "
-                                    f"single value; no resolvers; in a layout of at most {MAX_INTERPOLATED_NODES:,} "
-                                    "values"),
+        (
+            "characters of a string value",
+            f"{MAX_STRING_CHARS:,}, no control characters (slurm.env values may hold tabs and line breaks)",
+        ),
+        (
+            "`${...}` interpolations",
+            f"{MAX_INTERPOLATIONS}, each a whole or part of one value, pointing at a "
+            f"single value; no resolvers; in a layout of at most {MAX_INTERPOLATED_NODES:,} "
+            "values",
+        ),
         ("GPUs: cluster.num_nodes x gpus_per_node, and rollout GPUs", f"{MAX_WORLD_SIZE:,}"),
         ("rollout samples per step: num_prompts_per_step x num_generations_per_prompt", f"{MAX_SAMPLES_PER_STEP:,}"),
         ("every float field", "finite (no nan, no inf)"),
@@ -222,4 +272,3 @@ def bounds_table() -> list[tuple[str, str]]:
 
 def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
-

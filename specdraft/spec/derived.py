@@ -28,7 +28,9 @@ def resolved_dp(spec: LayoutSpec) -> int | None:
 
 def head_dim(model: ModelSpec) -> int:
     """Per-head dimension: kv_channels, else hidden_size / num_attention_heads (Megatron's default)."""
-    return model.kv_channels if model.kv_channels is not None else model.hidden_size // max(model.num_attention_heads, 1)
+    return (
+        model.kv_channels if model.kv_channels is not None else model.hidden_size // max(model.num_attention_heads, 1)
+    )
 
 
 def kv_heads(model: ModelSpec) -> int:

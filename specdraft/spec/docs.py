@@ -39,9 +39,13 @@ def _docstrings() -> dict[tuple[str, str], str]:
         body = node.body
         for i, stmt in enumerate(body[:-1]):
             nxt = body[i + 1]
-            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                    and isinstance(nxt.value.value, str)):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
                 out[(node.name, stmt.target.id)] = inspect.cleandoc(nxt.value.value)
     return out
 
@@ -63,8 +67,11 @@ def all_fields(cls: type = schema.LayoutSpec, prefix: str = "") -> list[FieldDoc
             default = "(required)"
         doc = docs.get((cls.__name__, f.name), "")
         section = is_dataclass(tp)
-        out.append(FieldDoc(path=path, type=tp.__name__ if section else _describe(tp), default=default,
-                            doc=doc, section=section))
+        out.append(
+            FieldDoc(
+                path=path, type=tp.__name__ if section else _describe(tp), default=default, doc=doc, section=section
+            )
+        )
         if section:
             out += all_fields(tp, f"{path}.")
     return out
@@ -77,34 +84,56 @@ def explain(path: str) -> list[FieldDoc]:
     if exact:
         return exact
     close = difflib.get_close_matches(path, [f.path for f in everything], n=3)
-    raise UserError(f"no layout field named {path!r}",
-                    f"did you mean {', '.join(close)}?" if close else "run `specdraft explain` to list every field")
+    raise UserError(
+        f"no layout field named {path!r}",
+        f"did you mean {', '.join(close)}?" if close else "run `specdraft explain` to list every field",
+    )
 
 
 def markdown_reference() -> str:
     """The whole schema as Markdown tables (docs/spec.md is this text; a test keeps it current)."""
-    lines = ["# Layout spec reference", "",
-             "Generated from the field docstrings in `specdraft/spec/schema.py` (`specdraft explain FIELD` prints the "
-             "same). Fields marked `(required)` have no default.", "",
-             "**Interpolation.** A value may hold one plain reference to another single value, e.g. "
-             "`draft.model: ${name}-eagle3` or `draft.lr: ${training.lr}`; it sees what the file and the overrides "
-             "set, not the schema's defaults. Resolvers (`${oc.env:VAR}`, "
-             "`${oc.decode:...}`, any `${name:...}`) are refused: they would copy the environment into plan.json "
-             "and the job scripts. So are references to a whole section or list, two references in one value, "
-             "and OmegaConf's missing marker `???` (which an override would otherwise silently ignore).", "",
-             "**Bounds.** Every value has a documented bound (the [table at the end](#bounds)); `validate`, `plan` "
-             "and the rollout commands refuse the same values with exit 2, so every command does bounded work.", ""]
+    lines = [
+        "# Layout spec reference",
+        "",
+        "Generated from the field docstrings in `specdraft/spec/schema.py` (`specdraft explain FIELD` prints the "
+        "same). Fields marked `(required)` have no default.",
+        "",
+        "**Interpolation.** A value may hold one plain reference to another single value, e.g. "
+        "`draft.model: ${name}-eagle3` or `draft.lr: ${training.lr}`; it sees what the file and the overrides "
+        "set, not the schema's defaults. Resolvers (`${oc.env:VAR}`, "
+        "`${oc.decode:...}`, any `${name:...}`) are refused: they would copy the environment into plan.json "
+        "and the job scripts. So are references to a whole section or list, two references in one value, "
+        "and OmegaConf's missing marker `???` (which an override would otherwise silently ignore).",
+        "",
+        "**Bounds.** Every value has a documented bound (the [table at the end](#bounds)); `validate`, `plan` "
+        "and the rollout commands refuse the same values with exit 2, so every command does bounded work.",
+        "",
+    ]
     for doc in all_fields():
         if doc.section:
-            lines += ["", f"## `{doc.path}`", "", doc.doc, "", "| field | type | default | meaning |",
-                      "|---|---|---|---|"]
+            lines += [
+                "",
+                f"## `{doc.path}`",
+                "",
+                doc.doc,
+                "",
+                "| field | type | default | meaning |",
+                "|---|---|---|---|",
+            ]
         elif "." not in doc.path:
             lines += [f"- `{doc.path}` ({doc.type}, {doc.default}): {doc.doc}"]
         else:
             cells = [f"`{doc.path.split('.', 1)[1]}`", doc.type, f"`{doc.default}`", doc.doc]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    lines += ["", "## Bounds", "", "From `specdraft/spec/bounds.py`; integer fields not listed have the last row's "
-              "range. A bound below which a field's own rule already applies (e.g. `parallel.tp` >= 1) is that rule's.",
-              "", "| what | bound |", "|---|---|"]
+    lines += [
+        "",
+        "## Bounds",
+        "",
+        "From `specdraft/spec/bounds.py`; integer fields not listed have the last row's "
+        "range. A bound below which a field's own rule already applies (e.g. `parallel.tp` >= 1) is that rule's.",
+        "",
+        "| what | bound |",
+        "|---|---|",
+    ]
     lines += [f"| {what} | {bound} |" for what, bound in bounds_table()]
     return "\n".join(lines) + "\n"

@@ -33,12 +33,33 @@ CATALOGUE: dict[str, Gpu] = {
     g.name: g
     for g in (
         Gpu(name="a100-80gb", hbm_bytes=81920 * MIB, hbm_bw=2.039e12, peak_flops=312e12, link_bw=300e9, net_bw=25e9),
-        Gpu(name="h100-80gb", hbm_bytes=81559 * MIB, hbm_bw=3.35e12, peak_flops=989e12, link_bw=450e9, net_bw=50e9,
-            fp8_flops=1979e12),
-        Gpu(name="h200-141gb", hbm_bytes=143771 * MIB, hbm_bw=4.8e12, peak_flops=989e12, link_bw=450e9, net_bw=50e9,
-            fp8_flops=1979e12),
-        Gpu(name="b200", hbm_bytes=180 * GB, hbm_bw=8.0e12, peak_flops=2250e12, link_bw=900e9, net_bw=50e9,
-            fp8_flops=4500e12),
+        Gpu(
+            name="h100-80gb",
+            hbm_bytes=81559 * MIB,
+            hbm_bw=3.35e12,
+            peak_flops=989e12,
+            link_bw=450e9,
+            net_bw=50e9,
+            fp8_flops=1979e12,
+        ),
+        Gpu(
+            name="h200-141gb",
+            hbm_bytes=143771 * MIB,
+            hbm_bw=4.8e12,
+            peak_flops=989e12,
+            link_bw=450e9,
+            net_bw=50e9,
+            fp8_flops=1979e12,
+        ),
+        Gpu(
+            name="b200",
+            hbm_bytes=180 * GB,
+            hbm_bw=8.0e12,
+            peak_flops=2250e12,
+            link_bw=900e9,
+            net_bw=50e9,
+            fp8_flops=4500e12,
+        ),
         # Local runs: one "device" per process on the host's CPU and RAM.
         Gpu(name="cpu", hbm_bytes=4 * GIB, hbm_bw=20e9, peak_flops=100e9, link_bw=10e9, net_bw=1e9, is_gpu=False),
     )

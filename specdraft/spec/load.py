@@ -44,8 +44,9 @@ def load_layout(path: str | Path | None, overrides: Sequence[str] = ()) -> Layou
 
 def shipped_layouts() -> list[str]:
     """The names of the layouts shipped inside the package, sorted."""
-    return sorted(p.name[: -len(".yaml")] for p in resources.files("specdraft.layouts").iterdir()
-                  if p.name.endswith(".yaml"))
+    return sorted(
+        p.name[: -len(".yaml")] for p in resources.files("specdraft.layouts").iterdir() if p.name.endswith(".yaml")
+    )
 
 
 def shipped_layout_name(path: str | Path | None) -> str | None:
@@ -56,7 +57,7 @@ def shipped_layout_name(path: str | Path | None) -> str | None:
     text = str(path)
     if Path(text).exists():
         return None
-    name = text[len("layouts/"):] if text.startswith("layouts/") else text
+    name = text[len("layouts/") :] if text.startswith("layouts/") else text
     name = name[: -len(".yaml")] if name.endswith(".yaml") else name
     return name if name in shipped_layouts() else None
 
@@ -69,9 +70,17 @@ def _read_layout(file: Path) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise SpecError([Problem(path="<file>", value=f"byte {err.start}: {data[err.start:err.start + 4]!r}",
-                                 rule="the layout is not UTF-8 text", fix="save the file as UTF-8")],
-                        str(file)) from None
+        raise SpecError(
+            [
+                Problem(
+                    path="<file>",
+                    value=f"byte {err.start}: {data[err.start : err.start + 4]!r}",
+                    rule="the layout is not UTF-8 text",
+                    fix="save the file as UTF-8",
+                )
+            ],
+            str(file),
+        ) from None
 
 
 def load_layout_text(text: str, overrides: Sequence[str] = (), source: str = "<text>") -> LayoutSpec:
@@ -132,8 +141,14 @@ def build(cls: type, data: Any, path: str, stood_in: list[str] | None = None) ->
     those fields.
     """
     if not isinstance(data, dict):
-        return None, [Problem(path=path or "<root>", value=data, rule=f"must be a mapping of {cls.__name__} fields",
-                              fix="write it as `key: value` lines")]
+        return None, [
+            Problem(
+                path=path or "<root>",
+                value=data,
+                rule=f"must be a mapping of {cls.__name__} fields",
+                fix="write it as `key: value` lines",
+            )
+        ]
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in fields(cls)}
     problems: list[Problem] = []
@@ -146,8 +161,11 @@ def build(cls: type, data: Any, path: str, stood_in: list[str] | None = None) ->
             # the first problems are listed, so thousands of unknown keys get no suggestion past those.
             suggest = len(str(key)) <= 64 and len(problems) < MAX_LISTED_PROBLEMS
             close = difflib.get_close_matches(str(key), list(known), n=3) if suggest else []
-            hint = (f"did you mean {' or '.join(f'`{_join(path, c)}`' for c in close)}?" if close
-                    else f"known fields: {', '.join(known)}")
+            hint = (
+                f"did you mean {' or '.join(f'`{_join(path, c)}`' for c in close)}?"
+                if close
+                else f"known fields: {', '.join(known)}"
+            )
             problems.append(Problem(path=sub, value=raw, rule="unknown field", fix=hint))
             continue
         value, errs = _convert(hints[key], raw, sub, stood_in)
@@ -161,8 +179,14 @@ def build(cls: type, data: Any, path: str, stood_in: list[str] | None = None) ->
     for name, f in known.items():
         if name not in data and not _has_default(f):
             complete = False
-            problems.append(Problem(path=_join(path, name), value=MISSING, rule="is required",
-                                    fix=f"set `{_join(path, name)}` in the layout (`specdraft explain {_join(path, name)}`)"))
+            problems.append(
+                Problem(
+                    path=_join(path, name),
+                    value=MISSING,
+                    rule="is required",
+                    fix=f"set `{_join(path, name)}` in the layout (`specdraft explain {_join(path, name)}`)",
+                )
+            )
     return (cls(**values) if complete else None), problems
 
 
@@ -201,8 +225,9 @@ def _convert(tp: Any, raw: Any, path: str, stood_in: list[str] | None = None) ->
         return None, [Problem(path=path, value=raw, rule=f"must be one of {', '.join(map(repr, args))}", fix=fix)]
     if origin is list:
         if not isinstance(raw, list):
-            return None, [Problem(path=path, value=raw, rule=f"must be a list ({_describe(tp)})",
-                                  fix="write it as [a, b, ...]")]
+            return None, [
+                Problem(path=path, value=raw, rule=f"must be a list ({_describe(tp)})", fix="write it as [a, b, ...]")
+            ]
         too_long = bounds.list_problem(path, raw)
         if too_long:
             return None, [too_long]
@@ -229,8 +254,14 @@ def _scalar(tp: type, raw: Any, path: str) -> tuple[Any, list[Problem]]:
     """Convert one value and apply its bounds (spec.bounds): a bad value is reported and None returned."""
     value = _scalar_value(tp, raw)
     if value is _BAD:
-        return None, [Problem(path=path, value=raw, rule=f"must be {_describe(tp)}, got {type(raw).__name__}",
-                              fix=f"write {_describe(tp)} (YAML quotes make a string)" if tp is not str else "quote it")]
+        return None, [
+            Problem(
+                path=path,
+                value=raw,
+                rule=f"must be {_describe(tp)}, got {type(raw).__name__}",
+                fix=f"write {_describe(tp)} (YAML quotes make a string)" if tp is not str else "quote it",
+            )
+        ]
     if isinstance(value, bool):
         return value, []
     if isinstance(value, int):
@@ -276,4 +307,6 @@ def _describe(tp: Any) -> str:
         return f"list of {_describe(args[0])}"
     if origin is dict:
         return f"mapping of {_describe(args[0])} to {_describe(args[1])}"
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(tp, getattr(tp, "__name__", str(tp)))
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )

@@ -12,12 +12,42 @@ import re
 
 # Long options the script sets (or that would break submitit's tracking of the job's tasks and logs).
 # tasks-per-node is Slurm's alias of ntasks-per-node.
-MANAGED_LONG = frozenset({
-    "job-name", "nodes", "ntasks-per-node", "tasks-per-node", "ntasks", "gpus-per-node", "cpus-per-task", "time",
-    "partition", "account", "qos", "chdir", "output", "error", "open-mode", "signal", "array", "wrap",
-})
-MANAGED_SHORT = {"J": "job-name", "N": "nodes", "n": "ntasks", "c": "cpus-per-task", "t": "time", "p": "partition",
-                 "A": "account", "q": "qos", "D": "chdir", "o": "output", "e": "error", "a": "array"}
+MANAGED_LONG = frozenset(
+    {
+        "job-name",
+        "nodes",
+        "ntasks-per-node",
+        "tasks-per-node",
+        "ntasks",
+        "gpus-per-node",
+        "cpus-per-task",
+        "time",
+        "partition",
+        "account",
+        "qos",
+        "chdir",
+        "output",
+        "error",
+        "open-mode",
+        "signal",
+        "array",
+        "wrap",
+    }
+)
+MANAGED_SHORT = {
+    "J": "job-name",
+    "N": "nodes",
+    "n": "ntasks",
+    "c": "cpus-per-task",
+    "t": "time",
+    "p": "partition",
+    "A": "account",
+    "q": "qos",
+    "D": "chdir",
+    "o": "output",
+    "e": "error",
+    "a": "array",
+}
 # Real sbatch options that are also a prefix of a managed one; getopt_long prefers an exact match, so these are
 # themselves, not abbreviations (the only one in Slurm 20.11-25.x: --gpus, a prefix of --gpus-per-node).
 EXACT_OPTIONS_THAT_PREFIX_MANAGED = frozenset({"gpus"})
@@ -36,8 +66,11 @@ def option_problem(arg: str) -> tuple[str, str] | None:
         return "must be one sbatch option starting with '-'", "e.g. --exclusive or --constraint=h100"
     special = SPECIAL.search(arg)
     if special:
-        return (f"must be exactly one option: sbatch's #SBATCH reader would split, unquote, unescape or cut it at "
-                f"{special.group()!r}", FIX_ONE)
+        return (
+            f"must be exactly one option: sbatch's #SBATCH reader would split, unquote, unescape or cut it at "
+            f"{special.group()!r}",
+            FIX_ONE,
+        )
     if arg.startswith("--"):
         name = arg[2:].split("=", 1)[0]
         if name in MANAGED_LONG:
@@ -45,8 +78,11 @@ def option_problem(arg: str) -> tuple[str, str] | None:
         if name not in EXACT_OPTIONS_THAT_PREFIX_MANAGED:
             matches = sorted(m for m in MANAGED_LONG if m.startswith(name))
             if matches:
-                return (f"sbatch reads --{name} as an abbreviation of {' or '.join('--' + m for m in matches)}, "
-                        "which specdraft sets itself", FIX_MANAGED)
+                return (
+                    f"sbatch reads --{name} as an abbreviation of {' or '.join('--' + m for m in matches)}, "
+                    "which specdraft sets itself",
+                    FIX_MANAGED,
+                )
         return None
     letter = arg[1]
     if letter in MANAGED_SHORT:
@@ -57,5 +93,7 @@ def option_problem(arg: str) -> tuple[str, str] | None:
 
 
 def _managed(option: str) -> tuple[str, str]:
-    return (f"specdraft sets {option} itself (from the layout, or for submitit's tracking of the job's tasks "
-            "and logs)", FIX_MANAGED)
+    return (
+        f"specdraft sets {option} itself (from the layout, or for submitit's tracking of the job's tasks and logs)",
+        FIX_MANAGED,
+    )

@@ -38,7 +38,7 @@ class ModelSpec:
     moe_router_topk: int = 2
     """Experts each token is routed to (HF num_experts_per_tok)."""
     moe_aux_loss_coeff: float = 0.0
-    """Load-balancing (aux) loss coefficient of the MoE router (--moe-aux-loss-coeff; HF router_aux_loss_coef); 0 turns it off."""
+    """MoE router load-balancing loss coefficient (--moe-aux-loss-coeff; HF router_aux_loss_coef); 0 = off."""
     swiglu: bool = True
     """Gated (SwiGLU) MLP with three weight matrices; false for a plain two-matrix MLP."""
     tie_embeddings: bool = False
@@ -120,9 +120,9 @@ class DraftSpec:
     model: str = "checkpoints/draft"
     """Path of the draft checkpoint that rollout engines load (vLLM speculative_config.model)."""
     vocab_size: Optional[int] = None
-    """Draft LM-head vocabulary: the most frequent target tokens of the training data (SpecForge's d2t/t2d); null = the target's."""
+    """Draft LM-head vocabulary: the target's most frequent training tokens (SpecForge's d2t/t2d); null = target's."""
     export_interval: int = 0
-    """Steps between publishing the draft for vLLM/SGLang into RUN_DIR/draft/step-N/ (and after the last step); 0 = off."""
+    """Steps between publishing the draft for vLLM/SGLang to RUN_DIR/draft/step-N/ (and after the last); 0 = off."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,8 +13,16 @@ import re
 from typing import Any, Sequence
 
 from specdraft.errors import Problem, SpecError, shorten
-from specdraft.spec.bounds import (MAX_INTERPOLATIONS, MAX_LAYOUT_BYTES, MAX_LIST_ITEMS, MAX_OVERRIDE_YAML_NODES,
-                                   MAX_INTERPOLATED_NODES, MAX_OVERRIDES, MAX_STRING_CHARS, MAX_YAML_NODES)
+from specdraft.spec.bounds import (
+    MAX_INTERPOLATED_NODES,
+    MAX_INTERPOLATIONS,
+    MAX_LAYOUT_BYTES,
+    MAX_LIST_ITEMS,
+    MAX_OVERRIDE_YAML_NODES,
+    MAX_OVERRIDES,
+    MAX_STRING_CHARS,
+    MAX_YAML_NODES,
+)
 
 MISSING_MARKER = "???"
 # YAML 1.1 reads `1:30:00` as the base-60 integer 5400, so `slurm.time: 1:30:00` became 5400 minutes. YAML 1.2
@@ -42,26 +50,48 @@ def to_plain_dict(text: str, overrides: Sequence[str], source: str) -> dict:
             raise SpecError(problems, source)
         return base
     if nodes > MAX_INTERPOLATED_NODES:
-        _fail(source, "<yaml>", f"{nodes:,} values", f"a layout with ${{...}} interpolations may hold at most "
-              f"{MAX_INTERPOLATED_NODES:,} values (resolving builds OmegaConf's containers, ~0.1 ms per value)",
-              "write the referenced values out, or shorten the long lists")
+        _fail(
+            source,
+            "<yaml>",
+            f"{nodes:,} values",
+            f"a layout with ${{...}} interpolations may hold at most "
+            f"{MAX_INTERPOLATED_NODES:,} values (resolving builds OmegaConf's containers, ~0.1 ms per value)",
+            "write the referenced values out, or shorten the long lists",
+        )
     return _resolve_with_omegaconf(base, layers, source)
 
 
 def _check_overrides(overrides: Sequence[str], source: str) -> None:
     problems = []
     if len(overrides) > MAX_OVERRIDES:
-        problems.append(Problem(path="<overrides>", value=f"{len(overrides):,} overrides",
-                                rule=f"more than the bound of {MAX_OVERRIDES:,}", fix="put them in a layout file"))
+        problems.append(
+            Problem(
+                path="<overrides>",
+                value=f"{len(overrides):,} overrides",
+                rule=f"more than the bound of {MAX_OVERRIDES:,}",
+                fix="put them in a layout file",
+            )
+        )
     elif sum(len(item) for item in overrides) > MAX_LAYOUT_BYTES:
-        problems.append(Problem(path="<overrides>", value=f"{sum(len(i) for i in overrides):,} characters",
-                                rule=f"the overrides together exceed the bound of {MAX_LAYOUT_BYTES:,}",
-                                fix="put long values in a layout file"))
+        problems.append(
+            Problem(
+                path="<overrides>",
+                value=f"{sum(len(i) for i in overrides):,} characters",
+                rule=f"the overrides together exceed the bound of {MAX_LAYOUT_BYTES:,}",
+                fix="put long values in a layout file",
+            )
+        )
     else:
         for item in overrides:
             if "=" not in item or item.startswith("="):
-                problems.append(Problem(path="<override>", value=item, rule="an override is KEY=VALUE",
-                                        fix="write it as a dotlist, e.g. parallel.cp=4"))
+                problems.append(
+                    Problem(
+                        path="<override>",
+                        value=item,
+                        rule="an override is KEY=VALUE",
+                        fix="write it as a dotlist, e.g. parallel.cp=4",
+                    )
+                )
     if problems:
         raise SpecError(problems, source)
 
@@ -75,8 +105,10 @@ def _yaml_loader():
         return None
     base = get_yaml_loader(max_yaml_expanded_nodes=MAX_YAML_NODES)
     # The str resolver goes first for the characters a base-60 number can start with, so it wins over int/float.
-    resolvers = {key: ([(STR_TAG, SEXAGESIMAL)] if key in "+-0123456789" else []) + list(value)
-                 for key, value in base.yaml_implicit_resolvers.items()}
+    resolvers = {
+        key: ([(STR_TAG, SEXAGESIMAL)] if key in "+-0123456789" else []) + list(value)
+        for key, value in base.yaml_implicit_resolvers.items()
+    }
     return type("LayoutLoader", (base,), {"yaml_implicit_resolvers": resolvers})
 
 
@@ -85,8 +117,13 @@ def _parse(text: str, source: str) -> dict:
     from omegaconf.errors import OmegaConfBaseException
 
     if len(text) > MAX_LAYOUT_BYTES:
-        _fail(source, "<yaml>", f"{len(text):,} characters", f"the layout exceeds the bound of {MAX_LAYOUT_BYTES:,}",
-              "a layout is a few hundred lines")
+        _fail(
+            source,
+            "<yaml>",
+            f"{len(text):,} characters",
+            f"the layout exceeds the bound of {MAX_LAYOUT_BYTES:,}",
+            "a layout is a few hundred lines",
+        )
     loader = _yaml_loader()
     try:
         if loader is not None:
@@ -98,16 +135,26 @@ def _parse(text: str, source: str) -> dict:
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
-        _fail(source, "<yaml>", where, f"YAML syntax error: {_yaml_reason(err, MAX_YAML_NODES)}",
-              "fix the YAML at that position (indentation, a missing ':' or an unclosed quote)")
+        _fail(
+            source,
+            "<yaml>",
+            where,
+            f"YAML syntax error: {_yaml_reason(err, MAX_YAML_NODES)}",
+            "fix the YAML at that position (indentation, a missing ':' or an unclosed quote)",
+        )
     except RecursionError:
         _fail(source, "<yaml>", None, "the YAML nests too deeply", "a layout nests a few levels")
     except AssertionError:
         # OmegaConf.create asserts that YAML text is a mapping or a list; a scalar document (`42`) trips it.
         _not_a_mapping(source, "a single value")
     except OmegaConfBaseException as err:
-        _fail(source, getattr(err, "full_key", None) or "<yaml>", "(unreadable)",
-              f"cannot read the layout: {_first_line(err)}", "fix the value")
+        _fail(
+            source,
+            getattr(err, "full_key", None) or "<yaml>",
+            "(unreadable)",
+            f"cannot read the layout: {_first_line(err)}",
+            "fix the value",
+        )
     except ValueError as err:  # e.g. an integer of more than 4,300 digits (Python's int/str conversion bound)
         _fail(source, "<yaml>", None, f"cannot read a value: {_first_line(err)}", "use a realistic value")
     if data is None:
@@ -130,14 +177,31 @@ def _parse_overrides(overrides: Sequence[str]) -> tuple[list[tuple[str, dict]], 
             item = f"{key}='{value.strip()}'"  # text, as in a file (see SEXAGESIMAL)
         try:
             layer = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=False)
-        except (OmegaConfBaseException, yaml.YAMLError, ValueError, TypeError, KeyError, IndexError,
-                RecursionError) as err:
+        except (
+            OmegaConfBaseException,
+            yaml.YAMLError,
+            ValueError,
+            TypeError,
+            KeyError,
+            IndexError,
+            RecursionError,
+        ) as err:
             # IndexError: OmegaConf 2.4's key splitter fails on a key such as `[` instead of refusing it.
-            reason = (_yaml_reason(err, MAX_OVERRIDE_YAML_NODES) if isinstance(err, yaml.YAMLError)
-                      else f"malformed key path {key!r} (write a.b.c, or a.b[0] for a list item)"
-                      if isinstance(err, IndexError) else _first_line(err))
-            problems.append(Problem(path=key, value=value, rule=f"cannot apply override: {reason}",
-                                    fix="check the key path and the value's YAML syntax"))
+            reason = (
+                _yaml_reason(err, MAX_OVERRIDE_YAML_NODES)
+                if isinstance(err, yaml.YAMLError)
+                else f"malformed key path {key!r} (write a.b.c, or a.b[0] for a list item)"
+                if isinstance(err, IndexError)
+                else _first_line(err)
+            )
+            problems.append(
+                Problem(
+                    path=key,
+                    value=value,
+                    rule=f"cannot apply override: {reason}",
+                    fix="check the key path and the value's YAML syntax",
+                )
+            )
             continue
         found, uses, _ = _markers(layer, "")
         problems += found
@@ -156,9 +220,15 @@ def _merge_plain(base: dict, layer: dict, item: str, path: str = "") -> list[Pro
         if isinstance(value, dict) and isinstance(old, dict):
             problems += _merge_plain(old, value, item, sub)
         elif isinstance(value, dict) and isinstance(old, list) or isinstance(value, list) and isinstance(old, dict):
-            problems.append(Problem(path=sub, value=item.split("=", 1)[1], rule="cannot apply override: it merges a "
-                                    f"{'mapping into a list' if isinstance(value, dict) else 'list into a mapping'}",
-                                    fix="replace the whole value, e.g. key=[a, b]"))
+            problems.append(
+                Problem(
+                    path=sub,
+                    value=item.split("=", 1)[1],
+                    rule="cannot apply override: it merges a "
+                    f"{'mapping into a list' if isinstance(value, dict) else 'list into a mapping'}",
+                    fix="replace the whole value, e.g. key=[a, b]",
+                )
+            )
         else:
             base[key] = value
     return problems
@@ -174,16 +244,27 @@ def _resolve_with_omegaconf(base: dict, layers: list[tuple[str, dict]], source: 
     try:
         merged = OmegaConf.create(base)
     except expected as err:
-        _fail(source, getattr(err, "full_key", None) or "<yaml>", "(unreadable)",
-              f"cannot read the layout: {_first_line(err)}", "fix the value")
+        _fail(
+            source,
+            getattr(err, "full_key", None) or "<yaml>",
+            "(unreadable)",
+            f"cannot read the layout: {_first_line(err)}",
+            "fix the value",
+        )
     problems = []
     for item, _ in layers:  # one at a time, so a failing one is named
         try:
             merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
         except expected as err:
             key, value = item.split("=", 1)
-            problems.append(Problem(path=key, value=value, rule=f"cannot apply override: {_first_line(err)}",
-                                    fix="check the key path and the value's YAML syntax"))
+            problems.append(
+                Problem(
+                    path=key,
+                    value=value,
+                    rule=f"cannot apply override: {_first_line(err)}",
+                    fix="check the key path and the value's YAML syntax",
+                )
+            )
     problems = problems or _interpolation_targets(merged)
     if problems:
         raise SpecError(problems, source)
@@ -204,8 +285,14 @@ def _markers(data: Any, path: str) -> tuple[list[Problem], bool, int]:
             stack += [(f"{where}.{k}" if where else str(k), v) for k, v in reversed(list(value.items()))]
         elif isinstance(value, list):
             if len(value) > MAX_LIST_ITEMS:  # refused before anything walks or copies it item by item
-                problems.append(Problem(path=where, value=value, rule=f"has {len(value):,} items; the bound is "
-                                        f"{MAX_LIST_ITEMS:,}", fix="list fewer (typical values suffice)"))
+                problems.append(
+                    Problem(
+                        path=where,
+                        value=value,
+                        rule=f"has {len(value):,} items; the bound is {MAX_LIST_ITEMS:,}",
+                        fix="list fewer (typical values suffice)",
+                    )
+                )
                 continue
             stack += [(f"{where}[{i}]", v) for i, v in reversed(list(enumerate(value)))]
         elif isinstance(value, str):
@@ -218,12 +305,20 @@ def _markers(data: Any, path: str) -> tuple[list[Problem], bool, int]:
 
 def _string_marker(path: str, value: str) -> Problem | None:
     if value == MISSING_MARKER:
-        return Problem(path=path, value=value, rule="is OmegaConf's missing-value marker, which would leave the "
-                       "field unset (an override of ??? is otherwise silently ignored)",
-                       fix="give a value, or drop the key to use the default")
+        return Problem(
+            path=path,
+            value=value,
+            rule="is OmegaConf's missing-value marker, which would leave the "
+            "field unset (an override of ??? is otherwise silently ignored)",
+            fix="give a value, or drop the key to use the default",
+        )
     if len(value) > MAX_STRING_CHARS:
-        return Problem(path=path, value=value, rule=f"is {len(value):,} characters; the bound is "
-                       f"{MAX_STRING_CHARS:,}", fix="shorten it")
+        return Problem(
+            path=path,
+            value=value,
+            rule=f"is {len(value):,} characters; the bound is {MAX_STRING_CHARS:,}",
+            fix="shorten it",
+        )
     if "${" not in value:
         return None
     from omegaconf import grammar_parser
@@ -233,8 +328,12 @@ def _string_marker(path: str, value: str) -> Problem | None:
     try:
         tree = grammar_parser.parse(value)
     except GrammarParseError as err:
-        return Problem(path=path, value=value, rule=f"is not a valid interpolation: {_first_line(err)}",
-                       fix="close the ${...}, or escape a literal as \\${")
+        return Problem(
+            path=path,
+            value=value,
+            rule=f"is not a valid interpolation: {_first_line(err)}",
+            fix="close the ${...}, or escape a literal as \\${",
+        )
     nodes, resolvers = 0, 0
     stack = [tree]
     while stack:
@@ -243,12 +342,20 @@ def _string_marker(path: str, value: str) -> Problem | None:
         resolvers += isinstance(node, G.InterpolationResolverContext)
         stack += list(node.getChildren()) if hasattr(node, "getChildren") else []
     if resolvers:
-        return Problem(path=path, value=value, rule="resolvers (${name:...}, e.g. ${oc.env:VAR}) are not allowed: "
-                       "they would copy the environment or run code into plan.json and the job scripts",
-                       fix="write the value itself; plain references such as ${model.path} are allowed")
+        return Problem(
+            path=path,
+            value=value,
+            rule="resolvers (${name:...}, e.g. ${oc.env:VAR}) are not allowed: "
+            "they would copy the environment or run code into plan.json and the job scripts",
+            fix="write the value itself; plain references such as ${model.path} are allowed",
+        )
     if nodes > 1:
-        return Problem(path=path, value=value, rule="holds more than one ${...} reference (or a nested one)",
-                       fix="use at most one plain reference per value, e.g. ${name}-ckpt")
+        return Problem(
+            path=path,
+            value=value,
+            rule="holds more than one ${...} reference (or a nested one)",
+            fix="use at most one plain reference per value, e.g. ${name}-ckpt",
+        )
     return None
 
 
@@ -272,23 +379,46 @@ def _interpolation_targets(merged) -> list[Problem]:
             elif OmegaConf.is_config(child := cfg[key]):  # not an interpolation: nothing is resolved here
                 stack.append((sub, child))
     if len(found) > MAX_INTERPOLATIONS:
-        return [Problem(path=found[MAX_INTERPOLATIONS][0], value=f"{len(found)} interpolations",
-                        rule=f"more ${{...}} interpolations than the bound of {MAX_INTERPOLATIONS}",
-                        fix="write values out")]
+        return [
+            Problem(
+                path=found[MAX_INTERPOLATIONS][0],
+                value=f"{len(found)} interpolations",
+                rule=f"more ${{...}} interpolations than the bound of {MAX_INTERPOLATIONS}",
+                fix="write values out",
+            )
+        ]
     problems = []
     for sub, cfg, key in found:
         try:
             target = cfg[key]  # resolves this one reference: a section comes back as a node, not a copy
         except (OmegaConfBaseException, RecursionError) as err:
-            problems.append(Problem(path=sub, value=_raw(cfg, key), rule=f"cannot resolve: {_first_line(err)}",
-                                    fix="fix the ${...} interpolation or replace it by a literal value"))
+            problems.append(
+                Problem(
+                    path=sub,
+                    value=_raw(cfg, key),
+                    rule=f"cannot resolve: {_first_line(err)}",
+                    fix="fix the ${...} interpolation or replace it by a literal value",
+                )
+            )
             continue
         if OmegaConf.is_config(target):
-            problems.append(Problem(path=sub, value=_raw(cfg, key),
-                                    rule="points at a whole section or list", fix="reference a single value"))
+            problems.append(
+                Problem(
+                    path=sub,
+                    value=_raw(cfg, key),
+                    rule="points at a whole section or list",
+                    fix="reference a single value",
+                )
+            )
         elif isinstance(target, str) and len(target) > MAX_STRING_CHARS:
-            problems.append(Problem(path=sub, value=target, rule=f"resolves to {len(target):,} characters; the "
-                                    f"bound is {MAX_STRING_CHARS:,}", fix="shorten it"))
+            problems.append(
+                Problem(
+                    path=sub,
+                    value=target,
+                    rule=f"resolves to {len(target):,} characters; the bound is {MAX_STRING_CHARS:,}",
+                    fix="shorten it",
+                )
+            )
     return problems
 
 
@@ -306,16 +436,23 @@ def _resolve(merged, source: str) -> dict:
     try:
         return OmegaConf.to_container(merged, resolve=True, throw_on_missing=True)
     except (OmegaConfBaseException, RecursionError) as err:
-        _fail(source, getattr(err, "full_key", None) or "<interpolation>", None,
-              f"cannot resolve: {_first_line(err)}", "fix the ${...} interpolation or replace it by a literal value")
+        _fail(
+            source,
+            getattr(err, "full_key", None) or "<interpolation>",
+            None,
+            f"cannot resolve: {_first_line(err)}",
+            "fix the ${...} interpolation or replace it by a literal value",
+        )
 
 
 def _yaml_reason(err, limit: int) -> str:
     reason = getattr(err, "problem", None) or _first_line(err)
     if "node expansion exceeds" in reason or "aliases expand" in reason:
         # OmegaConf's own text blames alias expansion and suggests an environment variable; say what happened.
-        return (f"more than {limit:,} YAML nodes (counting what aliases expand to); specdraft's bound is "
-                f"{limit:,} (a list of 12,000 sequence lengths is fine in a layout file)")
+        return (
+            f"more than {limit:,} YAML nodes (counting what aliases expand to); specdraft's bound is "
+            f"{limit:,} (a list of 12,000 sequence lengths is fine in a layout file)"
+        )
     return shorten(reason, 300)
 
 
@@ -324,8 +461,7 @@ def _first_line(err: BaseException) -> str:
 
 
 def _not_a_mapping(source: str, what: str) -> None:
-    _fail(source, "<yaml>", what, "the layout must be a YAML mapping",
-          "start the file with `name:` and `model:` keys")
+    _fail(source, "<yaml>", what, "the layout must be a YAML mapping", "start the file with `name:` and `model:` keys")
 
 
 def _fail(source: str, path: str, value: Any, rule: str, fix: str) -> None:

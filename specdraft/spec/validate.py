@@ -11,7 +11,7 @@ import re
 from specdraft.errors import Problem
 from specdraft.spec.accounting import accounted_counts, accounted_split_rules, split_accounting
 from specdraft.spec.bounds import check as check_bounds
-from specdraft.spec.derived import (default_aux_layers, etp, kv_heads, pad_multiple, resolved_dp, world_size)
+from specdraft.spec.derived import default_aux_layers, etp, kv_heads, pad_multiple, resolved_dp, world_size
 from specdraft.spec.gpus import CATALOGUE
 from specdraft.spec.schema import LayoutSpec
 from specdraft.spec.validate_run import checkpoint_rules, slurm_rules
@@ -38,10 +38,14 @@ def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
     def warn(path, value, rule, fix):
         warnings.append(Problem(path=path, value=value, rule=rule, fix=fix, severity="warning"))
 
-    m, c, p, d, t, s = spec.model, spec.cluster, spec.parallel, spec.draft, spec.training, spec.slurm
+    m, c, t = spec.model, spec.cluster, spec.training
     if not NAME_RE.match(spec.name):
-        err("name", spec.name, "must be 1-64 letters, digits, '.', '_' or '-' (it names jobs and run folders)",
-            f"use e.g. {re.sub(r'[^A-Za-z0-9._-]+', '-', spec.name).strip('-.') or 'my-layout'!r}")
+        err(
+            "name",
+            spec.name,
+            "must be 1-64 letters, digits, '.', '_' or '-' (it names jobs and run folders)",
+            f"use e.g. {re.sub(r'[^A-Za-z0-9._-]+', '-', spec.name).strip('-.') or 'my-layout'!r}",
+        )
 
     for fname in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size", "seq_length"):
         if getattr(m, fname) < 1:
@@ -49,30 +53,54 @@ def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
     heads = max(m.num_attention_heads, 1)
     groups = kv_heads(m)
     if m.num_query_groups is not None and (groups < 1 or heads % groups):
-        err("model.num_query_groups", groups, f"must divide model.num_attention_heads ({heads})",
-            f"use one of {divisors(heads)}")
+        err(
+            "model.num_query_groups",
+            groups,
+            f"must divide model.num_attention_heads ({heads})",
+            f"use one of {divisors(heads)}",
+        )
     # Optional sizes where null means "derive it": 0 must not quietly mean null (`x or default` downstream).
     for fname in ("kv_channels", "moe_ffn_hidden_size"):
         if getattr(m, fname) is not None and getattr(m, fname) < 1:
             err(f"model.{fname}", getattr(m, fname), "must be >= 1, or null for the default", "use null")
     if m.kv_channels is None and m.hidden_size % heads:
-        err("model.kv_channels", None, f"hidden_size ({m.hidden_size}) is not a multiple of num_attention_heads ({heads})",
-            "set model.kv_channels (the head dim) explicitly")
+        err(
+            "model.kv_channels",
+            None,
+            f"hidden_size ({m.hidden_size}) is not a multiple of num_attention_heads ({heads})",
+            "set model.kv_channels (the head dim) explicitly",
+        )
     if m.num_experts is not None:
         if m.num_experts < 1:
             err("model.num_experts", m.num_experts, "must be >= 1, or null for a dense model", "set it to null")
         if m.moe_ffn_hidden_size is None:
-            err("model.moe_ffn_hidden_size", None, "is required with model.num_experts",
-                "set it to the expert MLP size (HF moe_intermediate_size)")
+            err(
+                "model.moe_ffn_hidden_size",
+                None,
+                "is required with model.num_experts",
+                "set it to the expert MLP size (HF moe_intermediate_size)",
+            )
         if not 1 <= m.moe_router_topk <= max(m.num_experts, 1):
-            err("model.moe_router_topk", m.moe_router_topk, f"must be in 1..num_experts ({m.num_experts})",
-                "take it from HF num_experts_per_tok")
+            err(
+                "model.moe_router_topk",
+                m.moe_router_topk,
+                f"must be in 1..num_experts ({m.num_experts})",
+                "take it from HF num_experts_per_tok",
+            )
     if m.moe_aux_loss_coeff < 0:
-        err("model.moe_aux_loss_coeff", m.moe_aux_loss_coeff, "must be >= 0 (0 turns the load-balancing loss off)",
-            "take it from HF router_aux_loss_coef (Mixtral: 0.001), or use 0")
+        err(
+            "model.moe_aux_loss_coeff",
+            m.moe_aux_loss_coeff,
+            "must be >= 0 (0 turns the load-balancing loss off)",
+            "take it from HF router_aux_loss_coef (Mixtral: 0.001), or use 0",
+        )
     elif m.moe_aux_loss_coeff and m.num_experts is None:
-        err("model.moe_aux_loss_coeff", m.moe_aux_loss_coeff, "the router's load-balancing loss needs an MoE model "
-            "(model.num_experts)", "set model.moe_aux_loss_coeff=0 or model.num_experts")
+        err(
+            "model.moe_aux_loss_coeff",
+            m.moe_aux_loss_coeff,
+            "the router's load-balancing loss needs an MoE model (model.num_experts)",
+            "set model.moe_aux_loss_coeff=0 or model.num_experts",
+        )
 
     if c.num_nodes < 1:
         err("cluster.num_nodes", c.num_nodes, "must be >= 1", "set the number of nodes in the allocation")
@@ -80,9 +108,14 @@ def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
         err("cluster.gpus_per_node", c.gpus_per_node, "must be >= 1", "usually 8")
     if c.gpu not in CATALOGUE:
         import difflib
+
         close = difflib.get_close_matches(c.gpu, list(CATALOGUE), n=1)
-        err("cluster.gpu", c.gpu, f"unknown accelerator; known: {', '.join(CATALOGUE)}",
-            f"did you mean {close[0]!r}?" if close else "pick one from `specdraft explain cluster.gpu`")
+        err(
+            "cluster.gpu",
+            c.gpu,
+            f"unknown accelerator; known: {', '.join(CATALOGUE)}",
+            f"did you mean {close[0]!r}?" if close else "pick one from `specdraft explain cluster.gpu`",
+        )
 
     _parallel_rules(spec, err, warn)
     _draft_rules(spec, err, warn)
@@ -94,28 +127,51 @@ def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
         err("training.global_batch_size", t.global_batch_size, "must be >= 1", "a multiple of micro_batch_size * dp")
     elif dp and t.micro_batch_size >= 1 and t.global_batch_size % (t.micro_batch_size * dp):
         unit = t.micro_batch_size * dp
-        err("training.global_batch_size", t.global_batch_size,
+        err(
+            "training.global_batch_size",
+            t.global_batch_size,
             f"must be a multiple of micro_batch_size * dp ({t.micro_batch_size} * {dp} = {unit})",
-            f"use {max(unit, t.global_batch_size // unit * unit)} or {(t.global_batch_size // unit + 1) * unit}")
+            f"use {max(unit, t.global_batch_size // unit * unit)} or {(t.global_batch_size // unit + 1) * unit}",
+        )
     if t.sequence_lengths == []:
-        err("training.sequence_lengths", [], "must list at least one length, or be null (= [model.seq_length])",
-            "use null")
+        err(
+            "training.sequence_lengths",
+            [],
+            "must list at least one length, or be null (= [model.seq_length])",
+            "use null",
+        )
     if spec.rollout.max_model_len is not None and spec.rollout.max_model_len < 1:
-        err("rollout.max_model_len", spec.rollout.max_model_len, "must be >= 1, or null (= prompt_length + "
-            "max_response_length)", "use null")
+        err(
+            "rollout.max_model_len",
+            spec.rollout.max_model_len,
+            "must be >= 1, or null (= prompt_length + max_response_length)",
+            "use null",
+        )
     for i, length in enumerate(t.sequence_lengths or []):
         if not 1 <= length <= m.seq_length:
-            err(f"training.sequence_lengths[{i}]", length, f"must be in 1..model.seq_length ({m.seq_length})",
-                "list typical packed-sequence lengths")
+            err(
+                f"training.sequence_lengths[{i}]",
+                length,
+                f"must be in 1..model.seq_length ({m.seq_length})",
+                "list typical packed-sequence lengths",
+            )
     for fname in ("train_iters",):
         if getattr(t, fname) < 1:
             err(f"training.{fname}", getattr(t, fname), "must be >= 1", "run at least one step")
     if not 0 <= t.warmup_steps < t.train_iters:
-        err("training.warmup_steps", t.warmup_steps, f"must be in 0..train_iters-1 ({t.train_iters - 1}) so the "
-            "draft trains at least one step", "lower it or raise training.train_iters")
+        err(
+            "training.warmup_steps",
+            t.warmup_steps,
+            f"must be in 0..train_iters-1 ({t.train_iters - 1}) so the draft trains at least one step",
+            "lower it or raise training.train_iters",
+        )
     if t.data_drift_interval < 0:
-        err("training.data_drift_interval", t.data_drift_interval, "must be >= 0 (steps between data shifts; 0 = no "
-            "drift)", "use 0")
+        err(
+            "training.data_drift_interval",
+            t.data_drift_interval,
+            "must be >= 0 (steps between data shifts; 0 = no drift)",
+            "use 0",
+        )
     if not 0.0 <= t.data_drift_fraction <= 1.0:
         err("training.data_drift_fraction", t.data_drift_fraction, "must be in [0, 1]", "use 0.5")
     if t.lr <= 0:
@@ -123,8 +179,12 @@ def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
     if t.clip_grad < 0:
         err("training.clip_grad", t.clip_grad, "must be >= 0 (0 disables clipping)", "use 1.0")
     if c.gpu == "cpu" and t.dtype != "fp32":
-        warn("training.dtype", t.dtype, "CPU runs compute in fp32; the memory estimate uses this dtype",
-             "set training.dtype=fp32 for local CPU layouts")
+        warn(
+            "training.dtype",
+            t.dtype,
+            "CPU runs compute in fp32; the memory estimate uses this dtype",
+            "set training.dtype=fp32 for local CPU layouts",
+        )
     _precision_rules(spec, err)
 
     slurm_rules(spec, err)
@@ -146,25 +206,42 @@ def _parallel_rules(spec: LayoutSpec, err, warn) -> None:
     heads, groups = m.num_attention_heads, kv_heads(m)
     if p.tp >= 1:  # rules of tp alone, reported even when another size is invalid
         if heads >= 1 and groups >= 1 and (heads % p.tp or groups % p.tp):
-            err("parallel.tp", p.tp, f"must divide model.num_attention_heads ({heads}) and num_query_groups "
-                f"({groups})", f"use one of {', '.join(map(str, divisors(math.gcd(heads, groups))))}")
+            err(
+                "parallel.tp",
+                p.tp,
+                f"must divide model.num_attention_heads ({heads}) and num_query_groups ({groups})",
+                f"use one of {', '.join(map(str, divisors(math.gcd(heads, groups))))}",
+            )
         if p.tp > c.gpus_per_node >= 1:
-            warn("parallel.tp", p.tp, f"tensor parallelism spans nodes (gpus_per_node = {c.gpus_per_node}); "
-                 "its all-reduces cross the inter-node network", f"keep tp <= {c.gpus_per_node}")
+            warn(
+                "parallel.tp",
+                p.tp,
+                f"tensor parallelism spans nodes (gpus_per_node = {c.gpus_per_node}); "
+                "its all-reduces cross the inter-node network",
+                f"keep tp <= {c.gpus_per_node}",
+            )
         if p.sequence_parallel and p.tp == 1:
             err("parallel.sequence_parallel", True, "needs tp > 1", "set parallel.sequence_parallel=false or raise tp")
     if not sizes_ok or world < 1:
         return
     inner = p.tp * p.cp * p.pp
     if p.dp == -1 and world % inner:
-        err("parallel", f"tp*cp*pp = {p.tp}*{p.cp}*{p.pp} = {inner}",
+        err(
+            "parallel",
+            f"tp*cp*pp = {p.tp}*{p.cp}*{p.pp} = {inner}",
             f"must divide the world size (cluster.num_nodes * gpus_per_node = {world})",
             f"use a world size that is a multiple of {inner}, e.g. cluster.num_nodes = "
-            f"{max(1, math.ceil(inner / c.gpus_per_node))} with {c.gpus_per_node} GPUs per node, or change tp/cp/pp")
+            f"{max(1, math.ceil(inner / c.gpus_per_node))} with {c.gpus_per_node} GPUs per node, or change tp/cp/pp",
+        )
     elif p.dp != -1 and inner * p.dp != world:
-        err("parallel.dp", p.dp, f"tp*cp*pp*dp = {inner * p.dp} must equal the world size ({world})",
-            f"use parallel.dp=-1 (derives {world // inner})" if world % inner == 0 else
-            f"set cluster.num_nodes to {math.ceil(inner * p.dp / c.gpus_per_node)}")
+        err(
+            "parallel.dp",
+            p.dp,
+            f"tp*cp*pp*dp = {inner * p.dp} must equal the world size ({world})",
+            f"use parallel.dp=-1 (derives {world // inner})"
+            if world % inner == 0
+            else f"set cluster.num_nodes to {math.ceil(inner * p.dp / c.gpus_per_node)}",
+        )
 
     _layer_split_rules(spec, err)
 
@@ -172,54 +249,95 @@ def _parallel_rules(spec: LayoutSpec, err, warn) -> None:
     if p.cp > 1 or p.sequence_parallel:
         if m.seq_length % seq_mult:
             what = f"2*cp{'*tp' if p.sequence_parallel else ''} = {seq_mult}"
-            err("model.seq_length", m.seq_length, f"must be a multiple of {what} (zigzag context-parallel chunks)",
-                f"use {m.seq_length // seq_mult * seq_mult or seq_mult} or {(m.seq_length // seq_mult + 1) * seq_mult}")
+            err(
+                "model.seq_length",
+                m.seq_length,
+                f"must be a multiple of {what} (zigzag context-parallel chunks)",
+                f"use {m.seq_length // seq_mult * seq_mult or seq_mult} or {(m.seq_length // seq_mult + 1) * seq_mult}",
+            )
     if p.cp_comm_type == "a2a+p2p":
         sizes = p.hierarchical_cp_sizes
         if not sizes or math.prod(sizes) != p.cp:
-            err("parallel.hierarchical_cp_sizes", sizes, f"a2a+p2p needs sizes whose product is cp ({p.cp})",
-                f"e.g. [{2 if p.cp % 2 == 0 else 1}, {p.cp // (2 if p.cp % 2 == 0 else 1)}]")
+            err(
+                "parallel.hierarchical_cp_sizes",
+                sizes,
+                f"a2a+p2p needs sizes whose product is cp ({p.cp})",
+                f"e.g. [{2 if p.cp % 2 == 0 else 1}, {p.cp // (2 if p.cp % 2 == 0 else 1)}]",
+            )
     elif p.hierarchical_cp_sizes is not None:
-        err("parallel.hierarchical_cp_sizes", p.hierarchical_cp_sizes, "is only used with cp_comm_type a2a+p2p",
-            "set it to null, or set parallel.cp_comm_type=a2a+p2p")
+        err(
+            "parallel.hierarchical_cp_sizes",
+            p.hierarchical_cp_sizes,
+            "is only used with cp_comm_type a2a+p2p",
+            "set it to null, or set parallel.cp_comm_type=a2a+p2p",
+        )
     if p.cp_comm_type in ("a2a", "a2a+p2p") and p.cp > 1:
         a2a = p.cp if p.cp_comm_type == "a2a" else (p.hierarchical_cp_sizes or [p.cp])[0]
         if (heads // max(p.tp, 1)) % a2a:
-            err("parallel.cp_comm_type", p.cp_comm_type, f"all-to-all CP needs heads/tp ({heads // max(p.tp, 1)}) "
-                f"divisible by the a2a size ({a2a})", "use cp_comm_type=p2p")
+            err(
+                "parallel.cp_comm_type",
+                p.cp_comm_type,
+                f"all-to-all CP needs heads/tp ({heads // max(p.tp, 1)}) divisible by the a2a size ({a2a})",
+                "use cp_comm_type=p2p",
+            )
 
     if p.order not in ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"):
         err("parallel.order", p.order, "unsupported rank order", "use tp-cp-ep-dp-pp or tp-cp-ep-pp-dp")
     expert_tp = etp(p)
     if m.num_experts is None:
         if p.ep > 1:
-            err("parallel.ep", p.ep, "expert parallelism needs an MoE model (model.num_experts)",
-                "set parallel.ep=1 or model.num_experts")
+            err(
+                "parallel.ep",
+                p.ep,
+                "expert parallelism needs an MoE model (model.num_experts)",
+                "set parallel.ep=1 or model.num_experts",
+            )
         if p.etp is not None and p.etp != p.tp:
             err("parallel.etp", p.etp, "expert tensor parallelism needs an MoE model", "set parallel.etp=null")
     else:
         if m.num_experts >= 1 and m.num_experts % p.ep:
-            err("parallel.ep", p.ep, f"must divide model.num_experts ({m.num_experts})",
-                f"use one of {', '.join(map(str, divisors(m.num_experts)))}")
+            err(
+                "parallel.ep",
+                p.ep,
+                f"must divide model.num_experts ({m.num_experts})",
+                f"use one of {', '.join(map(str, divisors(m.num_experts)))}",
+            )
         if expert_tp < 1:
             err("parallel.etp", expert_tp, "must be >= 1", "use null (= tp)")
         elif world % (expert_tp * p.ep * p.pp):
-            err("parallel.ep", p.ep, f"expert ranks etp*ep*pp = {expert_tp}*{p.ep}*{p.pp} must divide the world size ({world})",
-                "choose ep and etp so that etp*ep*pp divides the world size")
+            err(
+                "parallel.ep",
+                p.ep,
+                f"expert ranks etp*ep*pp = {expert_tp}*{p.ep}*{p.pp} must divide the world size ({world})",
+                "choose ep and etp so that etp*ep*pp divides the world size",
+            )
         elif p.ep * expert_tp > c.gpus_per_node:
-            warn("parallel.ep", p.ep, f"expert parallelism x etp ({p.ep * expert_tp}) spans nodes; "
-                 "its all-to-all crosses the inter-node network", f"keep ep*etp <= {c.gpus_per_node}")
+            warn(
+                "parallel.ep",
+                p.ep,
+                f"expert parallelism x etp ({p.ep * expert_tp}) spans nodes; "
+                "its all-to-all crosses the inter-node network",
+                f"keep ep*etp <= {c.gpus_per_node}",
+            )
         if p.tp > 1 and not p.sequence_parallel:
             # Megatron-LM's validate_args asserts it, and megatron-core's MoELayer refuses to train without it
             # (transformer/moe/moe_layer.py:381): TP ranks would feed the experts the same tokens twice.
-            err("parallel.sequence_parallel", False, f"an MoE model with tp > 1 (tp = {p.tp}) needs sequence "
-                "parallelism, as Megatron requires", "set parallel.sequence_parallel=true")
+            err(
+                "parallel.sequence_parallel",
+                False,
+                f"an MoE model with tp > 1 (tp = {p.tp}) needs sequence parallelism, as Megatron requires",
+                "set parallel.sequence_parallel=true",
+            )
 
     if p.order == "tp-cp-ep-pp-dp" and p.pp > 1 and expert_tp * p.ep != p.tp * p.cp:
         # initialize_model_parallel asserts this for dense models too (etp defaults to tp, ep to 1).
-        err("parallel.order", p.order, f"with dp outermost and pp > 1, Megatron needs the expert and attention "
+        err(
+            "parallel.order",
+            p.order,
+            f"with dp outermost and pp > 1, Megatron needs the expert and attention "
             f"data-parallel sizes equal, i.e. etp*ep ({expert_tp * p.ep}) == tp*cp ({p.tp * p.cp})",
-            "use order tp-cp-ep-dp-pp" + (", or choose ep/etp with etp*ep == tp*cp" if m.num_experts else ""))
+            "use order tp-cp-ep-dp-pp" + (", or choose ep/etp with etp*ep == tp*cp" if m.num_experts else ""),
+        )
 
 
 def stage_layer_counts(spec: LayoutSpec) -> list[int] | None:
@@ -251,8 +369,9 @@ def stage_layer_counts(spec: LayoutSpec) -> list[int] | None:
 def layer_split_problems(spec: LayoutSpec) -> list[Problem]:
     """The layer-split rules alone (pp, vpp, first/last stages, embedding/loss accounting)."""
     errors: list[Problem] = []
-    _layer_split_rules(spec, lambda path, value, rule, fix: errors.append(
-        Problem(path=path, value=value, rule=rule, fix=fix)))
+    _layer_split_rules(
+        spec, lambda path, value, rule, fix: errors.append(Problem(path=path, value=value, rule=rule, fix=fix))
+    )
     return errors
 
 
@@ -274,28 +393,46 @@ def _layer_split_rules(spec: LayoutSpec, err) -> None:
             err(f"parallel.{fname}", value, "must be >= 1", "use null for an even split")
             return
     if uneven and pp < 2:
-        err("parallel.first_stage_layers" if first is not None else "parallel.last_stage_layers",
-            first if first is not None else last, "an uneven split needs pp >= 2", "set it to null or raise pp")
+        err(
+            "parallel.first_stage_layers" if first is not None else "parallel.last_stage_layers",
+            first if first is not None else last,
+            "an uneven split needs pp >= 2",
+            "set it to null or raise pp",
+        )
         return
     counts = stage_layer_counts(spec)
     if counts is None:
         if not uneven:
             ok = [d for d in divisors(n) if d <= 64]
-            err("parallel.pp", pp, f"must divide model.num_layers ({n}) for an even split",
-                f"use one of {', '.join(map(str, ok))}, or set parallel.first_stage_layers/last_stage_layers")
+            err(
+                "parallel.pp",
+                pp,
+                f"must divide model.num_layers ({n}) for an even split",
+                f"use one of {', '.join(map(str, ok))}, or set parallel.first_stage_layers/last_stage_layers",
+            )
         else:
             middle = pp - (first is not None) - (last is not None)
             rest = n - (first or 0) - (last or 0)
             path = "parallel.first_stage_layers" if first is not None else "parallel.last_stage_layers"
             value = first if first is not None else last
             if middle:
-                err(path, value, f"the remaining {rest} layers must split evenly over the {middle} middle stage(s)",
+                err(
+                    path,
+                    value,
+                    f"the remaining {rest} layers must split evenly over the {middle} middle stage(s)",
                     "choose first/last so that num_layers - first - last is a positive multiple of the middle "
-                    "stage count")
+                    "stage count",
+                )
             else:
-                err(path, value, f"first_stage_layers + last_stage_layers ({first} + {last}) must equal "
-                    f"model.num_layers ({n}) when pp = 2", f"e.g. first_stage_layers={first} and "
-                    f"last_stage_layers={n - first}" if 0 < first < n else "set them to sum to num_layers")
+                err(
+                    path,
+                    value,
+                    f"first_stage_layers + last_stage_layers ({first} + {last}) must equal "
+                    f"model.num_layers ({n}) when pp = 2",
+                    f"e.g. first_stage_layers={first} and last_stage_layers={n - first}"
+                    if 0 < first < n
+                    else "set them to sum to num_layers",
+                )
         return
     if p.vpp is not None:
         if p.vpp < 1:
@@ -304,14 +441,22 @@ def _layer_split_rules(spec: LayoutSpec, err) -> None:
             err("parallel.vpp", p.vpp, "interleaving needs pp >= 2", "set parallel.vpp=null")
         elif p.vpp > 1 and uneven and pp - (first is not None) - (last is not None) == 0:
             # megatron-core 0.16's interleaved offset divides by the middle-stage count (0 here) and crashes.
-            err("parallel.vpp", p.vpp, "interleaving with an uneven split needs at least one middle stage "
+            err(
+                "parallel.vpp",
+                p.vpp,
+                "interleaving with an uneven split needs at least one middle stage "
                 "(both first_stage_layers and last_stage_layers are set and pp = 2)",
-                "set parallel.vpp=null, drop one of first/last_stage_layers, or raise pp")
+                "set parallel.vpp=null, drop one of first/last_stage_layers, or raise pp",
+            )
         elif p.vpp > 1:
             bad = [i for i, k in enumerate(counts) if k % p.vpp or k == 0]
             if bad:
-                err("parallel.vpp", p.vpp, f"every stage's layer count ({counts}) must be a positive multiple of vpp",
-                    f"use a vpp dividing {math.gcd(*counts)}")
+                err(
+                    "parallel.vpp",
+                    p.vpp,
+                    f"every stage's layer count ({counts}) must be a positive multiple of vpp",
+                    f"use a vpp dividing {math.gcd(*counts)}",
+                )
 
 
 def _precision_rules(spec: LayoutSpec, err) -> None:
@@ -319,11 +464,19 @@ def _precision_rules(spec: LayoutSpec, err) -> None:
     gpu = CATALOGUE.get(spec.cluster.gpu)
     if t.dtype == "fp8" and gpu is not None and not gpu.fp8_flops:
         fp8 = [g.name for g in CATALOGUE.values() if g.fp8_flops]
-        err("training.dtype", "fp8", f"FP8 GEMMs need FP8 tensor cores (Hopper or Blackwell); {gpu.name} has none",
-            f"use training.dtype=bf16, or cluster.gpu one of {', '.join(fp8)}")
+        err(
+            "training.dtype",
+            "fp8",
+            f"FP8 GEMMs need FP8 tensor cores (Hopper or Blackwell); {gpu.name} has none",
+            f"use training.dtype=bf16, or cluster.gpu one of {', '.join(fp8)}",
+        )
     if t.grad_reduce_in_bf16 and t.dtype not in ("bf16", "fp8"):
-        err("training.grad_reduce_in_bf16", True, f"reduces gradients in bf16, but training.dtype is {t.dtype}",
-            "set training.grad_reduce_in_bf16=false, or training.dtype=bf16")
+        err(
+            "training.grad_reduce_in_bf16",
+            True,
+            f"reduces gradients in bf16, but training.dtype is {t.dtype}",
+            "set training.grad_reduce_in_bf16=false, or training.dtype=bf16",
+        )
 
 
 def _draft_rules(spec: LayoutSpec, err, warn) -> None:
@@ -338,19 +491,33 @@ def _draft_rules(spec: LayoutSpec, err, warn) -> None:
     bad = [a for a in aux if not 0 <= a < n]
     if bad:
         shown = aux if d.aux_layers is not None else f"default {aux} for num_layers={n}"
-        err(path, shown, f"layers {bad} are out of range 0..{n - 1}",
-            "list 0-indexed target layers" if d.aux_layers is not None else "set draft.aux_layers explicitly")
+        err(
+            path,
+            shown,
+            f"layers {bad} are out of range 0..{n - 1}",
+            "list 0-indexed target layers" if d.aux_layers is not None else "set draft.aux_layers explicitly",
+        )
     if len(set(aux)) != len(aux):
         shown = aux if d.aux_layers is not None else f"default {aux} for num_layers={n}"
-        err(path, shown, "layers must be distinct",
-            "drop the duplicates" if d.aux_layers is not None else "set draft.aux_layers explicitly (num_layers >= 8 gives a distinct default)")
+        err(
+            path,
+            shown,
+            "layers must be distinct",
+            "drop the duplicates"
+            if d.aux_layers is not None
+            else "set draft.aux_layers explicitly (num_layers >= 8 gives a distinct default)",
+        )
     if d.num_layers < 1:
         err("draft.num_layers", d.num_layers, "must be >= 1", "EAGLE-3 uses 1")
     if d.ttt_steps < 1:
         err("draft.ttt_steps", d.ttt_steps, "must be >= 1", "use 3 (EAGLE-3's usual unroll)")
     if isinstance(d.stage, int) and not isinstance(d.stage, bool) and not 0 <= d.stage < max(p.pp, 1):
-        err("draft.stage", d.stage, f"no such pipeline stage (pp = {p.pp})",
-            f"use 'last', 'first' or an index in 0..{max(p.pp, 1) - 1}")
+        err(
+            "draft.stage",
+            d.stage,
+            f"no such pipeline stage (pp = {p.pp})",
+            f"use 'last', 'first' or an index in 0..{max(p.pp, 1) - 1}",
+        )
     if d.loss_weight < 0:
         err("draft.loss_weight", d.loss_weight, "must be >= 0", "use 1.0")
     if d.lr <= 0:
@@ -359,23 +526,48 @@ def _draft_rules(spec: LayoutSpec, err, warn) -> None:
         err("draft.clip_grad", d.clip_grad, "must be >= 0 (0 disables clipping)", "use 1.0")
     if d.vocab_size is not None:
         if not 1 <= d.vocab_size <= m.vocab_size:
-            err("draft.vocab_size", d.vocab_size, f"must be in 1..model.vocab_size ({m.vocab_size})",
-                "use null for the target's vocabulary, or e.g. 32000 against Llama-3's 128256")
+            err(
+                "draft.vocab_size",
+                d.vocab_size,
+                f"must be in 1..model.vocab_size ({m.vocab_size})",
+                "use null for the target's vocabulary, or e.g. 32000 against Llama-3's 128256",
+            )
         elif p.tp >= 1 and d.vocab_size % p.tp:
             lower = max(p.tp, d.vocab_size - d.vocab_size % p.tp)
-            err("draft.vocab_size", d.vocab_size, f"must be a multiple of parallel.tp ({p.tp}): the draft's LM head "
-                "is split over tp", f"use {lower}")
+            err(
+                "draft.vocab_size",
+                d.vocab_size,
+                f"must be a multiple of parallel.tp ({p.tp}): the draft's LM head is split over tp",
+                f"use {lower}",
+            )
     if d.export_interval < 0:
-        err("draft.export_interval", d.export_interval, "must be >= 0 (steps between publishing the draft; 0 turns "
-            "it off)", "use 0, or e.g. 100")
+        err(
+            "draft.export_interval",
+            d.export_interval,
+            "must be >= 0 (steps between publishing the draft; 0 turns it off)",
+            "use 0, or e.g. 100",
+        )
     elif d.export_interval and d.num_layers != 1:
-        err("draft.export_interval", d.export_interval, f"publishes the EAGLE-3 format, which has one decoder layer, "
-            f"but draft.num_layers is {d.num_layers}", "set draft.num_layers=1, or draft.export_interval=0")
+        err(
+            "draft.export_interval",
+            d.export_interval,
+            f"publishes the EAGLE-3 format, which has one decoder layer, but draft.num_layers is {d.num_layers}",
+            "set draft.num_layers=1, or draft.export_interval=0",
+        )
     if p.cp > 1:
         if not t.packing:
-            err("training.packing", False, "the draft's CP branch attention (zigzag_ring_branch_merge) needs packed "
-                "sequences padded per sequence to a multiple of 2*cp", "set training.packing=true")
+            err(
+                "training.packing",
+                False,
+                "the draft's CP branch attention (zigzag_ring_branch_merge) needs packed "
+                "sequences padded per sequence to a multiple of 2*cp",
+                "set training.packing=true",
+            )
         if p.cp_comm_type != "p2p":
-            err("parallel.cp_comm_type", p.cp_comm_type, "the draft's branch attention rides a p2p zigzag ring "
+            err(
+                "parallel.cp_comm_type",
+                p.cp_comm_type,
+                "the draft's branch attention rides a p2p zigzag ring "
                 "(trunk K/V travels, branch K/V stays rank-local); other CP comm types are not supported with a draft",
-                "set parallel.cp_comm_type=p2p")
+                "set parallel.cp_comm_type=p2p",
+            )

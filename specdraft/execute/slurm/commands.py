@@ -29,8 +29,10 @@ def check_job_id(value: object, where: str = "run.json") -> str:
     """``value`` if it is a Slurm job id; a UserError naming it otherwise (it would reach scancel/sacct)."""
     if not is_job_id(value):
         shown = repr(value)[:60]
-        raise UserError(f"{where}: job_id {shown} is not a Slurm job id (digits, optionally _N or +N)",
-                        "this record was edited by hand; restore the id sbatch printed, or remove the run folder")
+        raise UserError(
+            f"{where}: job_id {shown} is not a Slurm job id (digits, optionally _N or +N)",
+            "this record was edited by hand; restore the id sbatch printed, or remove the run folder",
+        )
     return value  # type: ignore[return-value]
 
 
@@ -47,8 +49,15 @@ def run(cmd: list[str], timeout: float | None = None) -> Answer | None:
     """Run a Slurm tool with a bound (QUERY_TIMEOUT_S by default); None when it timed out or is not installed."""
     timeout = QUERY_TIMEOUT_S if timeout is None else timeout
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout, check=False,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
     except (subprocess.TimeoutExpired, OSError):
         return None
     return Answer(proc.returncode, proc.stdout, proc.stderr)
@@ -105,8 +114,12 @@ def job_states(job_ids: list[str], timeout: float | None = None) -> Census:
                 reason = _REASON.sub(" ", reason.strip())[:200]
                 known = out.get(job_id)
                 source = "sacct" if known else "squeue"
-                out[job_id] = JobInfo(known.state if known else _state_word(state), nodes or (known.nodes if known
-                                      else ""), "" if reason in ("None", "(null)") else reason, source)
+                out[job_id] = JobInfo(
+                    known.state if known else _state_word(state),
+                    nodes or (known.nodes if known else ""),
+                    "" if reason in ("None", "(null)") else reason,
+                    source,
+                )
     return Census(out, answered)
 
 
@@ -114,8 +127,7 @@ def find_jobs(job_name: str, since_epoch: float, timeout: float | None = None) -
     """(job id, state) of jobs named ``job_name`` submitted since ``since_epoch`` (minus a minute of clock skew)."""
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since_epoch - 60))
     found: dict[str, str] = {}
-    sacct = run(["sacct", "-X", "-n", "-P", f"--name={job_name}", f"--starttime={since}", "-o", "JobID,State"],
-                timeout)
+    sacct = run(["sacct", "-X", "-n", "-P", f"--name={job_name}", f"--starttime={since}", "-o", "JobID,State"], timeout)
     for line in sacct.stdout.splitlines() if sacct is not None and sacct.returncode == 0 else []:
         job_id, _, state = line.partition("|")
         if is_job_id(job_id.strip()):
@@ -146,9 +158,11 @@ def cancel(job_id: str, timeout: float | None = None) -> None:
     timeout = CANCEL_TIMEOUT_S if timeout is None else timeout
     answer = run(["scancel", "--", job_id], timeout)
     if answer is None:
-        raise UserError(f"scancel {job_id} did not answer within {timeout:g} s (the Slurm controller is busy or "
-                        "down); the job may still be queued or running", f"check with `squeue --jobs={job_id}` and "
-                        "run `specdraft cancel` again")
+        raise UserError(
+            f"scancel {job_id} did not answer within {timeout:g} s (the Slurm controller is busy or "
+            "down); the job may still be queued or running",
+            f"check with `squeue --jobs={job_id}` and run `specdraft cancel` again",
+        )
     if answer.returncode != 0:
         detail = (answer.stderr.strip().splitlines() or [f"exit {answer.returncode}"])[-1][:300]
         raise UserError(f"scancel {job_id} failed: {detail}", f"`squeue --jobs={job_id}` shows the job")

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Callable
 
 from specdraft.errors import UserError
-from specdraft.execute.slurm import commands as slurmcmd
 from specdraft.execute.executor import Executor, Observation, ProgressFn
+from specdraft.execute.slurm import commands as slurmcmd
 from specdraft.runs.record import RunRecord, now_iso
 from specdraft.runs.rundir import TERMINAL, update_record
 
@@ -42,15 +42,15 @@ class SlurmExecutor(Executor):
     def ready(self, request, warn: Callable[[str], None]) -> None:
         """Build submitit's executor (a machine without srun fails here, with nothing written) and ask the cluster
         whether the request could ever run (preflight: an impossible one is exit 2, nothing written or submitted)."""
-        from specdraft.execute.slurm import preflight
-        from specdraft.execute.slurm import submit
+        from specdraft.execute.slurm import preflight, submit
 
         plan = request.plan
         try:
             self._submitit = submit.make_executor(request.render, plan.world_size)
         except submit.SubmitRefused as err:
-            raise UserError(f"cannot submit to Slurm here: {err}", "run on a Slurm login node, or use "
-                            "--executor local") from None
+            raise UserError(
+                f"cannot submit to Slurm here: {err}", "run on a Slurm login node, or use --executor local"
+            ) from None
         preflight.require(plan.spec, warn, after="; nothing was submitted")
 
     def start(self, request, on_progress: ProgressFn) -> RunRecord:
@@ -61,21 +61,31 @@ class SlurmExecutor(Executor):
             job_id = submit.submit(self._submitit)
         except submit.SubmitRefused as err:
             update_record(run_dir, state="SUBMIT_FAILED", message=str(err), attempt={"state": "SUBMIT_FAILED"})
-            raise UserError(f"sbatch refused the job: {err}",
-                            "fix the slurm section of the layout (partition, account, qos, time, resources); "
-                            "`sinfo` lists partitions") from None
+            raise UserError(
+                f"sbatch refused the job: {err}",
+                "fix the slurm section of the layout (partition, account, qos, time, resources); "
+                "`sinfo` lists partitions",
+            ) from None
         except submit.SubmitUnknown as err:
             update_record(run_dir, message=f"submission interrupted: {err}")
-            raise UserError(f"the submission of {run_dir} was interrupted after sbatch ran ({err}); the job may "
-                            "exist", f"run `specdraft status {run_dir}` (it looks the job up by name) before "
-                            "launching again") from None
-        return update_record(run_dir, job_id=job_id, state="PENDING", submitted=now_iso(),
-                             attempt={"job_id": job_id, "state": "PENDING", "submitted": now_iso()})
+            raise UserError(
+                f"the submission of {run_dir} was interrupted after sbatch ran ({err}); the job may exist",
+                f"run `specdraft status {run_dir}` (it looks the job up by name) before launching again",
+            ) from None
+        return update_record(
+            run_dir,
+            job_id=job_id,
+            state="PENDING",
+            submitted=now_iso(),
+            attempt={"job_id": job_id, "state": "PENDING", "submitted": now_iso()},
+        )
 
     def started_summary(self, record: RunRecord, plan) -> str:
         spec = plan.spec
-        return (f"submitted Slurm job {record.job_id}: {plan.world_size} task(s) on {spec.cluster.num_nodes} "
-                f"node(s), partition {spec.slurm.partition or '(default)'}")
+        return (
+            f"submitted Slurm job {record.job_id}: {plan.world_size} task(s) on {spec.cluster.num_nodes} "
+            f"node(s), partition {spec.slurm.partition or '(default)'}"
+        )
 
     def _recover(self, record: RunRecord) -> tuple[str | None, str | None]:
         """(job id, recovered id) after an interrupted submission: the newest job of the run's name since the
@@ -87,8 +97,9 @@ class SlurmExecutor(Executor):
             return record.job_id, None
         return jobs[-1][0], jobs[-1][0]
 
-    def _observation(self, record: RunRecord, job_id: str | None, recovered: str | None,
-                     census: slurmcmd.Census | None) -> Observation:
+    def _observation(
+        self, record: RunRecord, job_id: str | None, recovered: str | None, census: slurmcmd.Census | None
+    ) -> Observation:
         note = f"recovered job {recovered} by name after an interrupted submission" if recovered else None
         if not job_id:
             return Observation(record.state, "run.json (no job of this run's name in sacct/squeue)")
@@ -96,8 +107,13 @@ class SlurmExecutor(Executor):
         if info:
             return Observation(info.state, info.source, info.nodes, info.reason, job_id=recovered, note=note)
         if census is not None and census.answered and record.state not in TERMINAL:
-            return Observation(record.state, f"run.json (sacct and squeue no longer know job {job_id})",
-                               job_id=recovered, note=note, gone=True)
+            return Observation(
+                record.state,
+                f"run.json (sacct and squeue no longer know job {job_id})",
+                job_id=recovered,
+                note=note,
+                gone=True,
+            )
         return Observation(record.state, "run.json (sacct/squeue did not answer)", job_id=recovered, note=note)
 
     def observe(self, run_dir: Path, record: RunRecord, *, launching: bool = False) -> Observation:
@@ -113,8 +129,10 @@ class SlurmExecutor(Executor):
 
     def cancel(self, run_dir: Path, record: RunRecord) -> tuple[str, str | None]:
         if not record.job_id:
-            raise UserError(f"{run_dir} has no job id yet (state {record.state})",
-                            "run `specdraft status` first; it looks an interrupted submission up by name")
+            raise UserError(
+                f"{run_dir} has no job id yet (state {record.state})",
+                "run `specdraft status` first; it looks an interrupted submission up by name",
+            )
         slurmcmd.cancel(record.job_id)
         return f"cancelled Slurm job {record.job_id}", "CANCELLED"
 

@@ -69,7 +69,7 @@ def submit(executor: PlanExecutor) -> str:
         raise SubmitRefused(message) from None
     except FailedSubmissionError as err:  # sbatch exited 0 but printed no "job N"
         raise SubmitUnknown(str(err).splitlines()[0][:300]) from None
-    except Exception as err:  # noqa: BLE001 - anything else after sbatch ran leaves the job's existence unknown
+    except Exception as err:
         raise SubmitUnknown(f"{type(err).__name__}: {err}") from err
     if not is_job_id(job_id):
         raise SubmitUnknown(f"sbatch answered with {job_id[:60]!r}, which is not a job id")

@@ -1,1 +1,2 @@
-"""The rollout side's cost model: instances, decode-step costs, profiles, the training-side estimate, workloads and measured acceptance."""
+"""The rollout side's cost model: instances, decode-step costs, profiles, the training-side estimate,
+workloads and measured acceptance."""

@@ -145,15 +145,21 @@ class CostModel:
         """Token-wise ops of one layer (what vidur's per-layer profile times): GEMMs, norms, rope, adds."""
         # MoE: a step reads only the experts its tokens touch (at most every expert).
         mlp_weights = min(m.mlp_weight_params, tokens * m.mlp_params)
-        return (self._gemm(m.attn_params, m.attn_params, tokens, tp)
-                + self._gemm(m.mlp_params, mlp_weights, tokens, tp) + LAYER_FLOOR_S)
+        return (
+            self._gemm(m.attn_params, m.attn_params, tokens, tp)
+            + self._gemm(m.mlp_params, mlp_weights, tokens, tp)
+            + LAYER_FLOOR_S
+        )
 
     def forward(self, m: ModelShape, tokens: float, tp: int) -> float:
         """Weight-side time of one forward over ``tokens`` tokens (no attention), all layers + embedding + head."""
         act = tokens * m.hidden * ACT_BYTES
         per_layer = self.layer_s(m, tokens, tp) + 2 * self.allreduce(tp, act)
-        head = (self._gemm(m.head_params, m.head_params, tokens, tp) + GEMM_FLOOR_S
-                + self.gather(tp, tokens * m.vocab * ACT_BYTES))
+        head = (
+            self._gemm(m.head_params, m.head_params, tokens, tp)
+            + GEMM_FLOOR_S
+            + self.gather(tp, tokens * m.vocab * ACT_BYTES)
+        )
         return m.layers * per_layer + self.allreduce(tp, act) + head
 
     def kv_shards(self, tp: int, m: ModelShape | None = None) -> int:
@@ -227,8 +233,11 @@ class CostModel:
             return 0.0
         m = self.target
         attn_flops = 2.0 * m.layers * m.attn_width * tokens * tokens  # QK^T and PV over the causal half
-        return (self.forward(m, tokens, tp) + m.layers * ATTN_FLOOR_S
-                + attn_flops / tp / (FLOPS_EFFICIENCY * self.peak_flops))
+        return (
+            self.forward(m, tokens, tp)
+            + m.layers * ATTN_FLOOR_S
+            + attn_flops / tp / (FLOPS_EFFICIENCY * self.peak_flops)
+        )
 
     # ---- memory ----------------------------------------------------------------------------------------
     def weight_bytes(self) -> int:
@@ -255,8 +264,13 @@ def _shape(spec: LayoutSpec, *, draft: bool) -> ModelShape:
     m = spec.model
     head_dim, kv_heads = derived.head_dim(m), derived.kv_heads(m)
     attn = attention_params(spec)
-    common = dict(hidden=m.hidden_size, head_params=m.vocab_size * m.hidden_size, kv_heads=kv_heads,
-                  attn_width=m.num_attention_heads * head_dim, vocab=m.vocab_size)
+    common = dict(
+        hidden=m.hidden_size,
+        head_params=m.vocab_size * m.hidden_size,
+        kv_heads=kv_heads,
+        attn_width=m.num_attention_heads * head_dim,
+        vocab=m.vocab_size,
+    )
     if draft:
         layers = spec.draft.num_layers
         # EAGLE-3 reads [embedding ; hidden] (2h) in its first layer and fuses three taps through `fc` (3h x h):
@@ -264,16 +278,29 @@ def _shape(spec: LayoutSpec, *, draft: bool) -> ModelShape:
         num_taps = len(derived.aux_layers(spec))
         fold = (num_taps * m.hidden_size * m.hidden_size + m.hidden_size * m.num_attention_heads * head_dim) / layers
         mlp = mlp_params(m.hidden_size, m.ffn_hidden_size, m.swiglu)
-        return ModelShape(layers=layers, attn_params=int(attn + fold), mlp_params=mlp, mlp_weight_params=mlp,
-                          total_params=draft_params(spec), kv_bytes_per_token=draft_kv_bytes_per_token(spec),
-                          **common)
+        return ModelShape(
+            layers=layers,
+            attn_params=int(attn + fold),
+            mlp_params=mlp,
+            mlp_weight_params=mlp,
+            total_params=draft_params(spec),
+            kv_bytes_per_token=draft_kv_bytes_per_token(spec),
+            **common,
+        )
     if m.num_experts:
         expert = mlp_params(m.hidden_size, m.moe_ffn_hidden_size or 0, m.swiglu)
         mlp_active, mlp_weights = m.moe_router_topk * expert, m.num_experts * expert
     else:
         mlp_active = mlp_weights = mlp_params(m.hidden_size, m.ffn_hidden_size, m.swiglu)
-    return ModelShape(layers=m.num_layers, attn_params=attn, mlp_params=mlp_active, mlp_weight_params=mlp_weights,
-                      kv_bytes_per_token=kv_bytes_per_token(spec), total_params=model_params(spec), **common)
+    return ModelShape(
+        layers=m.num_layers,
+        attn_params=attn,
+        mlp_params=mlp_active,
+        mlp_weight_params=mlp_weights,
+        kv_bytes_per_token=kv_bytes_per_token(spec),
+        total_params=model_params(spec),
+        **common,
+    )
 
 
 def from_spec(spec: LayoutSpec, *, acceptance_rate: float | None = None) -> CostModel:
@@ -284,7 +311,10 @@ def from_spec(spec: LayoutSpec, *, acceptance_rate: float | None = None) -> Cost
     return CostModel(
         target=_shape(spec, draft=False),
         draft=_shape(spec, draft=True) if speculative else None,
-        hbm_bw=gpu.hbm_bw, peak_flops=gpu.peak_flops, link_bw=gpu.link_bw, hbm_bytes=gpu.hbm_bytes,
+        hbm_bw=gpu.hbm_bw,
+        peak_flops=gpu.peak_flops,
+        link_bw=gpu.link_bw,
+        hbm_bytes=gpu.hbm_bytes,
         gpu_memory_utilization=r.gpu_memory_utilization,
         num_speculative_tokens=derived.num_speculative_tokens(spec) if speculative else 0,
         acceptance_rate=r.acceptance_rate if acceptance_rate is None else acceptance_rate,

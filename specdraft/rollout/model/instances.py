@@ -63,8 +63,10 @@ def kv_budget(spec: LayoutSpec) -> KvBudget:
     per_token = (kv_bytes_per_token(spec) + (draft_kv_bytes_per_token(spec) if draft else 0)) / shards
     per_seq = per_token * max_model_len(spec)
     return KvBudget(
-        weights_bytes_per_gpu=int(weights), target_weights_bytes_per_gpu=int(target_weights),
-        draft_weights_bytes_per_gpu=int(draft_weights), kv_bytes_per_gpu=int(max(kv, 0)),
+        weights_bytes_per_gpu=int(weights),
+        target_weights_bytes_per_gpu=int(target_weights),
+        draft_weights_bytes_per_gpu=int(draft_weights),
+        kv_bytes_per_gpu=int(max(kv, 0)),
         kv_bytes_per_token_per_gpu=per_token,
         max_full_length_sequences=int(kv // per_seq) if per_seq > 0 and kv > 0 else 0,
     )
@@ -85,16 +87,28 @@ def check_rollout(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
         err("rollout.tp", r.tp, "must be >= 1", "use 1, 2, 4 or 8")
         return errors, warnings
     if not r.colocated and r.num_nodes < 1:
-        err("rollout.num_nodes", r.num_nodes, "dedicated rollout (colocated=false) needs nodes",
-            "set rollout.num_nodes >= 1, or rollout.colocated=true")
+        err(
+            "rollout.num_nodes",
+            r.num_nodes,
+            "dedicated rollout (colocated=false) needs nodes",
+            "set rollout.num_nodes >= 1, or rollout.colocated=true",
+        )
         return errors, warnings
     gpus = rollout_gpus(spec)
     if r.tp > c.gpus_per_node:
-        err("rollout.tp", r.tp, f"an instance's TP must fit in one node (gpus_per_node = {c.gpus_per_node})",
-            f"use rollout.tp <= {c.gpus_per_node}")
+        err(
+            "rollout.tp",
+            r.tp,
+            f"an instance's TP must fit in one node (gpus_per_node = {c.gpus_per_node})",
+            f"use rollout.tp <= {c.gpus_per_node}",
+        )
     elif c.gpus_per_node % r.tp or gpus % r.tp:
-        err("rollout.tp", r.tp, f"must divide the GPUs per node ({c.gpus_per_node}) so instances tile the "
-            f"{gpus} rollout GPUs", f"use one of {[d for d in range(1, c.gpus_per_node + 1) if c.gpus_per_node % d == 0]}")
+        err(
+            "rollout.tp",
+            r.tp,
+            f"must divide the GPUs per node ({c.gpus_per_node}) so instances tile the {gpus} rollout GPUs",
+            f"use one of {[d for d in range(1, c.gpus_per_node + 1) if c.gpus_per_node % d == 0]}",
+        )
     heads = m.num_attention_heads
     if heads % r.tp:
         err("rollout.tp", r.tp, f"must divide model.num_attention_heads ({heads})", "vLLM shards heads over TP")
@@ -110,29 +124,56 @@ def check_rollout(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
     if not 0 < r.gpu_memory_utilization <= 1:
         err("rollout.gpu_memory_utilization", r.gpu_memory_utilization, "must be in (0, 1]", "use 0.85")
     if r.max_num_seqs < 1:
-        err("rollout.max_num_seqs", r.max_num_seqs, "must be >= 1 (the sequences one vLLM instance runs at once)",
-            "use 1024 (VeRL's default) or 256 (vLLM's)")
+        err(
+            "rollout.max_num_seqs",
+            r.max_num_seqs,
+            "must be >= 1 (the sequences one vLLM instance runs at once)",
+            "use 1024 (VeRL's default) or 256 (vLLM's)",
+        )
     if errors or c.gpu not in CATALOGUE:
         return errors, warnings
     budget = kv_budget(spec)
     gib = 2**30
     if budget.kv_bytes_per_gpu <= 0:
         what = "target + draft" if budget.draft_weights_bytes_per_gpu else "target"
-        err("rollout.tp", r.tp, f"the bf16 weights ({what}: {budget.weights_bytes_per_gpu / gib:.1f} GiB per GPU) "
-            f"do not fit in {r.gpu_memory_utilization:.0%} of the {c.gpu} HBM", "raise rollout.tp")
+        err(
+            "rollout.tp",
+            r.tp,
+            f"the bf16 weights ({what}: {budget.weights_bytes_per_gpu / gib:.1f} GiB per GPU) "
+            f"do not fit in {r.gpu_memory_utilization:.0%} of the {c.gpu} HBM",
+            "raise rollout.tp",
+        )
     elif budget.max_full_length_sequences < 1:
-        err("rollout.max_model_len", max_model_len(spec), "not even one full-length sequence's KV cache fits after "
+        err(
+            "rollout.max_model_len",
+            max_model_len(spec),
+            "not even one full-length sequence's KV cache fits after "
             f"the weights ({budget.kv_bytes_per_gpu / gib:.1f} GiB KV budget per GPU)",
-            "raise rollout.tp or rollout.gpu_memory_utilization, or lower rollout.max_response_length")
+            "raise rollout.tp or rollout.gpu_memory_utilization, or lower rollout.max_response_length",
+        )
     if max_model_len(spec) > m.seq_length:
-        warnings.append(Problem(path="rollout.max_response_length", value=r.max_response_length, rule=(
-            f"prompt_length + max_response_length ({max_model_len(spec)}) exceeds model.seq_length "
-            f"({m.seq_length}): the trainer cannot take the longest rollouts whole"),
-            fix=f"raise model.seq_length to {max_model_len(spec)} or cap the responses", severity="warning"))
+        warnings.append(
+            Problem(
+                path="rollout.max_response_length",
+                value=r.max_response_length,
+                rule=(
+                    f"prompt_length + max_response_length ({max_model_len(spec)}) exceeds model.seq_length "
+                    f"({m.seq_length}): the trainer cannot take the longest rollouts whole"
+                ),
+                fix=f"raise model.seq_length to {max_model_len(spec)} or cap the responses",
+                severity="warning",
+            )
+        )
     if r.speculative and not spec.draft.enabled:
-        warnings.append(Problem(path="rollout.speculative", value=True, rule="speculative decoding needs the "
-                                "co-trained draft, but draft.enabled is false", fix="set draft.enabled=true",
-                                severity="warning"))
+        warnings.append(
+            Problem(
+                path="rollout.speculative",
+                value=True,
+                rule="speculative decoding needs the co-trained draft, but draft.enabled is false",
+                fix="set draft.enabled=true",
+                severity="warning",
+            )
+        )
     return errors, warnings
 
 
@@ -146,14 +187,24 @@ def plan_rollout(spec: LayoutSpec) -> RolloutPlan | None:
     instances = []
     for i in range(gpus // r.tp):
         start = i * r.tp
-        instances.append(RolloutInstance(
-            instance=i, node=first_node + start // c.gpus_per_node,
-            local_gpus=tuple(start % c.gpus_per_node + k for k in range(r.tp)),
-            training_ranks=tuple(start + k for k in range(r.tp)) if r.colocated else None,
-        ))
+        instances.append(
+            RolloutInstance(
+                instance=i,
+                node=first_node + start // c.gpus_per_node,
+                local_gpus=tuple(start % c.gpus_per_node + k for k in range(r.tp)),
+                training_ranks=tuple(start + k for k in range(r.tp)) if r.colocated else None,
+            )
+        )
     return RolloutPlan(
-        colocated=r.colocated, num_gpus=gpus, tp=r.tp, num_instances=len(instances), instances=tuple(instances),
-        samples_per_step=r.num_prompts_per_step * r.num_generations_per_prompt, max_policy_lag=r.max_policy_lag,
-        speculative=speculating(spec), num_speculative_tokens=num_speculative_tokens(spec),
-        acceptance_rate=r.acceptance_rate, kv=kv_budget(spec),
+        colocated=r.colocated,
+        num_gpus=gpus,
+        tp=r.tp,
+        num_instances=len(instances),
+        instances=tuple(instances),
+        samples_per_step=r.num_prompts_per_step * r.num_generations_per_prompt,
+        max_policy_lag=r.max_policy_lag,
+        speculative=speculating(spec),
+        num_speculative_tokens=num_speculative_tokens(spec),
+        acceptance_rate=r.acceptance_rate,
+        kv=kv_budget(spec),
     )

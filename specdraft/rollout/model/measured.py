@@ -36,8 +36,13 @@ class MeasuredDraft:
         return per_token_acceptance(self.accept_len, self.k)
 
     def to_dict(self) -> dict:
-        return {"accept_len": self.accept_len, "k": self.k, "kind": self.kind, "source": self.source,
-                "per_token_acceptance": round(self.per_token_acceptance, 6)}
+        return {
+            "accept_len": self.accept_len,
+            "k": self.k,
+            "kind": self.kind,
+            "source": self.source,
+            "per_token_acceptance": round(self.per_token_acceptance, 6),
+        }
 
 
 def per_token_acceptance(accept_len: float, k: int) -> float:
@@ -63,35 +68,56 @@ def read(path: str) -> MeasuredDraft:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
-        raise UserError(f"--acceptance-from {path} is not JSON ({err})",
-                        "pass `specdraft rollout measure RUN --format json` output, or a run folder") from None
-    if not isinstance(data, dict) or not _number(data.get("accept_len")) or not isinstance(data.get("k"), int) \
-            or isinstance(data.get("k"), bool) or data["k"] < 1:
-        raise UserError(f"--acceptance-from {path} has no accept_len (a number) and k (an integer >= 1)",
-                        "pass `specdraft rollout measure RUN --format json` output")
+        raise UserError(
+            f"--acceptance-from {path} is not JSON ({err})",
+            "pass `specdraft rollout measure RUN --format json` output, or a run folder",
+        ) from None
+    if (
+        not isinstance(data, dict)
+        or not _number(data.get("accept_len"))
+        or not isinstance(data.get("k"), int)
+        or isinstance(data.get("k"), bool)
+        or data["k"] < 1
+    ):
+        raise UserError(
+            f"--acceptance-from {path} has no accept_len (a number) and k (an integer >= 1)",
+            "pass `specdraft rollout measure RUN --format json` output",
+        )
     return MeasuredDraft(float(data["accept_len"]), data["k"], "decoding", path)
 
 
 def _from_run(folder: str) -> MeasuredDraft:
     metrics = os.path.join(folder, "metrics.jsonl")
     if not os.path.exists(metrics):
-        raise UserError(f"--acceptance-from {folder}: no metrics.jsonl there", "name a run folder that trained "
-                        "a draft, or a `rollout measure --format json` file")
+        raise UserError(
+            f"--acceptance-from {folder}: no metrics.jsonl there",
+            "name a run folder that trained a draft, or a `rollout measure --format json` file",
+        )
     rows = []
     for line in read_regular_text(metrics, MAX_METRICS_BYTES, "metrics file").splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(row, dict) and _number(row.get("accept_len")) and isinstance(row.get("acceptance"), list) \
-                and row["acceptance"]:
+        if (
+            isinstance(row, dict)
+            and _number(row.get("accept_len"))
+            and isinstance(row.get("acceptance"), list)
+            and row["acceptance"]
+        ):
             rows.append(row)
     if not rows:
-        raise UserError(f"--acceptance-from {folder}: its metrics.jsonl has no co-training step with an accept_len",
-                        "let the run train its draft past training.warmup_steps")
+        raise UserError(
+            f"--acceptance-from {folder}: its metrics.jsonl has no co-training step with an accept_len",
+            "let the run train its draft past training.warmup_steps",
+        )
     last = rows[-LAST_ROWS:]
-    return MeasuredDraft(sum(r["accept_len"] for r in last) / len(last), len(last[-1]["acceptance"]), "training",
-                         f"{folder} (metrics.jsonl, steps {last[0].get('step')}-{last[-1].get('step')})")
+    return MeasuredDraft(
+        sum(r["accept_len"] for r in last) / len(last),
+        len(last[-1]["acceptance"]),
+        "training",
+        f"{folder} (metrics.jsonl, steps {last[0].get('step')}-{last[-1].get('step')})",
+    )
 
 
 def _number(value) -> bool:
@@ -100,8 +126,15 @@ def _number(value) -> bool:
 
 def with_measured(spec: LayoutSpec, measured: MeasuredDraft) -> LayoutSpec:
     """``spec`` whose rollout speculates with the measured draft: its k and the a that gives its accept_len."""
-    return replace(spec, rollout=replace(spec.rollout, speculative=True, num_speculative_tokens=measured.k,
-                                         acceptance_rate=measured.per_token_acceptance))
+    return replace(
+        spec,
+        rollout=replace(
+            spec.rollout,
+            speculative=True,
+            num_speculative_tokens=measured.k,
+            acceptance_rate=measured.per_token_acceptance,
+        ),
+    )
 
 
 def without_speculation(spec: LayoutSpec) -> LayoutSpec:
@@ -116,8 +149,10 @@ def speedups(with_spec: dict, without: dict) -> dict:
         if base is None:
             continue
         out[policy] = {
-            "iteration_time_s": {"speculative": rec["iteration_time_s"]["mean"],
-                                 "none": base["iteration_time_s"]["mean"]},
+            "iteration_time_s": {
+                "speculative": rec["iteration_time_s"]["mean"],
+                "none": base["iteration_time_s"]["mean"],
+            },
             "makespan_s": {"speculative": rec["makespan_s"]["mean"], "none": base["makespan_s"]["mean"]},
             "iteration_speedup": base["iteration_time_s"]["mean"] / rec["iteration_time_s"]["mean"],
             "generation_speedup": base["makespan_s"]["mean"] / rec["makespan_s"]["mean"],

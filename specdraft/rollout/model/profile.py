@@ -22,16 +22,31 @@ CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
 # Llama-2-7B as microsoft/vidur profiled it (MHA, 32 layers, gated MLP of 11008): the calibration's reference model.
-LLAMA2_7B = ModelShape(layers=32, hidden=4096, attn_params=4 * 4096 * 4096, mlp_params=3 * 4096 * 11008,
-                       mlp_weight_params=3 * 4096 * 11008, head_params=32000 * 4096,
-                       kv_bytes_per_token=2 * 32 * 4096 * 2, attn_width=4096, total_params=6_738_415_616,
-                       kv_heads=32, vocab=32000)
+LLAMA2_7B = ModelShape(
+    layers=32,
+    hidden=4096,
+    attn_params=4 * 4096 * 4096,
+    mlp_params=3 * 4096 * 11008,
+    mlp_weight_params=3 * 4096 * 11008,
+    head_params=32000 * 4096,
+    kv_bytes_per_token=2 * 32 * 4096 * 2,
+    attn_width=4096,
+    total_params=6_738_415_616,
+    kv_heads=32,
+    vocab=32000,
+)
 
 
 # vLLM's custom all-reduce on H100 (SGLang PR #2904; float32 tensors, so 4 bytes per element), and NCCL's at 1M fp16
 # elements (vidur's network/h100_dgx/all_reduce.csv): the anchors of costmodel's all-reduce.
-ALLREDUCE_ANCHORS = ((2, 16384, "8.8"), (8, 16384, "9.3"), (8, 131072, "11.8"), (8, 2**20, "24.1"),
-                     (2, 4 * 2**20, "26.6"), (8, 4 * 2**20, "45.0"))
+ALLREDUCE_ANCHORS = (
+    (2, 16384, "8.8"),
+    (8, 16384, "9.3"),
+    (8, 131072, "11.8"),
+    (8, 2**20, "24.1"),
+    (2, 4 * 2**20, "26.6"),
+    (8, 4 * 2**20, "45.0"),
+)
 
 
 def calibration_rows(cost: CostModel) -> list[tuple[str, str, str]]:
@@ -40,13 +55,26 @@ def calibration_rows(cost: CostModel) -> list[tuple[str, str, str]]:
     The vidur and all-reduce rows are H100 measurements, so they match only on an h100-80gb layout.
     """
     us = 1e6
-    rows = [(f"vidur Llama-2-7B layer, tp {tp}, {n} tokens", f"{ref} us",
-             f"{cost.layer_s(LLAMA2_7B, n, tp) * us:.0f} us") for tp, n, ref in ((1, 64, "~180"), (8, 64, "~45"),
-                                                                                 (1, 512, "375"))]
-    rows += [(f"vLLM custom all-reduce, tp {tp}, {nbytes // 1024} KB", f"{ref} us",
-              f"{cost.allreduce(tp, nbytes) * us:.1f} us") for tp, nbytes, ref in ALLREDUCE_ANCHORS]
-    rows += [(f"NCCL all-reduce of 1M fp16 elements, tp {tp}", "34-43 us",
-              f"{cost.nccl_allreduce(tp, 2 * 2**20) * us:.0f} us") for tp in (2, 8)]
+    rows = [
+        (f"vidur Llama-2-7B layer, tp {tp}, {n} tokens", f"{ref} us", f"{cost.layer_s(LLAMA2_7B, n, tp) * us:.0f} us")
+        for tp, n, ref in ((1, 64, "~180"), (8, 64, "~45"), (1, 512, "375"))
+    ]
+    rows += [
+        (
+            f"vLLM custom all-reduce, tp {tp}, {nbytes // 1024} KB",
+            f"{ref} us",
+            f"{cost.allreduce(tp, nbytes) * us:.1f} us",
+        )
+        for tp, nbytes, ref in ALLREDUCE_ANCHORS
+    ]
+    rows += [
+        (
+            f"NCCL all-reduce of 1M fp16 elements, tp {tp}",
+            "34-43 us",
+            f"{cost.nccl_allreduce(tp, 2 * 2**20) * us:.0f} us",
+        )
+        for tp in (2, 8)
+    ]
     for batch, ctx in ((1, 2048), (8, 4096), (64, 4096)):
         ratio = cost.decode_step(1, batch, batch * ctx, False) / cost.decode_step(8, batch, batch * ctx, False)
         note = "1.3-2x (notes; assumes 30-45 us all-reduces)" if batch <= 8 else "(KV-bound: no anchor)"
@@ -58,8 +86,11 @@ def valid_tps(spec) -> list[int]:
     """TP sizes an instance of the layout's model may use: divisors of the node that shard the heads and fit."""
     c, m = spec.cluster, spec.model
     cost = from_spec(spec)
-    return [tp for tp in range(1, c.gpus_per_node + 1)
-            if c.gpus_per_node % tp == 0 and m.num_attention_heads % tp == 0 and cost.kv_capacity_tokens(tp) > 0]
+    return [
+        tp
+        for tp in range(1, c.gpus_per_node + 1)
+        if c.gpus_per_node % tp == 0 and m.num_attention_heads % tp == 0 and cost.kv_capacity_tokens(tp) > 0
+    ]
 
 
 def table_rows(cost: CostModel, tps: list[int], batches=BATCHES, contexts=CONTEXTS) -> list[dict]:
@@ -90,11 +121,14 @@ def _number(raw: str, name: str, line: int, path, integer: bool) -> float:
     try:
         value = int(raw) if integer else float(raw)
     except ValueError:
-        raise UserError(f"{path}: line {line}: {name} = {raw!r} is not a {'whole ' if integer else ''}number",
-                        "write plain numbers (seconds for the *_s columns)") from None
+        raise UserError(
+            f"{path}: line {line}: {name} = {raw!r} is not a {'whole ' if integer else ''}number",
+            "write plain numbers (seconds for the *_s columns)",
+        ) from None
     if not value > 0 or (not integer and not math.isfinite(value)):
-        raise UserError(f"{path}: line {line}: {name} = {raw!r} must be a positive number",
-                        "a step time or size must be > 0")
+        raise UserError(
+            f"{path}: line {line}: {name} = {raw!r} must be a positive number", "a step time or size must be > 0"
+        )
     return value
 
 
@@ -106,18 +140,26 @@ def read_csv(path: str | Path) -> dict:
     lines = file.read_text(encoding="utf-8").splitlines()
     reader = csv.reader(lines)
     header = next(reader, None)
-    if header is None or [h.strip() for h in header[:4]] != list(COLUMNS[:4]) or (
-            len(header) > 4 and [h.strip() for h in header[4:]] != [COLUMNS[4]]):
-        raise UserError(f"{file}: line 1: the header must be {','.join(COLUMNS[:4])}[,{COLUMNS[4]}], got "
-                        f"{','.join(header or [])!r}", "start the file with the column names")
+    if (
+        header is None
+        or [h.strip() for h in header[:4]] != list(COLUMNS[:4])
+        or (len(header) > 4 and [h.strip() for h in header[4:]] != [COLUMNS[4]])
+    ):
+        raise UserError(
+            f"{file}: line 1: the header must be {','.join(COLUMNS[:4])}[,{COLUMNS[4]}], got "
+            f"{','.join(header or [])!r}",
+            "start the file with the column names",
+        )
     has_speculative = len(header) > 4
     points: dict = {}
     for line, row in enumerate(reader, start=2):
         if not row or all(not x.strip() for x in row):
             continue
         if len(row) != len(header):
-            raise UserError(f"{file}: line {line}: expected {len(header)} columns, got {len(row)}",
-                            "one value per column, comma-separated")
+            raise UserError(
+                f"{file}: line {line}: expected {len(header)} columns, got {len(row)}",
+                "one value per column, comma-separated",
+            )
         tp = int(_number(row[0].strip(), "tp", line, file, True))
         batch = int(_number(row[1].strip(), "batch", line, file, True))
         ctx = _number(row[2].strip(), "context", line, file, False)
@@ -127,8 +169,10 @@ def read_csv(path: str | Path) -> dict:
             speculative = _number(row[4].strip(), "speculative_decode_s", line, file, False)
         key = (tp, batch, ctx)
         if key in points:
-            raise UserError(f"{file}: line {line}: duplicate row for tp={tp} batch={batch} context={ctx:g}",
-                            "keep one measurement per grid point")
+            raise UserError(
+                f"{file}: line {line}: duplicate row for tp={tp} batch={batch} context={ctx:g}",
+                "keep one measurement per grid point",
+            )
         points[key] = (plain, speculative, line)
     if not points:
         raise UserError(f"{file} has no data rows", "add rows below the header")
@@ -141,8 +185,10 @@ def read_csv(path: str | Path) -> dict:
             prow, srow = [], []
             for c in contexts:
                 if (tp, b, c) not in points:
-                    raise UserError(f"{file}: tp={tp} has no row for batch={b} context={c:g}",
-                                    "the grid of each tp must be complete (every batch x every context)")
+                    raise UserError(
+                        f"{file}: tp={tp} has no row for batch={b} context={c:g}",
+                        "the grid of each tp must be complete (every batch x every context)",
+                    )
                 plain, speculative, line = points[(tp, b, c)]
                 prow.append(plain)
                 srow.append(speculative)
@@ -153,8 +199,10 @@ def read_csv(path: str | Path) -> dict:
         if all(s is not None for s in cells):
             tables[(tp, True)] = (batches, contexts, speculative_grid)
         elif any(s is not None for s in cells):
-            raise UserError(f"{file}: tp={tp} gives speculative_decode_s for some rows only",
-                            "fill speculative_decode_s on every row of that tp, or on none")
+            raise UserError(
+                f"{file}: tp={tp} gives speculative_decode_s for some rows only",
+                "fill speculative_decode_s on every row of that tp, or on none",
+            )
     return tables
 
 
@@ -186,8 +234,10 @@ class ProfileCost(CostModel):
         missing = [tp for tp in tps if (tp, False) not in self.tables]
         if missing:
             have = sorted({tp for tp, _ in self.tables})
-            raise UserError(f"{source} has no rows for tp={', '.join(map(str, missing))} (it covers tp {have})",
-                            "profile every tp the simulation uses, or drop --adaptive-tp / change rollout.tp")
+            raise UserError(
+                f"{source} has no rows for tp={', '.join(map(str, missing))} (it covers tp {have})",
+                "profile every tp the simulation uses, or drop --adaptive-tp / change rollout.tp",
+            )
 
     def _step(self, tp: int, batch: int, mean_ctx: float, speculative: bool) -> tuple[float, float]:
         """(time at the lower context grid point of the cell, slope per unit of mean context)."""

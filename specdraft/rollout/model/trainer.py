@@ -59,14 +59,18 @@ class TrainerModel:
         share = -(-len(seqs) // dp)
         padded, useful = [], 0.0
         for r in range(dp):
-            part = seqs[r * share:(r + 1) * share]
+            part = seqs[r * share : (r + 1) * share]
             useful += sum(self.seq_flops(x) for x in part)
             if self.packing:
                 padded.append(sum(self.seq_flops(x) for x in part))
             else:
                 mbs = max(1, self.micro_batch_size)
-                padded.append(sum(len(part[i:i + mbs]) * self.seq_flops(max(part[i:i + mbs]))
-                                  for i in range(0, len(part), mbs)))
+                padded.append(
+                    sum(
+                        len(part[i : i + mbs]) * self.seq_flops(max(part[i : i + mbs]))
+                        for i in range(0, len(part), mbs)
+                    )
+                )
         gpus_per_rank = self.gpus / self.dp
         slowest = max(padded) / (gpus_per_rank * self.gpu_flops) * self.pp_factor()
         padding_gpu_s = (dp * max(padded) - useful) / self.gpu_flops * self.pp_factor()
@@ -92,7 +96,15 @@ def from_spec(spec: LayoutSpec) -> TrainerModel:
         sync = weight_bytes / sizes.tp / gpu.link_bw  # in-place reshard inside the node
     else:
         sync = weight_bytes / r.tp / INTER_NODE_BW  # each rollout GPU pulls its shard over the network
-    return TrainerModel(gpus=world_size(spec), dp=sizes.dp, pp=sizes.pp,
-                        microbatches=num_microbatches(spec, sizes.dp), micro_batch_size=spec.training.micro_batch_size,
-                        packing=spec.training.packing, flops_per_token=per_token, attn_flops_coef=attn,
-                        gpu_flops=gpu.peak_flops * TRAINING_MFU, sync_s=sync)
+    return TrainerModel(
+        gpus=world_size(spec),
+        dp=sizes.dp,
+        pp=sizes.pp,
+        microbatches=num_microbatches(spec, sizes.dp),
+        micro_batch_size=spec.training.micro_batch_size,
+        packing=spec.training.packing,
+        flops_per_token=per_token,
+        attn_flops_coef=attn,
+        gpu_flops=gpu.peak_flops * TRAINING_MFU,
+        sync_s=sync,
+    )

@@ -70,8 +70,15 @@ def _clip(x: float, cap: int) -> int:
     return max(1, min(cap, int(round(x))))
 
 
-def synthetic(model: LengthModel, steps: int, prompts_per_step: int, n: int, prompt_len: int, seed: int,
-              prediction_error: float = 0.2) -> Workload:
+def synthetic(
+    model: LengthModel,
+    steps: int,
+    prompts_per_step: int,
+    n: int,
+    prompt_len: int,
+    seed: int,
+    prediction_error: float = 0.2,
+) -> Workload:
     """A seeded log-normal workload; predictions are the true lengths times exp(error * N(0,1))."""
     model.check()
     rng = random.Random(f"workload:{seed}")
@@ -84,10 +91,11 @@ def synthetic(model: LengthModel, steps: int, prompts_per_step: int, n: int, pro
         prompts = []
         for _ in range(prompts_per_step):
             z = rng.gauss(0.0, 1.0)
-            lengths = [_clip(math.exp(mu + model.sigma * (shared * z + own * rng.gauss(0.0, 1.0))), model.cap)
-                       for _ in range(n)]
-            prompts.append(Prompt(pid, step, prompt_len, lengths, predict(lengths, prediction_error, noise,
-                                                                          model.cap)))
+            lengths = [
+                _clip(math.exp(mu + model.sigma * (shared * z + own * rng.gauss(0.0, 1.0))), model.cap)
+                for _ in range(n)
+            ]
+            prompts.append(Prompt(pid, step, prompt_len, lengths, predict(lengths, prediction_error, noise, model.cap)))
             pid += 1
         out.append(prompts)
     return out
@@ -104,24 +112,39 @@ def _parse_lengths_line(raw: str, path: Path, lineno: int) -> dict:
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError as err:
-        raise UserError(f"{path}: line {lineno}: not valid JSON ({err.msg} at column {err.colno})",
-                        'write one object per line, e.g. {"id": "p1", "lengths": [812, 3410]}') from None
+        raise UserError(
+            f"{path}: line {lineno}: not valid JSON ({err.msg} at column {err.colno})",
+            'write one object per line, e.g. {"id": "p1", "lengths": [812, 3410]}',
+        ) from None
     if not isinstance(obj, dict):
-        raise UserError(f"{path}: line {lineno}: expected a JSON object, got {type(obj).__name__}",
-                        'write one object per line, e.g. {"id": "p1", "lengths": [812, 3410]}')
+        raise UserError(
+            f"{path}: line {lineno}: expected a JSON object, got {type(obj).__name__}",
+            'write one object per line, e.g. {"id": "p1", "lengths": [812, 3410]}',
+        )
     lengths = obj.get("lengths")
-    if (not isinstance(lengths, list) or not lengths
-            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in lengths)):
-        raise UserError(f"{path}: line {lineno}: \"lengths\" must be a non-empty list of positive integers, got "
-                        f"{lengths!r}", "list the response lengths (tokens) of the prompt's samples")
+    if (
+        not isinstance(lengths, list)
+        or not lengths
+        or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in lengths)
+    ):
+        raise UserError(
+            f'{path}: line {lineno}: "lengths" must be a non-empty list of positive integers, got {lengths!r}',
+            "list the response lengths (tokens) of the prompt's samples",
+        )
     for name in ("prompt_length", "predicted"):
         value = obj.get(name)
         if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value < 1):
-            raise UserError(f"{path}: line {lineno}: \"{name}\" must be a positive number, got {value!r}",
-                            f"drop \"{name}\" or give a token count")
+            raise UserError(
+                f'{path}: line {lineno}: "{name}" must be a positive number, got {value!r}',
+                f'drop "{name}" or give a token count',
+            )
     key = obj.get("id", "")
-    return {"key": str(key) if key is not None else "", "lengths": lengths,
-            "prompt_length": obj.get("prompt_length"), "predicted": obj.get("predicted")}
+    return {
+        "key": str(key) if key is not None else "",
+        "lengths": lengths,
+        "prompt_length": obj.get("prompt_length"),
+        "predicted": obj.get("predicted"),
+    }
 
 
 def read_lengths_file(path: str | Path) -> list[dict]:
@@ -147,8 +170,17 @@ def load_history(path: str | Path) -> dict[str, float]:
     return out
 
 
-def from_file(path: str | Path, steps: int, prompts_per_step: int, n: int, prompt_len: int, cap: int, seed: int,
-              prediction_error: float = 0.2, history: dict[str, float] | None = None) -> Workload:
+def from_file(
+    path: str | Path,
+    steps: int,
+    prompts_per_step: int,
+    n: int,
+    prompt_len: int,
+    cap: int,
+    seed: int,
+    prediction_error: float = 0.2,
+    history: dict[str, float] | None = None,
+) -> Workload:
     """Steps of prompts drawn from a lengths JSONL (shuffled per seed, cycled when the file is short).
 
     Each prompt's n samples are its first n lengths (cycled when it lists fewer), clipped to the cap.
@@ -175,8 +207,7 @@ def from_file(path: str | Path, steps: int, prompts_per_step: int, n: int, promp
                 predicted = [float(min(cap, guess))] * n
             else:
                 predicted = predict(lengths, prediction_error, noise, cap)
-            prompts.append(Prompt(pid, step, int(row["prompt_length"] or prompt_len), lengths, predicted,
-                                  row["key"]))
+            prompts.append(Prompt(pid, step, int(row["prompt_length"] or prompt_len), lengths, predicted, row["key"]))
             pid += 1
         out.append(prompts)
     return out
@@ -186,8 +217,10 @@ def with_predictions(workload: Workload, exact: bool) -> Workload:
     """A copy whose predictions are the true lengths (exact) — what the oracle policy schedules with."""
     if not exact:
         return workload
-    return [[Prompt(p.pid, p.step, p.prompt_len, p.lengths, [float(x) for x in p.lengths], p.key) for p in step]
-            for step in workload]
+    return [
+        [Prompt(p.pid, p.step, p.prompt_len, p.lengths, [float(x) for x in p.lengths], p.key) for p in step]
+        for step in workload
+    ]
 
 
 def uniform(steps: int, prompts_per_step: int, n: int, prompt_len: int, length: int) -> Workload:

@@ -9,19 +9,23 @@ import statistics
 from dataclasses import dataclass, field, replace
 
 from specdraft.errors import UserError
-from specdraft.rollout.model import costmodel
-from specdraft.rollout.schedule import dispatch
-from specdraft.rollout.report import metrics
-from specdraft.rollout.schedule import scheduler
-from specdraft.rollout.model import trainer
-from specdraft.rollout.schedule import verl
-from specdraft.rollout.schedule.adaptive_tp import PlannerConfig, RemainingPredictor
-from specdraft.rollout.sim.generation import GenConfig, choose_start, simulate_generation
+from specdraft.rollout.model import costmodel, trainer
 from specdraft.rollout.model.instances import check_rollout, rollout_gpus
 from specdraft.rollout.model.profile import ProfileCost, read_csv, valid_tps
+from specdraft.rollout.model.workload import (
+    DEFAULT_CORRELATION,
+    DEFAULT_MEDIAN,
+    DEFAULT_SIGMA,
+    LengthModel,
+    from_file,
+    load_history,
+    synthetic,
+)
+from specdraft.rollout.report import metrics
+from specdraft.rollout.schedule import dispatch, scheduler, verl
+from specdraft.rollout.schedule.adaptive_tp import PlannerConfig, RemainingPredictor
+from specdraft.rollout.sim.generation import GenConfig, choose_start, simulate_generation
 from specdraft.rollout.sim.simulator import SimConfig, plan_steps, simulate
-from specdraft.rollout.model.workload import DEFAULT_CORRELATION, DEFAULT_MEDIAN, DEFAULT_SIGMA, LengthModel
-from specdraft.rollout.model.workload import from_file, load_history, synthetic
 from specdraft.spec.schema import LayoutSpec
 
 
@@ -93,8 +97,10 @@ def _verl_layout(spec: LayoutSpec, tp: int) -> LayoutSpec:
     out = verl.layout(spec, tp)
     errors = check_rollout(out)[0]  # the layout itself passed these rules: VeRL's settings broke them
     if errors:
-        raise UserError(f"--verl-tp {tp} with VeRL's engine settings: " + "; ".join(p.rule for p in errors),
-                        "pick another TP for the verl baseline, e.g. --verl-tp 4")
+        raise UserError(
+            f"--verl-tp {tp} with VeRL's engine settings: " + "; ".join(p.rule for p in errors),
+            "pick another TP for the verl baseline, e.g. --verl-tp 4",
+        )
     return out
 
 
@@ -116,16 +122,27 @@ def run(spec: LayoutSpec, opts: SimulateOptions) -> Report:
     model = LengthModel(median=opts.median, sigma=opts.sigma, cap=r.max_response_length, correlation=opts.correlation)
     history = load_history(opts.history) if opts.history else None
     # Each policy runs the layout's instances, except verl: VeRL's TP and engine on the same GPUs.
-    setups = {p: _pipeline(baseline if p == "verl" else spec, verl_cost if p == "verl" else cost, k, warm)
-              for p in opts.policies}
+    setups = {
+        p: _pipeline(baseline if p == "verl" else spec, verl_cost if p == "verl" else cost, k, warm)
+        for p in opts.policies
+    }
     runs: dict[str, list] = {p: [] for p in opts.policies}
     gens: dict = {}
     report = Report(data={})
     for seed in range(opts.first_seed, opts.first_seed + opts.seeds):
         steps = k + r.max_policy_lag
         if opts.workload:
-            wl = from_file(opts.workload, steps, r.num_prompts_per_step, n, r.prompt_length, r.max_response_length,
-                           seed, opts.prediction_error, history)
+            wl = from_file(
+                opts.workload,
+                steps,
+                r.num_prompts_per_step,
+                n,
+                r.prompt_length,
+                r.max_response_length,
+                seed,
+                opts.prediction_error,
+                history,
+            )
         else:
             wl = synthetic(model, steps, r.num_prompts_per_step, n, r.prompt_length, seed, opts.prediction_error)
         for policy in opts.policies:
@@ -148,8 +165,14 @@ def run(spec: LayoutSpec, opts: SimulateOptions) -> Report:
         "tp": r.tp,
         "colocated": r.colocated,
         "prediction_error": opts.prediction_error,
-        "workload": opts.workload or {"lengths": opts.lengths, "median": opts.median, "sigma": opts.sigma,
-                                      "cap": r.max_response_length, "correlation": opts.correlation},
+        "workload": opts.workload
+        or {
+            "lengths": opts.lengths,
+            "median": opts.median,
+            "sigma": opts.sigma,
+            "cap": r.max_response_length,
+            "correlation": opts.correlation,
+        },
         "policies": policies,
     }
     if baseline is not None:
@@ -170,8 +193,16 @@ def _pipeline(spec: LayoutSpec, cost, k: int, warm: int) -> tuple:
     n_inst = rollout_gpus(spec) // r.tp
     typical = r.num_prompts_per_step * r.num_generations_per_prompt // n_inst
     hint = dispatch.hint_from_cost(cost, r.tp, min(cost.max_num_seqs, max(1, typical)))
-    cfg = SimConfig(cost=cost, trainer=train, num_instances=n_inst, tp=r.tp, max_policy_lag=r.max_policy_lag,
-                    colocated=r.colocated, trained_steps=k, warmup_steps=warm)
+    cfg = SimConfig(
+        cost=cost,
+        trainer=train,
+        num_instances=n_inst,
+        tp=r.tp,
+        max_policy_lag=r.max_policy_lag,
+        colocated=r.colocated,
+        trained_steps=k,
+        warmup_steps=warm,
+    )
     return cfg, hint, train
 
 
@@ -179,18 +210,34 @@ def _generation(spec, opts, cost, tps, prompts, seed, gens, report) -> None:
     r, c = spec.rollout, spec.cluster
     nodes = rollout_gpus(spec) // c.gpus_per_node
     for tp in tps:
-        static = GenConfig(cost=cost, gpus_per_node=c.gpus_per_node, num_nodes=nodes,
-                           timeline=opts.timeline and seed == opts.first_seed)
+        static = GenConfig(
+            cost=cost,
+            gpus_per_node=c.gpus_per_node,
+            num_nodes=nodes,
+            timeline=opts.timeline and seed == opts.first_seed,
+        )
         res = simulate_generation(static, prompts, tp)
         gens.setdefault(str(tp), []).append(res)
         if static.timeline:
             report.static_timelines[tp] = res.timeline
-    predictor = RemainingPredictor(mode=opts.tp_predictor, sigma=max(opts.prediction_error, 0.05),
-                                   median=opts.median, cap=r.max_response_length)
-    planner = PlannerConfig(predictor=predictor, max_tp=max(tps), heads=spec.model.num_attention_heads,
-                            overhead_scale=opts.tp_overhead_scale, groups_cached=opts.groups_cached)
-    cfg = GenConfig(cost=cost, gpus_per_node=c.gpus_per_node, num_nodes=nodes, planner=planner,
-                    check_every_steps=opts.check_every_steps, timeline=opts.timeline and seed == opts.first_seed)
+    predictor = RemainingPredictor(
+        mode=opts.tp_predictor, sigma=max(opts.prediction_error, 0.05), median=opts.median, cap=r.max_response_length
+    )
+    planner = PlannerConfig(
+        predictor=predictor,
+        max_tp=max(tps),
+        heads=spec.model.num_attention_heads,
+        overhead_scale=opts.tp_overhead_scale,
+        groups_cached=opts.groups_cached,
+    )
+    cfg = GenConfig(
+        cost=cost,
+        gpus_per_node=c.gpus_per_node,
+        num_nodes=nodes,
+        planner=planner,
+        check_every_steps=opts.check_every_steps,
+        timeline=opts.timeline and seed == opts.first_seed,
+    )
     if opts.tp_start == "auto":
         start, merges = choose_start(cfg, prompts, tps)
     else:
@@ -206,8 +253,9 @@ def _generation(spec, opts, cost, tps, prompts, seed, gens, report) -> None:
 def _verl_generation(baseline: LayoutSpec, cost, prompts, gens) -> None:
     """The verl baseline generates the same step: VeRL's TP and engine, equal contiguous shares, no switches."""
     c = baseline.cluster
-    cfg = GenConfig(cost=cost, gpus_per_node=c.gpus_per_node, num_nodes=rollout_gpus(baseline) // c.gpus_per_node,
-                    dispatch="even")
+    cfg = GenConfig(
+        cost=cost, gpus_per_node=c.gpus_per_node, num_nodes=rollout_gpus(baseline) // c.gpus_per_node, dispatch="even"
+    )
     gens.setdefault("verl", []).append(simulate_generation(cfg, prompts, baseline.rollout.tp))
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from specdraft.errors import SpecError, UserError
 from specdraft.plan.compile import check
-from specdraft.rollout.model import costmodel
-from specdraft.rollout.model import trainer
+from specdraft.rollout.model import costmodel, trainer
 from specdraft.rollout.model.instances import check_rollout, max_model_len, plan_rollout
 from specdraft.spec.schema import LayoutSpec
 
@@ -21,8 +20,10 @@ def load(path: str | None, overrides: list[str]) -> LayoutSpec:
     else:
         spec = load_layout(path, overrides)
     if not spec.rollout.enabled:
-        raise UserError(f"rollout is disabled in {path or BUILTIN} (rollout.enabled = false)",
-                        "set rollout.enabled=true (e.g. append the override rollout.enabled=true)")
+        raise UserError(
+            f"rollout is disabled in {path or BUILTIN} (rollout.enabled = false)",
+            "set rollout.enabled=true (e.g. append the override rollout.enabled=true)",
+        )
     errors = [p for p in _problems(spec)[0] if not p.path.startswith("memory.")]
     if errors:
         raise SpecError(errors, path or f"<built-in {BUILTIN}>")

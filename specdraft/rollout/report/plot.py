@@ -56,11 +56,19 @@ def write_timeline(path: str, report) -> None:
     tl = report.timeline
     gen = report.generation_timeline
     rows = 2 + (1 if gen else 0)
-    fig, axes = plt.subplots(rows, 1, figsize=(12, 3.1 * rows + 0.6), constrained_layout=True,
-                             gridspec_kw={"height_ratios": [3, 1.4] + ([3] if gen else [])})
+    fig, axes = plt.subplots(
+        rows,
+        1,
+        figsize=(12, 3.1 * rows + 0.6),
+        constrained_layout=True,
+        gridspec_kw={"height_ratios": [3, 1.4] + ([3] if gen else [])},
+    )
     data = report.data
-    fig.suptitle(f"{data['layout']}: asp schedule, seed 0 ({data['instances']} instances x tp {data['tp']}, "
-                 f"{'colocated' if data['colocated'] else 'dedicated rollout'}) - model-based", fontsize=12)
+    fig.suptitle(
+        f"{data['layout']}: asp schedule, seed 0 ({data['instances']} instances x tp {data['tp']}, "
+        f"{'colocated' if data['colocated'] else 'dedicated rollout'}) - model-based",
+        fontsize=12,
+    )
     if tl and tl["t"]:
         times = tl["t"]
         grid = _grid(times[-1])
@@ -70,12 +78,22 @@ def write_timeline(path: str, report) -> None:
         cmap.set_bad("#d9d9d9")
         masked = [[math.nan if v < 0 else v / peak for v in row] for row in util]
         ax = axes[0]
-        im = ax.imshow(masked, aspect="auto", interpolation="nearest", cmap=cmap, vmin=0, vmax=1,
-                       extent=(0, times[-1], len(util) - 0.5, -0.5))
+        im = ax.imshow(
+            masked,
+            aspect="auto",
+            interpolation="nearest",
+            cmap=cmap,
+            vmin=0,
+            vmax=1,
+            extent=(0, times[-1], len(util) - 0.5, -0.5),
+        )
         ax.set_ylabel("rollout instance")
         ax.set_yticks(range(len(util)))
-        ax.set_title(f"utilisation: running sequences / {peak:.0f} (the fullest batch seen); grey: GPUs lent to "
-                     "training, dark: idle", fontsize=10)
+        ax.set_title(
+            f"utilisation: running sequences / {peak:.0f} (the fullest batch seen); grey: GPUs lent to "
+            "training, dark: idle",
+            fontsize=10,
+        )
         fig.colorbar(im, ax=ax, pad=0.01, label="batch fill")
         ax2 = axes[1]
         ax2.step(times, tl["queue"], where="post", color="#d62728", lw=1.2, label="minibatches ready, not trained")
@@ -106,8 +124,9 @@ def write_tp_timeline(path: str, report) -> None:
     if not gen:
         raise UserError("--plot-tp has no adaptive run to draw", "add --adaptive-tp")
     data = report.data
-    fig, axes = plt.subplots(2, 1, figsize=(12, 7.4), constrained_layout=True, gridspec_kw={"height_ratios": [3, 2.2]},
-                             sharex=True)
+    fig, axes = plt.subplots(
+        2, 1, figsize=(12, 7.4), constrained_layout=True, gridspec_kw={"height_ratios": [3, 2.2]}, sharex=True
+    )
     fig.suptitle(f"{data['layout']}: one generation step, seed 0 - static TP vs adaptive TP (model-based)", fontsize=12)
     _generation_panel(axes[0], gen, report.switches, plt, ListedColormap)
     axes[0].set_xlabel("")
@@ -115,8 +134,14 @@ def write_tp_timeline(path: str, report) -> None:
     palette = {1: "#9ecae1", 2: "#6baed6", 4: "#3182bd", 8: "#08519c"}
     for tp, timeline in sorted(report.static_timelines.items()):
         times, running = _running(timeline)
-        ax.step(times, running, where="post", lw=1.1, color=palette.get(tp, "#777777"),
-                label=f"static tp {tp}: {times[-1]:.0f} s")
+        ax.step(
+            times,
+            running,
+            where="post",
+            lw=1.1,
+            color=palette.get(tp, "#777777"),
+            label=f"static tp {tp}: {times[-1]:.0f} s",
+        )
     times, running = _running(gen)
     start = data.get("generation", {}).get("adaptive", {}).get("start_tp", "?")
     ax.step(times, running, where="post", lw=2.2, color="#d62728", label=f"adaptive from tp {start}: {times[-1]:.0f} s")
@@ -126,8 +151,9 @@ def write_tp_timeline(path: str, report) -> None:
     ax.set_ylim(bottom=0)
     ax.set_ylabel("running sequences (node)")
     ax.set_xlabel("time (s)")
-    ax.set_title("running sequences over time; each line ends at its makespan, dashed: adaptive switch points",
-                 fontsize=10)
+    ax.set_title(
+        "running sequences over time; each line ends at its makespan, dashed: adaptive switch points", fontsize=10
+    )
     ax.legend(loc="upper right", fontsize=8)
     _save(fig, plt, path)
 
@@ -148,18 +174,29 @@ def _generation_panel(ax, gen, switches, plt, ListedColormap) -> None:
     shown = [[tp if busy else math.nan for tp, busy in zip(tr, br)] for tr, br in zip(tp_rows, idle_rows)]
     cmap = levels.copy()
     cmap.set_bad("#f0f0f0")
-    im = ax.imshow(shown, aspect="auto", interpolation="nearest", cmap=cmap, vmin=-0.5, vmax=3.5,
-                   extent=(0, end, gpus - 0.5, -0.5))
+    im = ax.imshow(
+        shown, aspect="auto", interpolation="nearest", cmap=cmap, vmin=-0.5, vmax=3.5, extent=(0, end, gpus - 0.5, -0.5)
+    )
     bar = plt.colorbar(im, ax=ax, pad=0.01, ticks=[0, 1, 2, 3])
     bar.ax.set_yticklabels(["tp1", "tp2", "tp4", "tp8"])
     for sw in switches:
         ax.axvline(sw["time_s"], color="#d62728", lw=1.2, ls="--")
         first = sw["to"]["gpus"][0]
-        ax.annotate(f"tp{sw['from'][0]['tp']} -> tp{sw['to']['tp']}", (sw["time_s"], first), xytext=(4, 0),
-                    textcoords="offset points", color="white", fontsize=8, va="center",
-                    bbox={"boxstyle": "round,pad=0.2", "fc": "#d62728", "ec": "none"})
+        ax.annotate(
+            f"tp{sw['from'][0]['tp']} -> tp{sw['to']['tp']}",
+            (sw["time_s"], first),
+            xytext=(4, 0),
+            textcoords="offset points",
+            color="white",
+            fontsize=8,
+            va="center",
+            bbox={"boxstyle": "round,pad=0.2", "fc": "#d62728", "ec": "none"},
+        )
     ax.set_ylabel("GPU")
     ax.set_yticks(range(gpus))
     ax.set_xlabel("time (s)")
-    ax.set_title("adaptive TP, generation of one step (seed 0): group TP per GPU, switch points dashed "
-                 "(pale: GPU's group has finished)", fontsize=10)
+    ax.set_title(
+        "adaptive TP, generation of one step (seed 0): group TP per GPU, switch points dashed "
+        "(pale: GPU's group has finished)",
+        fontsize=10,
+    )

@@ -122,16 +122,19 @@ def reshard_seconds(cost, old_tps: list[int], new_tp: int) -> float:
     return moved / cost.link_bw + local_copy
 
 
-def merge_overhead(cost, old_tps: list[int], new_tp: int, reqs: list, *, groups_cached: bool = True,
-                   scale: float = 1.0) -> Overhead:
+def merge_overhead(
+    cost, old_tps: list[int], new_tp: int, reqs: list, *, groups_cached: bool = True, scale: float = 1.0
+) -> Overhead:
     """Overhead of merging groups of ``old_tps`` into one ``new_tp`` group that takes over ``reqs``.
 
     Each request either migrates the KV that must change GPU (its old group held t/new_tp of the new layout's
     shards) over the link, or recomputes its context by prefill on the new group, whichever is cheaper.
     ``reqs`` are (request id, old tp, context tokens).
     """
-    ov = Overhead(reshard_s=reshard_seconds(cost, old_tps, new_tp) * scale,
-                  group_setup_s=0.0 if groups_cached else GROUP_SETUP_S * scale)
+    ov = Overhead(
+        reshard_s=reshard_seconds(cost, old_tps, new_tp) * scale,
+        group_setup_s=0.0 if groups_cached else GROUP_SETUP_S * scale,
+    )
     per_token = cost.target.kv_bytes_per_token
     floor = cost.prefill_floor_s() * scale  # no recompute is cheaper: skip pricing it when migrating beats this
     for rid, tp, ctx in reqs:
@@ -179,20 +182,27 @@ def group_requests(inst) -> list:
     return out
 
 
-def plan_node(cfg: PlannerConfig, cost, groups: dict[int, object], offsets: dict[int, int], node_size: int) -> Plan | None:
+def plan_node(
+    cfg: PlannerConfig, cost, groups: dict[int, object], offsets: dict[int, int], node_size: int
+) -> Plan | None:
     """Best coarsening of one node's groups (ids -> Instance, ids -> offset in the node), or None to stay put."""
     idle = {g for g, inst in groups.items() if inst.batch == 0 and not inst.queue}
     # GPUs a merge can put to better use: idle groups, and groups whose batch has shrunk (finished requests
     # left the batch, nothing is queued). A batch that never shrinks (no length skew) never triggers a switch.
-    freed = idle | {g for g, inst in groups.items()
-                    if not inst.queue and inst.batch <= cfg.shrink_fraction * max(inst.peak_batch, 1)}
+    freed = idle | {
+        g
+        for g, inst in groups.items()
+        if not inst.queue and inst.batch <= cfg.shrink_fraction * max(inst.peak_batch, 1)
+    }
     if not freed or len(groups) == 1:
         return None
     cache: dict = {}
     # Per group, once per check: its requests, their (context, predicted remaining) and its predicted makespan.
     reqs = {g: group_requests(inst) for g, inst in groups.items()}
-    rem = {g: [(req.prompt_len + gen, cfg.predictor.remaining(req.predicted, gen)) for req, gen, _ in items]
-           for g, items in reqs.items()}
+    rem = {
+        g: [(req.prompt_len + gen, cfg.predictor.remaining(req.predicted, gen)) for req, gen, _ in items]
+        for g, items in reqs.items()
+    }
     alone = {g: predict_makespan(cost, groups[g].tp, rem[g]) for g in groups}
 
     def deferred(inside, size, merged):
@@ -226,9 +236,14 @@ def plan_node(cfg: PlannerConfig, cost, groups: dict[int, object], offsets: dict
             items = [it for g in inside for it in reqs[g]]
             ctx = sum(req.prompt_len + gen for req, gen, _ in items)
             if len(items) <= cost.max_num_seqs and ctx <= cost.kv_capacity_tokens(size) * (1.0 - KV_WATERMARK):
-                ov = merge_overhead(cost, [groups[g].tp for g in inside], size,
-                                    [(req.rid, tp, req.prompt_len + gen) for req, gen, tp in items],
-                                    groups_cached=cfg.groups_cached, scale=cfg.overhead_scale)
+                ov = merge_overhead(
+                    cost,
+                    [groups[g].tp for g in inside],
+                    size,
+                    [(req.rid, tp, req.prompt_len + gen) for req, gen, tp in items],
+                    groups_cached=cfg.groups_cached,
+                    scale=cfg.overhead_scale,
+                )
                 merged = ov.total_s + predict_makespan(cost, size, [r for g in inside for r in rem[g]])
                 # Merging now gives up the narrow groups' throughput at once; when merging a little later is
                 # predicted to finish sooner still, keep the groups as they are and look again at the next check.
@@ -249,9 +264,14 @@ def plan_node(cfg: PlannerConfig, cost, groups: dict[int, object], offsets: dict
         if len(inside) == 1 and groups[inside[0]].tp == size:
             continue
         items = [it for g in inside for it in reqs[g]]
-        ov = merge_overhead(cost, [groups[g].tp for g in inside], size,
-                            [(req.rid, tp, req.prompt_len + gen) for req, gen, tp in items],
-                            groups_cached=cfg.groups_cached, scale=cfg.overhead_scale)
+        ov = merge_overhead(
+            cost,
+            [groups[g].tp for g in inside],
+            size,
+            [(req.rid, tp, req.prompt_len + gen) for req, gen, tp in items],
+            groups_cached=cfg.groups_cached,
+            scale=cfg.overhead_scale,
+        )
         merges.append((offset, size, inside, ov))
     if not merges:
         return None

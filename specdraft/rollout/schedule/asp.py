@@ -13,8 +13,8 @@ step only while the bound allows it (simulator.py enforces and records it).
 
 from __future__ import annotations
 
-from specdraft.rollout.schedule.dispatch import CostHint, Schedule, chunks, lpt
 from specdraft.rollout.model.workload import Prompt, Workload
+from specdraft.rollout.schedule.dispatch import CostHint, Schedule, chunks, lpt
 
 
 def dp_layout(group: list[Prompt], trainer) -> list[tuple[int, int]]:

@@ -61,7 +61,7 @@ def minibatch_prompts(global_batch_size: int, n: int) -> int:
 
 
 def chunks(items: list, size: int) -> list[list]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def even_shares(items: list, k: int) -> list[list]:
@@ -70,7 +70,7 @@ def even_shares(items: list, k: int) -> list[list]:
     out, start = [], 0
     for i in range(k):
         size = base + (i < extra)
-        out.append(items[start:start + size])
+        out.append(items[start : start + size])
         start += size
     return out
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import random
 
+from specdraft.rollout.model.workload import Prompt, Workload, with_predictions
 from specdraft.rollout.schedule.asp import asp_schedule
 from specdraft.rollout.schedule.dispatch import CostHint, Schedule, chunks, even_shares, lpt
-from specdraft.rollout.model.workload import Prompt, Workload, with_predictions
 
 POLICIES = ("verl", "fifo", "random", "sorted", "longest_first", "asp", "oracle")
 
@@ -92,8 +92,16 @@ SCHEDULERS = {
 }
 
 
-def build(policy: str, workload: Workload, instances: int, mb: int, *, hint: CostHint = CostHint(), seed: int = 0,
-          trainer=None) -> Schedule:
+def build(
+    policy: str,
+    workload: Workload,
+    instances: int,
+    mb: int,
+    *,
+    hint: CostHint = CostHint(),
+    seed: int = 0,
+    trainer=None,
+) -> Schedule:
     """The schedule of ``policy`` (one of POLICIES) for ``workload`` on ``instances`` instances.
 
     ``trainer`` (trainer.TrainerModel) lets asp lay minibatches out for the trainer's data-parallel ranks.

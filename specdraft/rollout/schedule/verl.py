@@ -24,12 +24,20 @@ def layout(spec: LayoutSpec, tp: int = VERL_TP) -> LayoutSpec:
     would credit its gain to whatever the baseline is compared with (docs/rollout.md, "What each figure is
     compared against").
     """
-    return replace(spec, rollout=replace(spec.rollout, tp=tp, gpu_memory_utilization=VERL_GPU_MEMORY_UTILIZATION,
-                                         max_num_seqs=VERL_MAX_NUM_SEQS))
+    return replace(
+        spec,
+        rollout=replace(
+            spec.rollout, tp=tp, gpu_memory_utilization=VERL_GPU_MEMORY_UTILIZATION, max_num_seqs=VERL_MAX_NUM_SEQS
+        ),
+    )
 
 
 def settings(spec: LayoutSpec) -> dict:
     """The baseline's settings as the report shows them (``spec`` from `layout`)."""
     r = spec.rollout
-    return {"tp": r.tp, "gpu_memory_utilization": r.gpu_memory_utilization, "max_num_seqs": r.max_num_seqs,
-            "dispatch": "even"}
+    return {
+        "tp": r.tp,
+        "gpu_memory_utilization": r.gpu_memory_utilization,
+        "max_num_seqs": r.max_num_seqs,
+        "dispatch": "even",
+    }

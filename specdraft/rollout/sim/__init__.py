@@ -1,1 +1,2 @@
-"""Discrete-event rollout simulation: one instance, the event queue, the asynchronous simulator and synchronous generation."""
+"""Discrete-event rollout simulation: one instance, the event queue, the asynchronous simulator and
+synchronous generation."""

@@ -19,12 +19,27 @@ EPS = 1e-9
 class Req:
     """One sample (one response of one prompt) as it moves through an instance."""
 
-    __slots__ = ("rid", "prompt", "sample", "step", "prompt_len", "length", "predicted", "generated", "base",
-                 "admit_version", "first_admit", "finish_time", "instance", "preemptions", "minibatch", "running",
-                 "order")
+    __slots__ = (
+        "rid",
+        "prompt",
+        "sample",
+        "step",
+        "prompt_len",
+        "length",
+        "predicted",
+        "generated",
+        "base",
+        "admit_version",
+        "first_admit",
+        "finish_time",
+        "instance",
+        "preemptions",
+        "minibatch",
+        "running",
+        "order",
+    )
 
-    def __init__(self, rid: int, prompt: int, sample: int, step: int, prompt_len: int, length: int,
-                 predicted: float):
+    def __init__(self, rid: int, prompt: int, sample: int, step: int, prompt_len: int, length: int, predicted: float):
         self.rid, self.prompt, self.sample, self.step = rid, prompt, sample, step
         self.prompt_len, self.length, self.predicted = prompt_len, length, predicted
         self.generated = 0.0  # tokens generated so far (kept across preemption: vLLM recomputes their KV)
@@ -42,8 +57,16 @@ class Req:
 class Instance:
     """A tp-GPU instance. ``t`` is when it can next make decode progress (prefill and pauses push it forward)."""
 
-    def __init__(self, index: int, tp: int, cost, *, speculative_mode: str = "auto",
-                 capacity_tokens: int | None = None, prefix_cache: bool = True):
+    def __init__(
+        self,
+        index: int,
+        tp: int,
+        cost,
+        *,
+        speculative_mode: str = "auto",
+        capacity_tokens: int | None = None,
+        prefix_cache: bool = True,
+    ):
         self.index, self.tp, self.cost = index, tp, cost
         self.speculative_mode = speculative_mode  # auto: speculate when the cost model says it pays; on; off
         self.max_seqs = cost.max_num_seqs  # vLLM max_num_seqs
@@ -127,7 +150,7 @@ class Instance:
                 break
             heapq.heappop(self.heap)
             # The fluid may overshoot a threshold by a fraction of a step; book exactly `length` tokens.
-            self.tokens -= (self.progress - thr)
+            self.tokens -= self.progress - thr
             self._remove(req)
             req.generated = float(req.length)
             req.finish_time = max(now, self.t)

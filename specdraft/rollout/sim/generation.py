@@ -11,13 +11,12 @@ import heapq
 import math
 from dataclasses import dataclass, field, replace
 
-from specdraft.rollout.schedule.adaptive_tp import Plan, PlannerConfig, group_requests, merge_overhead, plan_node
 from specdraft.rollout.model.costmodel import KV_WATERMARK
+from specdraft.rollout.model.workload import Prompt
+from specdraft.rollout.schedule.adaptive_tp import Plan, PlannerConfig, group_requests, merge_overhead, plan_node
 from specdraft.rollout.schedule.dispatch import even_shares, hint_from_cost, lpt
 from specdraft.rollout.sim.engine import Instance, Req
 from specdraft.rollout.sim.events import WAKE, EventQueue
-from specdraft.rollout.model.workload import Prompt
-
 
 DRY_RUN_CHECK_FACTOR = 4  # choose_start's adaptive dry runs check this many times as rarely as the real run
 
@@ -65,8 +64,10 @@ class _Gen:
         mixed = cfg.start_groups and (list(sizes) != sorted(sizes, reverse=True) or any(s & (s - 1) for s in sizes))
         if sum(sizes) != cfg.gpus_per_node or mixed:
             # A mixed start of powers of two, widest first, keeps every group an aligned block, as merges assume.
-            raise ValueError(f"start groups {sizes} must fill a node of {cfg.gpus_per_node} GPUs (a mixed start: "
-                             "powers of two, widest first)")
+            raise ValueError(
+                f"start groups {sizes} must fill a node of {cfg.gpus_per_node} GPUs (a mixed start: "
+                "powers of two, widest first)"
+            )
         self.start_tp = sizes[0]
         self.insts: dict[int, Instance] = {}
         self.where: dict[int, tuple[int, int]] = {}  # instance id -> (node, offset)
@@ -118,10 +119,10 @@ class _Gen:
         wide = [g for g in ids if self.insts[g].tp == self.start_tp]
         narrow = [g for g in ids if self.insts[g].tp < self.start_tp] or wide
         ranked = sorted(self.reqs, key=lambda r: (-r.predicted, r.rid))
-        for j, req in enumerate(ranked[:self.cfg.wide_first]):
+        for j, req in enumerate(ranked[: self.cfg.wide_first]):
             self.insts[wide[j % len(wide)]].queue.append(req)
         loads = [(0.0, g) for g in narrow]
-        for req in ranked[self.cfg.wide_first:]:
+        for req in ranked[self.cfg.wide_first :]:
             load, g = heapq.heappop(loads)
             self.insts[g].queue.append(req)
             heapq.heappush(loads, (load + hint.sample(req.predicted, req.prompt_len) / self.insts[g].tp, g))
@@ -142,7 +143,7 @@ class _Gen:
         if not self.cfg.timeline:
             return
         gpus = []
-        for gid, inst in sorted(self.insts.items(), key=lambda kv: self.where[kv[0]]):
+        for _gid, inst in sorted(self.insts.items(), key=lambda kv: self.where[kv[0]]):
             gpus.extend([(inst.tp, inst.batch, inst.busy(self.now))] * inst.tp)
         self.timeline.append((self.now, gpus))
 
@@ -179,10 +180,16 @@ class _Gen:
             raise RuntimeError("generation simulation stalled with unfinished requests; this is a bug")
         return GenResult(
             makespan_s=max(r.finish_time for r in self.reqs) if self.reqs else 0.0,
-            switches=self.switches, finished=self.done, requests=total,
+            switches=self.switches,
+            finished=self.done,
+            requests=total,
             generated_tokens=self.retired_tokens + sum(i.tokens for i in self.insts.values()),
-            accounted_tokens=sum(r.length for r in self.reqs), overhead_s=self.overhead, start_tp=self.start_tp,
-            timeline=self.timeline, finish_counts=self.finish_counts)
+            accounted_tokens=sum(r.length for r in self.reqs),
+            overhead_s=self.overhead,
+            start_tp=self.start_tp,
+            timeline=self.timeline,
+            finish_counts=self.finish_counts,
+        )
 
     def _check(self) -> None:
         cfg = self.cfg
@@ -207,8 +214,11 @@ class _Gen:
             self.events.wake(inst, self.now)
         for node in range(self.cfg.num_nodes):
             for offset in range(0, self.cfg.gpus_per_node, size):
-                inside = [g for g, (n, o) in self.where.items()
-                          if n == node and g in self.insts and offset <= o < offset + size]
+                inside = [
+                    g
+                    for g, (n, o) in self.where.items()
+                    if n == node and g in self.insts and offset <= o < offset + size
+                ]
                 if not inside or (len(inside) == 1 and self.insts[inside[0]].tp >= size):
                     continue
                 if any(self.insts[g].tp > size for g in inside):
@@ -217,8 +227,12 @@ class _Gen:
                 ctx = sum(req.prompt_len + gen for req, gen, _ in items)
                 if len(items) > cost.max_num_seqs or ctx > cost.kv_capacity_tokens(size) * (1.0 - KV_WATERMARK):
                     continue  # the same limits the planner keeps: the merged group must hold every request
-                ov = merge_overhead(cost, [self.insts[g].tp for g in inside], size,
-                                    [(req.rid, tp, req.prompt_len + gen) for req, gen, tp in items])
+                ov = merge_overhead(
+                    cost,
+                    [self.insts[g].tp for g in inside],
+                    size,
+                    [(req.rid, tp, req.prompt_len + gen) for req, gen, tp in items],
+                )
                 self._merge(node, offset, size, inside, ov, Plan(math.nan, math.nan, []))
 
     def _merge(self, node, offset, size, inside, ov, plan) -> None:
@@ -227,8 +241,13 @@ class _Gen:
         for g in inside:
             inst = self.insts.pop(g)
             self.events.retire(g)
-            before.append({"gpus": [offset_gpu for offset_gpu in range(self.where[g][1], self.where[g][1] + inst.tp)],
-                           "tp": inst.tp, "running": inst.batch})
+            before.append(
+                {
+                    "gpus": [offset_gpu for offset_gpu in range(self.where[g][1], self.where[g][1] + inst.tp)],
+                    "tp": inst.tp,
+                    "running": inst.batch,
+                }
+            )
             r, q = inst.drain(self.now)
             self.retired_tokens += inst.tokens
             running += r
@@ -240,17 +259,23 @@ class _Gen:
         merged.pause(self.now, ov.total_s)  # the stall the planner charged: reshard + groups + KV moves
         self.overhead += ov.total_s
         mean_ctx = merged.context() / merged.batch if merged.batch else 0.0
-        self.switches.append({
-            "time_s": self.now,
-            "node": node,
-            "from": before,
-            "to": {"gpus": list(range(offset, offset + size)), "tp": size, "running": merged.batch},
-            "predicted_makespan_s": {"stay": plan.predicted_now_s, "switch": plan.predicted_after_s},
-            "overhead_s": {"reshard": ov.reshard_s, "group_setup": ov.group_setup_s, "kv": ov.kv_s,
-                           "total": ov.total_s},
-            "requests": [{"request": rid, "action": action, "seconds": sec} for rid, action, sec in ov.moves],
-            "speculation_below_batch": self.cfg.cost.speculation_threshold(size, mean_ctx or 1.0),
-        })
+        self.switches.append(
+            {
+                "time_s": self.now,
+                "node": node,
+                "from": before,
+                "to": {"gpus": list(range(offset, offset + size)), "tp": size, "running": merged.batch},
+                "predicted_makespan_s": {"stay": plan.predicted_now_s, "switch": plan.predicted_after_s},
+                "overhead_s": {
+                    "reshard": ov.reshard_s,
+                    "group_setup": ov.group_setup_s,
+                    "kv": ov.kv_s,
+                    "total": ov.total_s,
+                },
+                "requests": [{"request": rid, "action": action, "seconds": sec} for rid, action, sec in ov.moves],
+                "speculation_below_batch": self.cfg.cost.speculation_threshold(size, mean_ctx or 1.0),
+            }
+        )
         self.events.wake(merged, self.now)
 
 

@@ -12,10 +12,10 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from specdraft.rollout.model.workload import Workload
+from specdraft.rollout.schedule.dispatch import Schedule
 from specdraft.rollout.sim.engine import EPS, Instance, Req
 from specdraft.rollout.sim.events import WAKE, EventQueue
-from specdraft.rollout.schedule.dispatch import Schedule
-from specdraft.rollout.model.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,9 @@ class Simulation:
         self.cfg = cfg
         self.workload = workload
         self.prompts = {p.pid: p for step in workload for p in step}
-        self.instances = [Instance(i, cfg.tp, cfg.cost, speculative_mode=cfg.speculative_mode)
-                          for i in range(cfg.num_instances)]
+        self.instances = [
+            Instance(i, cfg.tp, cfg.cost, speculative_mode=cfg.speculative_mode) for i in range(cfg.num_instances)
+        ]
         self.reqs: dict[tuple[int, int], Req] = {}
         rid = 0
         for inst, queue in zip(self.instances, schedule.queues):
@@ -270,8 +271,11 @@ class Simulation:
         denom = max(total_gpus * window, EPS)
         trained_window = [r for r in self.trained if r.step >= warm]
         tokens = sum(r.length for r in trained_window)
-        makespans = [self.step_last[s] - self.step_first[s] for s in range(cfg.trained_steps)
-                     if s in self.step_first and s in self.step_last]
+        makespans = [
+            self.step_last[s] - self.step_first[s]
+            for s in range(cfg.trained_steps)
+            if s in self.step_first and s in self.step_last
+        ]
         lags = self.lags
         return RunResult(
             iteration_time_s=iteration,

@@ -8,9 +8,9 @@ import os
 
 import torch
 
+from specdraft.runtime.attention.fused import FusedAttention
 from specdraft.runtime.attention.ops import CpuFlash, CudnnDense, FlashVarlen
 from specdraft.runtime.attention.reference import ReferenceAttention
-from specdraft.runtime.attention.fused import FusedAttention
 
 ENV = "SPECDRAFT_ATTENTION_BACKEND"
 REFERENCE = "reference"
@@ -35,8 +35,10 @@ def requested_backend(backend: str | None) -> str:
     """The backend asked for: the argument, else $SPECDRAFT_ATTENTION_BACKEND, else 'auto'."""
     name = backend or os.environ.get(ENV) or "auto"
     if name != "auto" and name not in BACKENDS:
-        raise ValueError(f"attention backend {name!r} is unknown; use auto or one of {', '.join(BACKENDS)} "
-                         f"(argument backend= or ${ENV})")
+        raise ValueError(
+            f"attention backend {name!r} is unknown; use auto or one of {', '.join(BACKENDS)} "
+            f"(argument backend= or ${ENV})"
+        )
     return name
 
 
@@ -146,7 +148,7 @@ def run_case(fn, q, k, v, dout, *args):
 def _probe(name: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
     """Run kernel `name` on probe_case against the reference (same inputs, fp32 math); None if it matches."""
     q, k, v, dout, cu, ring = probe_case(device, dtype, head_dim)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     # Tiny CPU tensors gain nothing from threads, and on a loaded machine OpenMP's spinning made them 500x slower.
     threads = torch.get_num_threads()
     if device.type == "cpu":

@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 
 from specdraft.runtime.attention import backend as attention_backend
-from specdraft.runtime.attention.reference import ReferenceAttention
 from specdraft.runtime.attention.fused import FusedAttention
+from specdraft.runtime.attention.reference import ReferenceAttention
 
 # Bytes handed to isend, per phase; off by default so the hot path only pays a dict lookup.
 _SENT = {"enabled": False, "fwd": 0, "bwd": 0}
@@ -58,11 +58,14 @@ def _bounds(cu_seqlens, multiple: int) -> list[int]:
         raise ValueError(f"cu_seqlens must start at 0 and hold at least one sequence; got {cu[:4]}")
     for b, (start, end) in enumerate(zip(cu, cu[1:])):
         if end <= start:
-            raise ValueError(f"cu_seqlens must be strictly increasing; cu_seqlens[{b + 1}]={end} <= "
-                             f"cu_seqlens[{b}]={start}")
+            raise ValueError(
+                f"cu_seqlens must be strictly increasing; cu_seqlens[{b + 1}]={end} <= cu_seqlens[{b}]={start}"
+            )
         if (end - start) % multiple:
-            raise ValueError(f"sequence {b} has length {end - start}; expected a multiple of 2*cp_size={multiple} "
-                             f"(pad each sequence to a multiple of {multiple})")
+            raise ValueError(
+                f"sequence {b} has length {end - start}; expected a multiple of 2*cp_size={multiple} "
+                f"(pad each sequence to a multiple of {multiple})"
+            )
     return cu
 
 
@@ -93,8 +96,10 @@ def _check_inputs(q, k, v, cu_seqlens, cp: int) -> list[int]:
         raise ValueError(f"k and v must have the same shape; got k {tuple(k.shape)}, v {tuple(v.shape)}")
     hkv = k.shape[2]
     if k.shape[0] < S or (k.shape[1], k.shape[3]) != (T, D) or hkv == 0:
-        raise ValueError(f"k/v shape {tuple(k.shape)} does not fit q {tuple(q.shape)}; expected (S_kv, {T}, Hkv, {D}) "
-                         f"with S_kv >= {S} (q holds the last S of the S_kv steps)")
+        raise ValueError(
+            f"k/v shape {tuple(k.shape)} does not fit q {tuple(q.shape)}; expected (S_kv, {T}, Hkv, {D}) "
+            f"with S_kv >= {S} (q holds the last S of the S_kv steps)"
+        )
     if H % hkv:
         raise ValueError(f"q heads H={H} must be divisible by k/v heads Hkv={hkv} (GQA groups)")
     if not q.is_floating_point() or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -103,8 +108,10 @@ def _check_inputs(q, k, v, cu_seqlens, cp: int) -> list[int]:
         raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
     cu = _bounds(cu_seqlens, 2 * cp)
     if cu[-1] != T * cp:
-        raise ValueError(f"cu_seqlens[-1]={cu[-1]} must equal T*cp = {T}*{cp} = {T * cp} (cu_seqlens is global; "
-                         f"q holds this rank's zigzag shard)")
+        raise ValueError(
+            f"cu_seqlens[-1]={cu[-1]} must equal T*cp = {T}*{cp} = {T * cp} (cu_seqlens is global; "
+            f"q holds this rank's zigzag shard)"
+        )
     return cu
 
 
@@ -138,15 +145,14 @@ def zigzag_unshard(parts, cu_seqlens: torch.Tensor, cp_size: int, dim: int) -> t
     cu = _bounds(cu_seqlens, 2 * cp_size)
     local = cu[-1] // cp_size
     for r, p in enumerate(parts):
-        expected = parts[0].shape[:dim] + (local,) + parts[0].shape[dim + 1:]
+        expected = parts[0].shape[:dim] + (local,) + parts[0].shape[dim + 1 :]
         if not isinstance(p, torch.Tensor) or p.shape != expected:
             got = tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__
             raise ValueError(f"parts[{r}] has shape {got}; expected {tuple(expected)}")
     full = torch.cat(list(parts), dim)  # rank-major
     where = torch.empty(cu[-1], dtype=torch.long, device=full.device)
     for r in range(cp_size):
-        where[_zigzag_rows(cu, cp_size, r, full.device)] = torch.arange(r * local, (r + 1) * local,
-                                                                        device=full.device)
+        where[_zigzag_rows(cu, cp_size, r, full.device)] = torch.arange(r * local, (r + 1) * local, device=full.device)
     return full.index_select(dim, where)
 
 
@@ -165,8 +171,9 @@ class _Ring:
     def shift(self, buf: torch.Tensor, phase: str) -> "_Pending":
         """Post send(buf -> next) and recv(<- prev) as one batch; returns a handle whose wait() gives the recv."""
         recv = torch.empty_like(buf)
-        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, buf, self.next, self.group),
-                                       dist.P2POp(dist.irecv, recv, self.prev, self.group)])
+        reqs = dist.batch_isend_irecv(
+            [dist.P2POp(dist.isend, buf, self.next, self.group), dist.P2POp(dist.irecv, recv, self.prev, self.group)]
+        )
         if _SENT["enabled"]:
             _SENT[phase] += buf.numel() * buf.element_size()
         return _Pending(buf, recv, reqs)
@@ -188,9 +195,15 @@ class _Pending:
         return self.recv
 
 
-
-def branch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
-                     cp_group=None, softmax_scale: float | None = None, backend: str | None = None) -> torch.Tensor:
+def branch_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    cp_group=None,
+    softmax_scale: float | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
     """EAGLE-3 TTT attention over a zigzag-sharded packed batch; returns out with q's shape and dtype.
 
     q (S, T, H, D), k/v (S, T, Hkv, D): step 0 is the trunk, 1..S-1 the branch steps, T this rank's tokens.

@@ -8,8 +8,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from specdraft.runtime.attention.ops import Layout, fold, pattern, unfold
-from specdraft.runtime.attention.reference import (branch_backward, branch_forward, branch_queries, merge,
-                                                   pass_kv_grads)
+from specdraft.runtime.attention.reference import branch_backward, branch_forward, branch_queries, merge, pass_kv_grads
 
 # Elements of one fp32 query chunk of the branch diagonal (rows * J * H * D): bounds its temporaries, which at
 # the issue's shape (32768 tokens, H=32, D=128) would otherwise be two fp32 copies of q.
@@ -31,8 +30,9 @@ class _Acc:
                 self.l = lse.reshape(self.rows, -1).to(torch.promote_types(lse.dtype, torch.float32)).contiguous()
                 return
             self.o = torch.empty((self.rows, *o.shape[-2:]), dtype=self.dtype, device=o.device)
-            self.l = torch.empty((self.rows, o.shape[-2]), dtype=torch.promote_types(lse.dtype, torch.float32),
-                                 device=o.device)
+            self.l = torch.empty(
+                (self.rows, o.shape[-2]), dtype=torch.promote_types(lse.dtype, torch.float32), device=o.device
+            )
         if select is None:
             merge(self.o.view(o.shape), self.l.view(lse.shape), o, lse, first)
         elif isinstance(select, torch.Tensor):  # gathered rows (varlen 'late' blocks)
@@ -47,7 +47,7 @@ class _Acc:
 
 def _run_view(r0: int, n: int, length: int, qsel: slice):
     """Selector of one run's query rows `qsel` from a (T, ...) tensor, as (n, rows, ...)."""
-    return lambda x: x[r0:r0 + n * length].view(n, length, *x.shape[1:])[:, qsel]
+    return lambda x: x[r0 : r0 + n * length].view(n, length, *x.shape[1:])[:, qsel]
 
 
 def trunk_forward(kernel, qf, kv, layout: Layout, ring, scale: float, acc_dtype):
@@ -108,8 +108,9 @@ def trunk_backward(kernel, qf, kv, dof, of, lse, layout: Layout, ring, scale: fl
                 qsel, ksel, causal = pattern(kind, length // 2)
                 rows = _run_view(r0, n, length, qsel)
                 keys = _run_view(r0, n, length, ksel)
-                dqb, dkb, dvb = kernel.backward(rows(dof), rows(qf), keys(cur[0]), keys(cur[1]), rows(of), rows(lse),
-                                                causal, scale)
+                dqb, dkb, dvb = kernel.backward(
+                    rows(dof), rows(qf), keys(cur[0]), keys(cur[1]), rows(of), rows(lse), causal, scale
+                )
                 dq.put(None if whole else rows, dqb, own)
                 for target, grad in ((keys(dkv[0]), dkb), (keys(dkv[1]), dvb)):
                     target.copy_(grad) if own else target.add_(grad)
@@ -142,8 +143,7 @@ class _Grad:
         target.copy_(grad) if own else target.add_(grad)
 
 
-def _varlen_backward(kernel, qf, cur, dof, of, lse, layout: Layout, kind: str, scale: float, dq: _Grad,
-                     dkv) -> None:
+def _varlen_backward(kernel, qf, cur, dof, of, lse, layout: Layout, kind: str, scale: float, dq: _Grad, dkv) -> None:
     vl, full = layout.varlen(), layout.max_len
     if kind == "own":
         dqb, dkb, dvb = kernel.backward(dof, qf, cur[0], cur[1], of, lse, vl["cu"], vl["cu"], full, full, True, scale)
@@ -153,16 +153,18 @@ def _varlen_backward(kernel, qf, cur, dof, of, lse, layout: Layout, kind: str, s
     elif kind == "early":
         first = vl["first"]
         k, v = (cur[i].index_select(0, first) for i in (0, 1))
-        dqb, dkb, dvb = kernel.backward(dof, qf, k, v, of, lse, vl["cu"], vl["half_cu"], full, vl["max_half"], False,
-                                        scale)
+        dqb, dkb, dvb = kernel.backward(
+            dof, qf, k, v, of, lse, vl["cu"], vl["half_cu"], full, vl["max_half"], False, scale
+        )
         dq.put(None, dqb, False)
         dkv[0].index_add_(0, first, dkb.to(dkv.dtype))
         dkv[1].index_add_(0, first, dvb.to(dkv.dtype))
     else:
         second = vl["second"]
         q, do, o, lse2 = (x.index_select(0, second) for x in (qf, dof, of, lse))
-        dqb, dkb, dvb = kernel.backward(do, q, cur[0], cur[1], o, lse2, vl["half_cu"], vl["cu"], vl["max_half"], full,
-                                        False, scale)
+        dqb, dkb, dvb = kernel.backward(
+            do, q, cur[0], cur[1], o, lse2, vl["half_cu"], vl["cu"], vl["max_half"], full, False, scale
+        )
         dq.put(second, dqb, False)
         dkv[0].add_(dkb)
         dkv[1].add_(dvb)
@@ -236,8 +238,18 @@ class FusedAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         S, hkv = q.shape[0], k.shape[2]
         kv = torch.stack((k[0], v[0]))
-        dqf, dkv = trunk_backward(ctx.kernel, fold(q, hkv), kv, fold(dout, hkv), fold(out, hkv), lse, ctx.layout,
-                                  ctx.ring, ctx.scale, ctx.acc_dtype)
+        dqf, dkv = trunk_backward(
+            ctx.kernel,
+            fold(q, hkv),
+            kv,
+            fold(dout, hkv),
+            fold(out, hkv),
+            lse,
+            ctx.layout,
+            ctx.ring,
+            ctx.scale,
+            ctx.acc_dtype,
+        )
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         dk[0], dv[0] = dkv[0], dkv[1]
         skip, first_step = branch_queries(S, k.shape[0])

@@ -54,9 +54,11 @@ def select_core_attention(device, dtype: torch.dtype, head_dim: int, choice: str
         raise ValueError(f"core attention {want!r} is unknown; use auto, te or specdraft (${ENV})")
     te_here = device.type == "cuda" and importlib.util.find_spec("transformer_engine") is not None
     if want == "te" and not te_here:
-        raise ValueError(f"core attention te needs TransformerEngine on a CUDA device; here device={device}, "
-                         f"transformer_engine {'found' if importlib.util.find_spec('transformer_engine') else 'absent'}"
-                         f" (set ${ENV}=auto or specdraft)")
+        raise ValueError(
+            f"core attention te needs TransformerEngine on a CUDA device; here device={device}, "
+            f"transformer_engine {'found' if importlib.util.find_spec('transformer_engine') else 'absent'}"
+            f" (set ${ENV}=auto or specdraft)"
+        )
     if te_here and want != "specdraft":
         return CoreAttentionChoice("te", "TransformerEngine's layer spec (TEDotProductAttention)")
     detail = attention_backend.describe(device, dtype, head_dim)
@@ -87,22 +89,36 @@ class BranchCoreAttention(torch.nn.Module):
 
     _CAUSAL = ("causal", "padding_causal")
 
-    def __init__(self, config, layer_number=1, attn_mask_type=None, attention_type="self", cp_comm_type=None,
-                 softmax_scale=None, pg_collection=None, **kwargs):
+    def __init__(
+        self,
+        config,
+        layer_number=1,
+        attn_mask_type=None,
+        attention_type="self",
+        cp_comm_type=None,
+        softmax_scale=None,
+        pg_collection=None,
+        **kwargs,
+    ):
         super().__init__()
         if _mask_type_name(attn_mask_type) not in self._CAUSAL:
-            raise ValueError(f"BranchCoreAttention supports attn_mask_type causal or padding_causal; got "
-                             f"{attn_mask_type!r} (use megatron's DotProductAttention for other masks)")
+            raise ValueError(
+                f"BranchCoreAttention supports attn_mask_type causal or padding_causal; got "
+                f"{attn_mask_type!r} (use megatron's DotProductAttention for other masks)"
+            )
         if str(getattr(attention_type, "value", attention_type)) != "self":
             raise ValueError(f"BranchCoreAttention supports attention_type 'self' only; got {attention_type!r}")
         dropout = getattr(config, "attention_dropout", 0.0)
         if dropout:
-            raise ValueError(f"config.attention_dropout={dropout} is not supported by BranchCoreAttention; "
-                             f"set attention_dropout=0.0")
+            raise ValueError(
+                f"config.attention_dropout={dropout} is not supported by BranchCoreAttention; set attention_dropout=0.0"
+            )
         window = getattr(config, "window_size", None)
         if window is not None:
-            raise ValueError(f"config.window_size={window} (sliding window) is not supported by BranchCoreAttention; "
-                             f"set window_size=None")
+            raise ValueError(
+                f"config.window_size={window} (sliding window) is not supported by BranchCoreAttention; "
+                f"set window_size=None"
+            )
         self.config, self.layer_number, self.attn_mask_type = config, layer_number, attn_mask_type
         # query-key layer scaling cancels out in megatron's softmax (scale / layer_number, then * layer_number),
         # so the effective scale is the plain one
@@ -117,8 +133,17 @@ class BranchCoreAttention(torch.nn.Module):
             cp = parallel_state.get_context_parallel_group(check_initialized=False)
         return cp
 
-    def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
-                packed_seq_params=None, **kwargs):
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        attention_mask=None,
+        attn_mask_type=None,
+        attention_bias=None,
+        packed_seq_params=None,
+        **kwargs,
+    ):
         if attn_mask_type is not None and _mask_type_name(attn_mask_type) not in self._CAUSAL:
             raise ValueError(f"BranchCoreAttention supports causal masks only; got attn_mask_type={attn_mask_type!r}")
         if attention_bias is not None:
@@ -145,7 +170,9 @@ class BranchCoreAttention(torch.nn.Module):
         if cu_q is None:
             raise ValueError("packed_seq_params needs cu_seqlens_q (or cu_seqlens_q_padded) for THD attention")
         if cu_kv is not None and cu_kv is not cu_q and not torch.equal(cu_kv, cu_q):
-            raise ValueError(f"self-attention needs the same q and kv sequence boundaries; got cu_seqlens_q "
-                             f"{cu_q.tolist()} and cu_seqlens_kv {cu_kv.tolist()}")
+            raise ValueError(
+                f"self-attention needs the same q and kv sequence boundaries; got cu_seqlens_q "
+                f"{cu_q.tolist()} and cu_seqlens_kv {cu_kv.tolist()}"
+            )
         out = branch_attention(query[None], key[None], value[None], cu_q, group, self.softmax_scale)[0]
         return out.reshape(out.shape[0], -1)

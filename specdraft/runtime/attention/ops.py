@@ -95,13 +95,15 @@ class CpuFlash:
     def forward(self, q, k, v, causal, scale):
         # q (n, Lq, Hf, D), k/v (n, Lk, Hkv, D) -> out (n, Lq, Hf, D), lse (n, Lq, Hf)
         o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, causal, scale=scale)
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, causal, scale=scale
+        )
         return o.transpose(1, 2), lse.transpose(1, 2)
 
     def backward(self, do, q, k, v, o, lse, causal, scale):
         t = [x.transpose(1, 2) for x in (do, q, k, v, o)]
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            *t, lse.transpose(1, 2).contiguous(), 0.0, causal, scale=scale)
+            *t, lse.transpose(1, 2).contiguous(), 0.0, causal, scale=scale
+        )
         return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 
@@ -116,8 +118,23 @@ class CudnnDense:
     _OPS = ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward")
     # Leading positional arguments the calls below rely on, by name, as in torch 2.11-2.13's schemas.
     _FWD_ARGS = ("query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p", "is_causal")
-    _BWD_ARGS = ("grad_out", "query", "key", "value", "out", "logsumexp", "philox_seed", "philox_offset",
-                 "attn_bias", "cum_seq_q", "cum_seq_k", "max_q", "max_k", "dropout_p", "is_causal")
+    _BWD_ARGS = (
+        "grad_out",
+        "query",
+        "key",
+        "value",
+        "out",
+        "logsumexp",
+        "philox_seed",
+        "philox_offset",
+        "attn_bias",
+        "cum_seq_q",
+        "cum_seq_k",
+        "max_q",
+        "max_k",
+        "dropout_p",
+        "is_causal",
+    )
 
     def __init__(self):
         self.philox: dict = {}  # device -> (seed, offset) tensors from a forward call; unused at dropout 0
@@ -131,7 +148,8 @@ class CudnnDense:
     def forward(self, q, k, v, causal, scale):
         n, lq, hf, _ = q.shape
         r = torch.ops.aten._scaled_dot_product_cudnn_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, True, 0.0, causal, False, scale=scale)
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, True, 0.0, causal, False, scale=scale
+        )
         self.philox.setdefault(q.device, (r[6], r[7]))
         return r[0].transpose(1, 2), r[1].reshape(n, hf, lq).transpose(1, 2)
 
@@ -142,7 +160,8 @@ class CudnnDense:
         lse_in = lse.transpose(1, 2).contiguous().unsqueeze(-1)  # (n, Hf, Lq, 1), as the forward returns it
         t = [x.transpose(1, 2) for x in (do, q, k, v, o)]
         dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
-            *t, lse_in, seed, offset, None, None, None, lq, k.shape[1], 0.0, causal, scale=scale)
+            *t, lse_in, seed, offset, None, None, None, lq, k.shape[1], 0.0, causal, scale=scale
+        )
         return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 
@@ -153,10 +172,34 @@ class FlashVarlen:
 
     name, dense = "fused-flash", False
     _OPS = ("_flash_attention_forward", "_flash_attention_backward")
-    _FWD_ARGS = ("query", "key", "value", "cum_seq_q", "cum_seq_k", "max_q", "max_k", "dropout_p", "is_causal",
-                 "return_debug_mask")
-    _BWD_ARGS = ("grad_out", "query", "key", "value", "out", "logsumexp", "cum_seq_q", "cum_seq_k", "max_q",
-                 "max_k", "dropout_p", "is_causal", "rng_state", "unused")
+    _FWD_ARGS = (
+        "query",
+        "key",
+        "value",
+        "cum_seq_q",
+        "cum_seq_k",
+        "max_q",
+        "max_k",
+        "dropout_p",
+        "is_causal",
+        "return_debug_mask",
+    )
+    _BWD_ARGS = (
+        "grad_out",
+        "query",
+        "key",
+        "value",
+        "out",
+        "logsumexp",
+        "cum_seq_q",
+        "cum_seq_k",
+        "max_q",
+        "max_k",
+        "dropout_p",
+        "is_causal",
+        "rng_state",
+        "unused",
+    )
 
     def __init__(self):
         self.rng: dict = {}  # device -> (rng_state, unused) from a forward call; unused at dropout 0
@@ -168,17 +211,20 @@ class FlashVarlen:
     def forward(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
         # q (Tq, Hf, D), k/v (Tk, Hkv, D) contiguous -> out (Tq, Hf, D), lse (Tq, Hf)
         o, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
-            q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False, scale=scale)
+            q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False, scale=scale
+        )
         if lse.shape != (q.shape[1], q.shape[0]):  # older FlashAttention padded it to (B, H, max_q)
-            raise RuntimeError(f"unexpected varlen logsumexp shape {tuple(lse.shape)}; expected "
-                               f"{(q.shape[1], q.shape[0])}")
+            raise RuntimeError(
+                f"unexpected varlen logsumexp shape {tuple(lse.shape)}; expected {(q.shape[1], q.shape[0])}"
+            )
         self.rng.setdefault(q.device, (rng, unused))
         return o, lse.t()
 
     def backward(self, do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale):
         rng, unused = self.rng[q.device]
         return torch.ops.aten._flash_attention_backward(
-            do, q, k, v, o, lse.t().contiguous(), cu_q, cu_k, max_q, max_k, 0.0, causal, rng, unused, scale=scale)
+            do, q, k, v, o, lse.t().contiguous(), cu_q, cu_k, max_q, max_k, 0.0, causal, rng, unused, scale=scale
+        )
 
 
 def _schema_problem(ops, expected, keyword: str) -> str | None:
@@ -188,7 +234,7 @@ def _schema_problem(ops, expected, keyword: str) -> str | None:
         if packet is None:
             return f"torch {torch.__version__} lacks aten::{op}"
         args = packet.default._schema.arguments
-        got = tuple(a.name for a in args[:len(names)])
+        got = tuple(a.name for a in args[: len(names)])
         if got != names or keyword not in {a.name for a in args if a.kwarg_only}:
             return f"aten::{op} schema differs in torch {torch.__version__}: {packet.default._schema}"
     return None

@@ -194,8 +194,14 @@ class ReferenceAttention(torch.autograd.Function):
         if k.shape[0] > 1 and S > skip:
             G = H // hkv
             kb, vb = (x[1:].permute(2, 1, 0, 3) for x in (k, v))  # (Hkv, T, S_kv-1, D): never leave the rank
-            branch_forward(qh.view(hkv, T, S, G, D)[:, :, skip:], kb, vb, out.view(hkv, T, S, G, D)[:, :, skip:],
-                           lse.view(hkv, T, S, G)[:, :, skip:], first_step=first_step)
+            branch_forward(
+                qh.view(hkv, T, S, G, D)[:, :, skip:],
+                kb,
+                vb,
+                out.view(hkv, T, S, G, D)[:, :, skip:],
+                lse.view(hkv, T, S, G)[:, :, skip:],
+                first_step=first_step,
+            )
         out = heads_last(out, S, q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.cu_local, ctx.ring, ctx.scale = cu_local, ring, scale
@@ -218,11 +224,16 @@ class ReferenceAttention(torch.autograd.Function):
         if k.shape[0] > 1 and S > skip:
             kb, vb = (x[1:].permute(2, 1, 0, 3) for x in (k, v))
             view5 = (hkv, T, S, G, D)
-            dq5, dkb, dvb = branch_backward(qh.view(view5)[:, :, skip:], kb, vb, doh.view(view5)[:, :, skip:],
-                                            lse.view(view5[:-1])[:, :, skip:], delta.view(view5[:-1])[:, :, skip:],
-                                            first_step)
+            dq5, dkb, dvb = branch_backward(
+                qh.view(view5)[:, :, skip:],
+                kb,
+                vb,
+                doh.view(view5)[:, :, skip:],
+                lse.view(view5[:-1])[:, :, skip:],
+                delta.view(view5[:-1])[:, :, skip:],
+                first_step,
+            )
             dqh.view(view5)[:, :, skip:] += dq5
             dk[1:], dv[1:] = dkb.permute(2, 1, 0, 3), dvb.permute(2, 1, 0, 3)
         dq = heads_last(dqh.mul_(ctx.scale), S, q.dtype)  # chain rule through qh = q * scale
         return dq, dk, dv, None, None, None
-

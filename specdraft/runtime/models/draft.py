@@ -51,7 +51,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
     angles = positions.to(torch.float32)[:, None] * inv[None, :]  # (t, d/2)
     cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[:, None, :].to(x.dtype)  # (t, 1, d)
     sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[:, None, :].to(x.dtype)
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
@@ -72,15 +72,23 @@ class RMSNorm(nn.Module):
 def _column(config, fan_in: int, fan_out: int):
     from megatron.core.tensor_parallel import ColumnParallelLinear
 
-    return ColumnParallelLinear(fan_in, fan_out, config=config, init_method=nn.init.zeros_, bias=False,
-                                gather_output=False)
+    return ColumnParallelLinear(
+        fan_in, fan_out, config=config, init_method=nn.init.zeros_, bias=False, gather_output=False
+    )
 
 
 def _row(config, fan_in: int, fan_out: int):
     from megatron.core.tensor_parallel import RowParallelLinear
 
-    return RowParallelLinear(fan_in, fan_out, config=config, init_method=nn.init.zeros_, bias=False,
-                             input_is_parallel=True, skip_bias_add=True)
+    return RowParallelLinear(
+        fan_in,
+        fan_out,
+        config=config,
+        init_method=nn.init.zeros_,
+        bias=False,
+        input_is_parallel=True,
+        skip_bias_add=True,
+    )
 
 
 class DraftLayer(nn.Module):
@@ -171,9 +179,13 @@ class Eagle3Draft(nn.Module):
 
         # Without the TP group, megatron would give every TP rank replica id 0 for the replicated tensors.
         tp_group = ps.get_tensor_model_parallel_group()
-        children = [(f"{name}.{i}.{child_name}", child) for name, module in self.named_children()
-                    if isinstance(module, nn.ModuleList) for i, layer in enumerate(module)
-                    for child_name, child in layer.named_children()]
+        children = [
+            (f"{name}.{i}.{child_name}", child)
+            for name, module in self.named_children()
+            if isinstance(module, nn.ModuleList)
+            for i, layer in enumerate(module)
+            for child_name, child in layer.named_children()
+        ]
         children += [(name, m) for name, m in self.named_children() if not isinstance(m, nn.ModuleList)]
         out: dict = {}
         for name, module in children:
@@ -184,8 +196,9 @@ class Eagle3Draft(nn.Module):
         """(rows, h) -> (rows, vocab/tp) vocab-parallel logits."""
         return self.lm_head(self.norm(hidden))[0]
 
-    def ttt(self, aux: torch.Tensor, emb: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor,
-            cp_group=None) -> list[torch.Tensor]:
+    def ttt(
+        self, aux: torch.Tensor, emb: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, cp_group=None
+    ) -> list[torch.Tensor]:
         """Unroll the S TTT steps; return each step's output hidden state (apply `head` for its logits).
 
         aux: (n_taps, t, h) target hidden states; emb: (S, t, h) embeddings of x_{p+1+j}; positions: (S, t) RoPE
@@ -204,8 +217,9 @@ class Eagle3Draft(nn.Module):
                 vs[i].append(v)
                 # Only step j's queries (its input depends on step j-1's output) against the k/v of steps 0..j:
                 # trunk keys (step 0) ride the ring, branch keys 1..j stay on this rank.
-                attn = branch_attention(q[None], torch.stack(ks[i]), torch.stack(vs[i]), cu_seqlens,
-                                        cp_group=cp_group)[0]  # (t, H/tp, d)
+                attn = branch_attention(q[None], torch.stack(ks[i]), torch.stack(vs[i]), cu_seqlens, cp_group=cp_group)[
+                    0
+                ]  # (t, H/tp, d)
                 x = layer.finish(x, attn)
             hidden = x
             outputs.append(hidden)
@@ -215,7 +229,15 @@ class Eagle3Draft(nn.Module):
 def draft_shape(plan: LaunchPlan, tp: int | None = None) -> DraftShape:
     """The draft's shape for ``plan`` (at the plan's tp unless ``tp`` is given: 1 to load it whole)."""
     m = plan.model
-    return DraftShape(hidden=m.hidden_size, num_taps=len(plan.draft.aux_layers), heads=m.num_attention_heads,
-                      kv_heads=m.num_query_groups, head_dim=m.head_dim, ffn=m.ffn_hidden_size,
-                      vocab=plan.draft_vocab_size, target_vocab=m.vocab_size, num_layers=plan.spec.draft.num_layers,
-                      tp=plan.parallel.tp if tp is None else tp)
+    return DraftShape(
+        hidden=m.hidden_size,
+        num_taps=len(plan.draft.aux_layers),
+        heads=m.num_attention_heads,
+        kv_heads=m.num_query_groups,
+        head_dim=m.head_dim,
+        ffn=m.ffn_hidden_size,
+        vocab=plan.draft_vocab_size,
+        target_vocab=m.vocab_size,
+        num_layers=plan.spec.draft.num_layers,
+        tp=plan.parallel.tp if tp is None else tp,
+    )

@@ -21,12 +21,18 @@ def config_kwargs(plan: LaunchPlan) -> dict:
     if not m.num_experts:
         return {}
     return dict(
-        num_moe_experts=m.num_experts, moe_ffn_hidden_size=m.moe_ffn_hidden_size, moe_router_topk=m.moe_router_topk,
+        num_moe_experts=m.num_experts,
+        moe_ffn_hidden_size=m.moe_ffn_hidden_size,
+        moe_router_topk=m.moe_router_topk,
         # megatron-core refuses top-1 softmax routing without it: softmax over one score has a zero gradient.
         moe_router_pre_softmax=m.moe_router_topk == 1,
-        expert_model_parallel_size=par.ep, expert_tensor_parallel_size=par.etp,
-        moe_token_dispatcher_type=DISPATCHER, moe_router_load_balancing_type="aux_loss",
-        moe_aux_loss_coeff=aux_loss_coeff(plan), moe_grouped_gemm=False, moe_permute_fusion=False,
+        expert_model_parallel_size=par.ep,
+        expert_tensor_parallel_size=par.etp,
+        moe_token_dispatcher_type=DISPATCHER,
+        moe_router_load_balancing_type="aux_loss",
+        moe_aux_loss_coeff=aux_loss_coeff(plan),
+        moe_grouped_gemm=False,
+        moe_permute_fusion=False,
         moe_router_fusion=False,
     )
 

@@ -21,4 +21,4 @@ class RMSNorm(torch.nn.RMSNorm):
         # In the parameters' dtype (a bf16 model gets a bf16 weight, as megatron's Float16Module would cast it):
         # an fp32 weight beside bf16 inputs sends torch's rms_norm to its slow unfused path.
         super().__init__(hidden_size, eps=eps, dtype=getattr(config, "params_dtype", None))
-        setattr(self.weight, "sequence_parallel", bool(config.sequence_parallel))
+        self.weight.sequence_parallel = bool(config.sequence_parallel)

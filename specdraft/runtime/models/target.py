@@ -40,33 +40,55 @@ def transformer_config(plan: LaunchPlan, dtype: torch.dtype, device=None):
     m, par, p = plan.model, plan.parallel, plan.spec.parallel
     cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
     if plan.spec.training.dtype == "fp8":
-        raise ValueError("training.dtype=fp8 needs TransformerEngine's FP8 GEMMs, but specdraft's runtime builds "
-                         "megatron's local (non-TE) layers; an fp8 layout plans and renders for Megatron-LM "
-                         "(`specdraft render --to megatron`), and runs here with training.dtype=bf16")
+        raise ValueError(
+            "training.dtype=fp8 needs TransformerEngine's FP8 GEMMs, but specdraft's runtime builds "
+            "megatron's local (non-TE) layers; an fp8 layout plans and renders for Megatron-LM "
+            "(`specdraft render --to megatron`), and runs here with training.dtype=bf16"
+        )
     # On gloo, batched P2P can match two irecvs from one peer (pp=2 interleaved: prev == next) out of order, which
     # silently swapped later microbatches' activations; individual isend/irecv keep posting order. NCCL batches.
     batch_p2p = cuda or os.environ.get(BATCH_P2P_ENV) == "1"
     if batch_p2p and not cuda and par.vpp:
-        raise ValueError(f"{BATCH_P2P_ENV}=1 with parallel.vpp={par.vpp} on gloo: gloo can match batched receives "
-                         f"from one peer out of order under the interleaved schedule; unset {BATCH_P2P_ENV}")
+        raise ValueError(
+            f"{BATCH_P2P_ENV}=1 with parallel.vpp={par.vpp} on gloo: gloo can match batched receives "
+            f"from one peer out of order under the interleaved schedule; unset {BATCH_P2P_ENV}"
+        )
     # perform_initialization stays on: megatron tags TP-sharded parameters (partition_dim) only while it
     # initialises them, and init_parameters needs those tags; its values are then overwritten.
     return TransformerConfig(
-        num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
-        num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups,
-        kv_channels=m.head_dim, tensor_model_parallel_size=par.tp,
-        pipeline_model_parallel_size=par.pp, context_parallel_size=par.cp,
-        virtual_pipeline_model_parallel_size=par.vpp, sequence_parallel=par.sequence_parallel,
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        ffn_hidden_size=m.ffn_hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        num_query_groups=m.num_query_groups,
+        kv_channels=m.head_dim,
+        tensor_model_parallel_size=par.tp,
+        pipeline_model_parallel_size=par.pp,
+        context_parallel_size=par.cp,
+        virtual_pipeline_model_parallel_size=par.vpp,
+        sequence_parallel=par.sequence_parallel,
         num_layers_in_first_pipeline_stage=p.first_stage_layers,
         num_layers_in_last_pipeline_stage=p.last_stage_layers,
         account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
         account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split,
-        pipeline_dtype=dtype, params_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
-        use_cpu_initialization=not cuda, perform_initialization=True,
-        gated_linear_unit=m.swiglu, activation_func=F.silu if m.swiglu else F.gelu,
-        normalization="RMSNorm", add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0,
-        bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
-        bias_dropout_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
+        pipeline_dtype=dtype,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        use_cpu_initialization=not cuda,
+        perform_initialization=True,
+        gated_linear_unit=m.swiglu,
+        activation_func=F.silu if m.swiglu else F.gelu,
+        normalization="RMSNorm",
+        add_bias_linear=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
         cp_comm_type=par.cp_comm_type if par.cp > 1 else None,
         batch_p2p_comm=batch_p2p,
         **_recompute_kwargs(plan.spec.training.recompute),
@@ -90,8 +112,9 @@ def block_spec(device, dtype: torch.dtype, model: ModelShape, num_layers: int):
     return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=RMSNorm)
 
 
-def build_chunks(plan: LaunchPlan, pp_rank: int, device: torch.device, dtype: torch.dtype, seed: int,
-                 config=None) -> list:
+def build_chunks(
+    plan: LaunchPlan, pp_rank: int, device: torch.device, dtype: torch.dtype, seed: int, config=None
+) -> list:
     """This pipeline rank's GPTModel chunks (one per virtual stage), initialised deterministically. ``config``
     (default: transformer_config for ``device``) lets a CPU test build through megatron's GPU init path."""
     from megatron.core.models.gpt import GPTModel
@@ -102,10 +125,17 @@ def build_chunks(plan: LaunchPlan, pp_rank: int, device: torch.device, dtype: to
     for v, chunk in enumerate(plan.stages[pp_rank].chunks):
         first = pp_rank == 0 and v == 0
         last = pp_rank == par.pp - 1 and v == par.num_chunks - 1
-        model = GPTModel(config=config, transformer_layer_spec=block_spec(device, dtype, m, chunk.num_layers),
-                         vocab_size=m.vocab_size, max_sequence_length=m.seq_length, pre_process=first, post_process=last,
-                         share_embeddings_and_output_weights=m.tie_embeddings, position_embedding_type="rope",
-                         vp_stage=v if par.vpp else None)
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=block_spec(device, dtype, m, chunk.num_layers),
+            vocab_size=m.vocab_size,
+            max_sequence_length=m.seq_length,
+            pre_process=first,
+            post_process=last,
+            share_embeddings_and_output_weights=m.tie_embeddings,
+            position_embedding_type="rope",
+            vp_stage=v if par.vpp else None,
+        )
         model.to(device)
         init_parameters(model, chunk.first_layer, par.tp, seed, tied=m.tie_embeddings)
         chunks.append(model)

@@ -1,1 +1,2 @@
-"""What serves the trained draft: offline loading, the EAGLE-3 export, lossless speculative decoding and its measurement."""
+"""What serves the trained draft: offline loading, the EAGLE-3 export, lossless speculative decoding and
+its measurement."""

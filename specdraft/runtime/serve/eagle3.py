@@ -32,8 +32,13 @@ LAYER_NAMES = {
     **{f"{p}_proj.weight": f"midlayer.self_attn.{p}_proj.weight" for p in ("q", "k", "v", "o")},
     **{f"{p}_proj.weight": f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")},
 }
-TOP_NAMES = {"fc.weight": "fc.weight", "norm.weight": "norm.weight", "lm_head.weight": "lm_head.weight",
-             "vocab.d2t": "d2t", "vocab.t2d": "t2d"}
+TOP_NAMES = {
+    "fc.weight": "fc.weight",
+    "norm.weight": "norm.weight",
+    "lm_head.weight": "lm_head.weight",
+    "vocab.d2t": "d2t",
+    "vocab.t2d": "t2d",
+}
 
 
 def vllm_aux_ids(aux_layers) -> list[int]:
@@ -50,7 +55,7 @@ def tensors(state: dict[str, torch.Tensor], plan: LaunchPlan) -> dict[str, torch
         if name.endswith("._extra_state"):  # megatron's per-layer extra state (fp8 metadata): no weight
             continue
         if name.startswith("layers.0."):
-            key = LAYER_NAMES.get(name[len("layers.0."):])
+            key = LAYER_NAMES.get(name[len("layers.0.") :])
         else:
             key = TOP_NAMES.get(name)
         if key is None:
@@ -112,10 +117,16 @@ def write(folder: Path, plan: LaunchPlan, state: dict[str, torch.Tensor], proven
         save_file(named, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         _fsync_file(tmp / "model.safetensors")
         _write_text(tmp / "config.json", json.dumps(config(plan, dtype), indent=2) + "\n")
-        record = {"format_version": FORMAT_VERSION, "architecture": ARCHITECTURE, "run": plan.run_name,
-                  "spec_sha256": plan.spec_sha256, "specdraft_version": plan.specdraft_version,
-                  "aux_layers_outputs": sorted(plan.draft.aux_layers), **provenance,
-                  "files": {p.name: _sha256(p) for p in sorted(tmp.iterdir())}}
+        record = {
+            "format_version": FORMAT_VERSION,
+            "architecture": ARCHITECTURE,
+            "run": plan.run_name,
+            "spec_sha256": plan.spec_sha256,
+            "specdraft_version": plan.specdraft_version,
+            "aux_layers_outputs": sorted(plan.draft.aux_layers),
+            **provenance,
+            "files": {p.name: _sha256(p) for p in sorted(tmp.iterdir())},
+        }
         _write_text(tmp / MARKER, json.dumps(record, indent=1, sort_keys=True) + "\n")
         _fsync_dir(tmp)
         old = None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-
 PUBLISH_DIR = "draft"  # RUN_DIR/draft/step-N/: the versioned drafts a rollout engine reloads between RL steps
 
 
@@ -33,12 +32,25 @@ def export_checkpoint(run_dir: Path, step: int | None, output: Path) -> dict:
     with offline.single_process():
         _, draft = offline.load(plan, folder, target=False)
         state = draft.state_dict()
-        written = eagle3_format.write(output, plan, state, {
-            "source": "checkpoint", "checkpoint": str(folder), "step": int(meta["step"]),
-            "draft_optimizer_step": int(meta.get("draft_optimizer_step", 0))})
-    return {"output": str(written), "step": int(meta["step"]), "checkpoint": str(folder),
-            "tensors": eagle3_format.num_tensors(written), "draft_vocab_size": plan.draft_vocab_size,
-            "vocab_size": plan.model.vocab_size}
+        written = eagle3_format.write(
+            output,
+            plan,
+            state,
+            {
+                "source": "checkpoint",
+                "checkpoint": str(folder),
+                "step": int(meta["step"]),
+                "draft_optimizer_step": int(meta.get("draft_optimizer_step", 0)),
+            },
+        )
+    return {
+        "output": str(written),
+        "step": int(meta["step"]),
+        "checkpoint": str(folder),
+        "tensors": eagle3_format.num_tensors(written),
+        "draft_vocab_size": plan.draft_vocab_size,
+        "vocab_size": plan.model.vocab_size,
+    }
 
 
 def publish(ctx, trainer, step: int) -> Path | None:
@@ -69,7 +81,9 @@ def publish(ctx, trainer, step: int) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specdraft.runtime.serve.export", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m specdraft.runtime.serve.export", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("run", type=Path, help="the run folder")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest complete one)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="the folder to write")

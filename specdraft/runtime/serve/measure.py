@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-
 DEFAULT_K = 3
 DEFAULT_PROMPTS = 8
 DEFAULT_PROMPT_LENGTH = 16
@@ -21,15 +20,21 @@ DEFAULT_MAX_NEW = 32
 def check_args(k: int, prompts: int, prompt_length: int, max_new: int) -> None:
     from specdraft.runtime.serve.offline import LoadError
 
-    for option, value, what in (("--k", k, "draft tokens per verify step"), ("--prompts", prompts, "prompts"),
-                                ("--prompt-length", prompt_length, "prompt tokens"),
-                                ("--max-new-tokens", max_new, "tokens to generate per prompt")):
+    for option, value, what in (
+        ("--k", k, "draft tokens per verify step"),
+        ("--prompts", prompts, "prompts"),
+        ("--prompt-length", prompt_length, "prompt tokens"),
+        ("--max-new-tokens", max_new, "tokens to generate per prompt"),
+    ):
         if value < 1:
-            raise LoadError(f"{option} {value}: must be >= 1 ({what})", f"use e.g. {option} {DEFAULT_K if option == '--k' else 8}")
+            raise LoadError(
+                f"{option} {value}: must be >= 1 ({what})", f"use e.g. {option} {DEFAULT_K if option == '--k' else 8}"
+            )
 
 
-def decode(plan, target, drafts: dict, *, data_step: int, k: int, prompts: int, prompt_length: int, max_new: int,
-           device) -> tuple[list, dict[str, list]]:
+def decode(
+    plan, target, drafts: dict, *, data_step: int, k: int, prompts: int, prompt_length: int, max_new: int, device
+) -> tuple[list, dict[str, list]]:
     """Greedy decoding and speculative decoding with each of ``drafts`` (arm -> draft) of ``prompts`` held-out
     prompts of ``data_step``'s distribution: (the greedy runs, {arm: its speculative runs})."""
     from specdraft.runtime.serve import speculative
@@ -48,23 +53,40 @@ def decode(plan, target, drafts: dict, *, data_step: int, k: int, prompts: int, 
     return plain, spec
 
 
-def measure_loaded(plan, target, draft, *, data_step: int, k: int, prompts: int, prompt_length: int,
-                   max_new: int, device) -> dict:
+def measure_loaded(
+    plan, target, draft, *, data_step: int, k: int, prompts: int, prompt_length: int, max_new: int, device
+) -> dict:
     """Decode ``prompts`` held-out prompts of ``data_step``'s distribution both ways with loaded models."""
     import torch
 
     from specdraft.runtime.serve import speculative
 
-    plain, spec = decode(plan, target, {"draft": draft}, data_step=data_step, k=k, prompts=prompts,
-                         prompt_length=prompt_length, max_new=max_new, device=device)
+    plain, spec = decode(
+        plan,
+        target,
+        {"draft": draft},
+        data_step=data_step,
+        k=k,
+        prompts=prompts,
+        prompt_length=prompt_length,
+        max_new=max_new,
+        device=device,
+    )
     out = speculative.summarize(plain, spec["draft"], k)
-    out.update(prompt_length=prompt_length, max_new_tokens=max_new, data_step=data_step, device=str(device),
-               dtype=str(next(draft.parameters()).dtype).removeprefix("torch."), threads=torch.get_num_threads())
+    out.update(
+        prompt_length=prompt_length,
+        max_new_tokens=max_new,
+        data_step=data_step,
+        device=str(device),
+        dtype=str(next(draft.parameters()).dtype).removeprefix("torch."),
+        threads=torch.get_num_threads(),
+    )
     return out
 
 
-def measure_run(run_dir: Path, *, step: int | None, draft_step: int | None, k: int, prompts: int,
-                prompt_length: int, max_new: int) -> dict:
+def measure_run(
+    run_dir: Path, *, step: int | None, draft_step: int | None, k: int, prompts: int, prompt_length: int, max_new: int
+) -> dict:
     from specdraft.runtime.serve import offline
 
     check_args(k, prompts, prompt_length, max_new)
@@ -72,14 +94,17 @@ def measure_run(run_dir: Path, *, step: int | None, draft_step: int | None, k: i
     offline.require_draft(plan, run_dir)
     need = prompt_length + max_new + k
     if need > plan.model.seq_length:
-        raise offline.LoadError(f"--prompt-length {prompt_length} + --max-new-tokens {max_new} + --k {k} = {need} "
-                                f"tokens exceed the run's model.seq_length ({plan.model.seq_length}), the longest "
-                                "sequence its target and draft trained on",
-                                f"lower --max-new-tokens to {max(1, plan.model.seq_length - prompt_length - k)}")
+        raise offline.LoadError(
+            f"--prompt-length {prompt_length} + --max-new-tokens {max_new} + --k {k} = {need} "
+            f"tokens exceed the run's model.seq_length ({plan.model.seq_length}), the longest "
+            "sequence its target and draft trained on",
+            f"lower --max-new-tokens to {max(1, plan.model.seq_length - prompt_length - k)}",
+        )
     target_folder, target_meta = offline.checkpoint(run_dir, step, "--step")
     target_step = int(target_meta["step"])
-    draft_folder, draft_meta = offline.checkpoint(run_dir, target_step if draft_step is None else draft_step,
-                                                  "--draft-step")
+    draft_folder, draft_meta = offline.checkpoint(
+        run_dir, target_step if draft_step is None else draft_step, "--draft-step"
+    )
     with offline.single_process():
         device, dtype = offline.device_and_dtype(plan)
         if draft_folder == target_folder:
@@ -87,15 +112,31 @@ def measure_run(run_dir: Path, *, step: int | None, draft_step: int | None, k: i
         else:
             target, _ = offline.load(plan, target_folder, draft=False, device=device, dtype=dtype)
             _, draft = offline.load(plan, draft_folder, target=False, device=device, dtype=dtype)
-        out = measure_loaded(plan, target, draft, data_step=max(target_step - 1, 0), k=k, prompts=prompts,
-                             prompt_length=prompt_length, max_new=max_new, device=device)
-    out.update(run=str(run_dir), target_step=target_step, draft_step=int(draft_meta["step"]),
-               draft_vocab_size=plan.draft_vocab_size, vocab_size=plan.model.vocab_size)
+        out = measure_loaded(
+            plan,
+            target,
+            draft,
+            data_step=max(target_step - 1, 0),
+            k=k,
+            prompts=prompts,
+            prompt_length=prompt_length,
+            max_new=max_new,
+            device=device,
+        )
+    out.update(
+        run=str(run_dir),
+        target_step=target_step,
+        draft_step=int(draft_meta["step"]),
+        draft_vocab_size=plan.draft_vocab_size,
+        vocab_size=plan.model.vocab_size,
+    )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specdraft.runtime.serve.measure", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m specdraft.runtime.serve.measure", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("run", type=Path)
     parser.add_argument("--step", type=int, default=None, help="the policy's checkpoint step (default: newest)")
     parser.add_argument("--draft-step", type=int, default=None, help="the draft's checkpoint step (default: --step)")
@@ -106,9 +147,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from specdraft.runtime.serve.offline import run_tool
 
-    return run_tool(lambda: measure_run(args.run.absolute(), step=args.step, draft_step=args.draft_step, k=args.k,
-                                        prompts=args.prompts, prompt_length=args.prompt_length,
-                                        max_new=args.max_new_tokens))
+    return run_tool(
+        lambda: measure_run(
+            args.run.absolute(),
+            step=args.step,
+            draft_step=args.draft_step,
+            k=args.k,
+            prompts=args.prompts,
+            prompt_length=args.prompt_length,
+            max_new=args.max_new_tokens,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from specdraft.errors import SpecdraftError
 from specdraft.plan.model import ChunkPlan, LaunchPlan, RankPlacement, StagePlan
 from specdraft.runs import checkpoints as files
 
-
 EXPORT_MARKER = "specdraft-export.json"  # an export's provenance file; also what makes a folder safe to replace
 
 
@@ -39,22 +38,29 @@ def read_run_plan(run_dir: Path) -> LaunchPlan:
 
     path = Path(run_dir) / "plan.json"
     if not path.is_file():
-        raise LoadError(f"{run_dir} has no plan.json: it is not a specdraft run folder",
-                        "name a run folder that `specdraft launch` created")
+        raise LoadError(
+            f"{run_dir} has no plan.json: it is not a specdraft run folder",
+            "name a run folder that `specdraft launch` created",
+        )
     return read_plan(path)
 
 
 def require_draft(plan: LaunchPlan, run_dir: Path) -> None:
     if not plan.draft.enabled:
-        raise LoadError(f"run {run_dir} trained no draft (draft.enabled is false in its plan)",
-                        "export or measure a run launched with draft.enabled=true")
+        raise LoadError(
+            f"run {run_dir} trained no draft (draft.enabled is false in its plan)",
+            "export or measure a run launched with draft.enabled=true",
+        )
 
 
 def require_one_layer(plan: LaunchPlan) -> None:
     """EAGLE-3 as vLLM and SGLang load it has one decoder layer (`midlayer`)."""
     if plan.spec.draft.num_layers != 1:
-        raise ExportError(f"draft.num_layers is {plan.spec.draft.num_layers}; the EAGLE-3 format vLLM and SGLang load "
-                          "has one decoder layer (`midlayer`)", "export a run whose draft has one layer")
+        raise ExportError(
+            f"draft.num_layers is {plan.spec.draft.num_layers}; the EAGLE-3 format vLLM and SGLang load "
+            "has one decoder layer (`midlayer`)",
+            "export a run whose draft has one layer",
+        )
 
 
 def check_export_target(folder: Path) -> None:
@@ -62,42 +68,85 @@ def check_export_target(folder: Path) -> None:
     folder = Path(folder)
     empty = folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir())
     if folder.exists() and not (folder / EXPORT_MARKER).is_file() and not empty:
-        raise ExportError(f"{folder} exists and is not a specdraft export; refusing to replace it",
-                          "pick another -o folder (an earlier specdraft export there is replaced)")
+        raise ExportError(
+            f"{folder} exists and is not a specdraft export; refusing to replace it",
+            "pick another -o folder (an earlier specdraft export there is replaced)",
+        )
 
 
 def checkpoint(run_dir: Path, step: int | None, option: str = "--step") -> tuple[Path, dict]:
     """The complete checkpoint of ``run_dir`` at ``step`` (the newest when None), with its marker."""
     found = files.complete_checkpoints(Path(run_dir), lambda message: None)
     if not found:
-        raise LoadError(f"run {run_dir} has no complete checkpoint in {files.checkpoints_root(run_dir)}",
-                        "launch it with training.save_interval=N (a stop signal also saves one)")
+        raise LoadError(
+            f"run {run_dir} has no complete checkpoint in {files.checkpoints_root(run_dir)}",
+            "launch it with training.save_interval=N (a stop signal also saves one)",
+        )
     if step is None:
         return found[0]
     for folder, meta in found:
         if int(meta["step"]) == step:
             return folder, meta
     have = ", ".join(str(meta["step"]) for _, meta in reversed(found))
-    raise LoadError(f"{option} {step}: run {run_dir} has no complete checkpoint at step {step} (it has steps {have})",
-                    f"use {option} with one of {have}")
+    raise LoadError(
+        f"{option} {step}: run {run_dir} has no complete checkpoint at step {step} (it has steps {have})",
+        f"use {option} with one of {have}",
+    )
 
 
 def single_plan(plan: LaunchPlan) -> LaunchPlan:
     """``plan``'s model and draft on one process: tp = cp = pp = dp = 1, one stage holding every layer."""
     n = plan.model.num_layers
     spec = plan.spec
-    spec_parallel = dataclasses.replace(spec.parallel, tp=1, cp=1, pp=1, dp=1, ep=1, etp=None, vpp=None,
-                                        sequence_parallel=False, first_stage_layers=None, last_stage_layers=None,
-                                        account_for_embedding_in_pipeline_split=False,
-                                        account_for_loss_in_pipeline_split=False, hierarchical_cp_sizes=None)
-    parallel = dataclasses.replace(plan.parallel, tp=1, cp=1, pp=1, dp=1, ep=1, etp=1, edp=1, vpp=None,
-                                   sequence_parallel=False, hierarchical_cp_sizes=None, pad_multiple=2)
-    stage = StagePlan(pp=0, first_layer=0, last_layer=n - 1, num_layers=n,
-                      chunks=(ChunkPlan(vpp=0, first_layer=0, last_layer=n - 1, num_layers=n),))
+    spec_parallel = dataclasses.replace(
+        spec.parallel,
+        tp=1,
+        cp=1,
+        pp=1,
+        dp=1,
+        ep=1,
+        etp=None,
+        vpp=None,
+        sequence_parallel=False,
+        first_stage_layers=None,
+        last_stage_layers=None,
+        account_for_embedding_in_pipeline_split=False,
+        account_for_loss_in_pipeline_split=False,
+        hierarchical_cp_sizes=None,
+    )
+    parallel = dataclasses.replace(
+        plan.parallel,
+        tp=1,
+        cp=1,
+        pp=1,
+        dp=1,
+        ep=1,
+        etp=1,
+        edp=1,
+        vpp=None,
+        sequence_parallel=False,
+        hierarchical_cp_sizes=None,
+        pad_multiple=2,
+    )
+    stage = StagePlan(
+        pp=0,
+        first_layer=0,
+        last_layer=n - 1,
+        num_layers=n,
+        chunks=(ChunkPlan(vpp=0, first_layer=0, last_layer=n - 1, num_layers=n),),
+    )
     rank = RankPlacement(global_rank=0, node=0, local_rank=0, tp=0, cp=0, dp=0, pp=0, ep=0, etp=0, edp=0)
     draft = dataclasses.replace(plan.draft, stage=0, ranks=(0,))
-    return dataclasses.replace(plan, spec=dataclasses.replace(spec, parallel=spec_parallel), parallel=parallel,
-                               world_size=1, num_microbatches=1, ranks=(rank,), stages=(stage,), draft=draft)
+    return dataclasses.replace(
+        plan,
+        spec=dataclasses.replace(spec, parallel=spec_parallel),
+        parallel=parallel,
+        world_size=1,
+        num_microbatches=1,
+        ranks=(rank,),
+        stages=(stage,),
+        draft=draft,
+    )
 
 
 @contextlib.contextmanager
@@ -112,8 +161,9 @@ def single_process():
     owned = not dist.is_initialized()
     with tempfile.TemporaryDirectory(prefix="specdraft-offline-") as tmp:
         if owned:
-            dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'rendezvous')}", rank=0,
-                                    world_size=1)
+            dist.init_process_group(
+                "gloo", init_method=f"file://{os.path.join(tmp, 'rendezvous')}", rank=0, world_size=1
+            )
         ps.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
         try:
             yield
@@ -142,9 +192,9 @@ def load(plan: LaunchPlan, folder: Path, *, target: bool = True, draft: bool = T
     from megatron.core import dist_checkpointing
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from specdraft.runtime.train.checkpoint import _prefixed, _quiet_writer
     from specdraft.runtime.models.draft import Eagle3Draft, draft_shape
     from specdraft.runtime.models.target import build_chunks, transformer_config
+    from specdraft.runtime.train.checkpoint import _prefixed, _quiet_writer
 
     one = single_plan(plan)
     if device is None or dtype is None:
@@ -162,11 +212,12 @@ def load(plan: LaunchPlan, folder: Path, *, target: bool = True, draft: bool = T
     try:
         with _quiet_writer():
             loaded = dist_checkpointing.load(template, str(folder))
-    except (Exception, CheckpointException) as err:  # noqa: BLE001 - reported as the user's (a foreign checkpoint)
-        raise LoadError(f"checkpoint {folder} could not be loaded into this specdraft's model: "
-                        f"{type(err).__name__}: {str(err)[:600]}",
-                        "it may predate this version's draft layout (EAGLE-3 names); export a checkpoint written "
-                        "by this version") from None
+    except (Exception, CheckpointException) as err:
+        raise LoadError(
+            f"checkpoint {folder} could not be loaded into this specdraft's model: "
+            f"{type(err).__name__}: {str(err)[:600]}",
+            "it may predate this version's draft layout (EAGLE-3 names); export a checkpoint written by this version",
+        ) from None
     if model is not None:
         model.load_state_dict(loaded["target"]["chunk0"])
         model.eval()

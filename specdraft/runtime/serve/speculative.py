@@ -37,6 +37,7 @@ class Engine:
         def capture(module, inputs, output):
             hidden = output[0] if isinstance(output, tuple) else output  # (t, 1, h)
             self._taps[index] = hidden.detach().flatten(0, 1)
+
         return capture
 
     @torch.no_grad()
@@ -48,12 +49,20 @@ class Engine:
         length = n + n % 2  # the ring kernel's causal chunks want an even length; a pad at the end sees nothing later
         ids = F.pad(tokens, (0, length - n)).to(self.device)
         cu = torch.tensor([0, length], dtype=torch.int32, device=self.device)
-        params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu,
-                                 cu_seqlens_kv_padded=cu, max_seqlen_q=length, max_seqlen_kv=length)
+        params = PackedSeqParams(
+            qkv_format="thd",
+            cu_seqlens_q=cu,
+            cu_seqlens_kv=cu,
+            cu_seqlens_q_padded=cu,
+            cu_seqlens_kv_padded=cu,
+            max_seqlen_q=length,
+            max_seqlen_kv=length,
+        )
         positions = torch.arange(length, device=self.device)
         self._taps.clear()
-        logits = self.target(input_ids=ids[None], position_ids=positions[None], attention_mask=None,
-                             packed_seq_params=params)  # (1, L, V)
+        logits = self.target(
+            input_ids=ids[None], position_ids=positions[None], attention_mask=None, packed_seq_params=params
+        )  # (1, L, V)
         aux = torch.stack([self._taps[a] for a in self.aux_layers])  # (n_taps, L, h), in the plan's tap order
         return logits[0, :n].float(), aux[:, :n]
 
@@ -70,7 +79,7 @@ class Engine:
         """K greedy draft tokens after ``tokens`` (x_0..x_{r+1}; the target has processed x_0..x_r, giving ``aux``
         (n_taps, r+1, h)). Returns target ids."""
         rows = aux.shape[1]
-        emb = self.embed(tokens[1:rows + 1])  # (r+1, h): the token after each processed row
+        emb = self.embed(tokens[1 : rows + 1])  # (r+1, h): the token after each processed row
 
         def pick(logits: torch.Tensor) -> tuple[int, torch.Tensor]:
             token = self.to_target_ids(logits.argmax(-1))  # (1,)
@@ -79,8 +88,9 @@ class Engine:
         return [t for t, _ in draft_chain(self.draft, aux, emb, k, pick)]
 
 
-def draft_chain(draft, aux: torch.Tensor, emb: torch.Tensor, k: int,
-                pick: Callable[[torch.Tensor], tuple[object, torch.Tensor]]) -> list[tuple[object, torch.Tensor]]:
+def draft_chain(
+    draft, aux: torch.Tensor, emb: torch.Tensor, k: int, pick: Callable[[torch.Tensor], tuple[object, torch.Tensor]]
+) -> list[tuple[object, torch.Tensor]]:
     """Run the draft's TTT steps 0..k-1 for the last row of one sequence, each step's input token chosen by
     ``pick`` from the previous step's (1, Vd) logits; returns what ``pick`` returned per step (its choice and the
     (1, h) embedding fed to the next step). aux: (n_taps, L, h); emb: (L, h) step-0 embeddings of every row."""
@@ -152,13 +162,13 @@ def speculative(engine: Engine, prompt: torch.Tensor, max_new: int, k: int) -> D
         logits, aux = engine.forward(torch.cat([context, torch.tensor(drafts)]))
         forwards += 1
         # The target's greedy token after the context and after each draft: (k + 1,)
-        verdict = logits[context.numel() - 1:].argmax(-1).tolist()
+        verdict = logits[context.numel() - 1 :].argmax(-1).tolist()
         a = 0
         while a < k and drafts[a] == verdict[a]:
             a += 1
         accepted.append(a)
-        new += verdict[:a + 1]
-        aux = aux[:, :context.numel() + a]  # rows whose inputs are now accepted tokens
+        new += verdict[: a + 1]
+        aux = aux[:, : context.numel() + a]  # rows whose inputs are now accepted tokens
     return Decoded(new[:max_new], forwards, accepted, seconds=time.perf_counter() - started)
 
 

@@ -1,1 +1,2 @@
-"""One rank's training step: trainer, batches, data, TapChannel, gradients, precision, metrics, checkpoints and preemption."""
+"""One rank's training step: trainer, batches, data, TapChannel, gradients, precision, metrics, checkpoints
+and preemption."""

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from specdraft.runtime.attention.branch import with_host_values, zigzag_shard
-from specdraft.runtime.train.data import Row, shifted
 from specdraft.runtime.attention.halo import local_global_rows, sequence_ends
+from specdraft.runtime.train.data import Row, shifted
 
 
 @dataclass
@@ -35,8 +35,15 @@ class Microbatch:
         from megatron.core.packed_seq_params import PackedSeqParams
 
         cu = self.cu_seqlens
-        return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu,
-                               cu_seqlens_kv_padded=cu, max_seqlen_q=self.max_seqlen, max_seqlen_kv=self.max_seqlen)
+        return PackedSeqParams(
+            qkv_format="thd",
+            cu_seqlens_q=cu,
+            cu_seqlens_kv=cu,
+            cu_seqlens_q_padded=cu,
+            cu_seqlens_kv_padded=cu,
+            max_seqlen_q=self.max_seqlen,
+            max_seqlen_kv=self.max_seqlen,
+        )
 
 
 def make_microbatch(index: int, row: Row, *, cp: int, cp_rank: int, steps: int, device) -> Microbatch:
@@ -50,9 +57,15 @@ def make_microbatch(index: int, row: Row, *, cp: int, cp_rank: int, steps: int, 
     positions = torch.stack([row.positions + j for j in range(steps)])
     lengths = (cu[1:] - cu[:-1]).tolist()
     return Microbatch(
-        index=index, tokens=shard(row.tokens), labels=shard(row.labels), loss_mask=shard(row.loss_mask),
-        positions=shard(row.positions), cu_seqlens=with_host_values(cu.to(device=device, dtype=torch.int32), cu.tolist()),
-        max_seqlen=max(lengths), emb_ids=emb_ids.to(device), emb_index=emb_index.to(device),
+        index=index,
+        tokens=shard(row.tokens),
+        labels=shard(row.labels),
+        loss_mask=shard(row.loss_mask),
+        positions=shard(row.positions),
+        cu_seqlens=with_host_values(cu.to(device=device, dtype=torch.int32), cu.tolist()),
+        max_seqlen=max(lengths),
+        emb_ids=emb_ids.to(device),
+        emb_index=emb_index.to(device),
         draft_positions=shard(positions),
         draft_valid=shard(valid),
     )

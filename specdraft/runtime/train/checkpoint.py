@@ -69,16 +69,20 @@ def _optimizer_sharded(opt, model_sharded: dict, prefix: str, mains: bool = True
     """
     from dataclasses import replace
 
-    from megatron.core.dist_checkpointing.optimizer import (get_param_id_to_sharded_param_map,
-                                                            make_sharded_optimizer_tensor)
+    from megatron.core.dist_checkpointing.optimizer import (
+        get_param_id_to_sharded_param_map,
+        make_sharded_optimizer_tensor,
+    )
 
     if opt.optimizer is None:
         return {}
     by_id = get_param_id_to_sharded_param_map(model_sharded, opt.owned)
     missing = [i for i in range(len(opt.owned)) if i not in by_id]
     if missing:
-        raise RuntimeError(f"{len(missing)} optimizer parameter(s) have no entry in the model's sharded state dict "
-                           f"(first: shape {tuple(opt.owned[missing[0]].shape)}); they could not be checkpointed")
+        raise RuntimeError(
+            f"{len(missing)} optimizer parameter(s) have no entry in the model's sharded state dict "
+            f"(first: shape {tuple(opt.owned[missing[0]].shape)}); they could not be checkpointed"
+        )
     out = {}
     for i, (param, main) in enumerate(zip(opt.owned, opt.main)):
         model = by_id[i]
@@ -105,8 +109,9 @@ def optimizer_step(opt) -> int:
         return 0
     steps = {float(s["step"]) for s in optimizer.state.values() if "step" in s}
     if len(steps) > 1:
-        raise RuntimeError(f"the optimizer's parameters are at different steps {sorted(steps)}; a checkpoint "
-                           "stores one shared step")
+        raise RuntimeError(
+            f"the optimizer's parameters are at different steps {sorted(steps)}; a checkpoint stores one shared step"
+        )
     if steps and len(optimizer.state) != sum(len(g["params"]) for g in optimizer.param_groups):
         raise RuntimeError("some optimizer parameters have state and others none; a checkpoint cannot say which")
     return int(steps.pop()) if steps else 0
@@ -120,8 +125,10 @@ def _init_optimizer_state(opt, step: int) -> None:
     for group in opt.optimizer.param_groups:
         for param in group["params"]:
             where = param.device if group.get("fused") or group.get("capturable") else "cpu"
-            opt.optimizer.state[param] = {"step": torch.tensor(float(step), dtype=torch.float32, device=where),
-                                          **{name: torch.zeros_like(param) for name in ADAM_STATE}}
+            opt.optimizer.state[param] = {
+                "step": torch.tensor(float(step), dtype=torch.float32, device=where),
+                **{name: torch.zeros_like(param) for name in ADAM_STATE},
+            }
 
 
 def _rng_state(device: torch.device) -> dict:
@@ -157,8 +164,7 @@ def sharded_state(trainer, *, rng: bool, draft_optimizer: bool, mains: bool = Tr
     if trainer.draft is not None:
         out["draft"] = _prefixed(trainer.draft.sharded_state_dict(prefix=""), "draft.")
         if draft_optimizer:
-            out["draft_optimizer"] = _optimizer_sharded(trainer.draft_optimizer, out["draft"], "optimizer.",
-                                                        mains)
+            out["draft_optimizer"] = _optimizer_sharded(trainer.draft_optimizer, out["draft"], "optimizer.", mains)
     if rng:
         rank, world = dist.get_rank(), dist.get_world_size()
         out["rng"] = ShardedObject("rng_state", _rng_state(trainer.device), (world,), (rank,), replica_id=0)
@@ -174,14 +180,24 @@ def save(ctx: RankContext, trainer, step: int) -> Path:
 
     started = time.perf_counter()
     folder = files.step_dir(ctx.run_dir, step)
-    steps = torch.tensor([optimizer_step(trainer.optimizer),
-                          optimizer_step(trainer.draft_optimizer) if trainer.draft is not None else 0],
-                         dtype=torch.float64, device=trainer.device)
+    steps = torch.tensor(
+        [
+            optimizer_step(trainer.optimizer),
+            optimizer_step(trainer.draft_optimizer) if trainer.draft is not None else 0,
+        ],
+        dtype=torch.float64,
+        device=trainer.device,
+    )
     dist.all_reduce(steps, op=dist.ReduceOp.MAX)  # the draft's step lives only on the draft's ranks
     target_step, draft_step = (int(x) for x in steps.tolist())
-    meta = {**files.describe(ctx.plan), "step": step, "target_optimizer_step": target_step,
-            "draft_optimizer_step": draft_step, "main_weights": trainer.precision.main_weights,
-            "loss_scale": trainer.loss_scaler.state() if trainer.loss_scaler is not None else None}
+    meta = {
+        **files.describe(ctx.plan),
+        "step": step,
+        "target_optimizer_step": target_step,
+        "draft_optimizer_step": draft_step,
+        "main_weights": trainer.precision.main_weights,
+        "loss_scale": trainer.loss_scaler.state() if trainer.loss_scaler is not None else None,
+    }
     if ctx.global_rank == 0:
         if folder.exists():  # a leftover of an abandoned future (a resume from an older step): replace it
             files.remove(folder)
@@ -267,22 +283,26 @@ def restore(ctx: RankContext, trainer) -> tuple[int, dict]:
         error = ""
         try:
             _load(trainer, folder, meta, rng)
-        except (Exception, CheckpointException) as err:  # noqa: BLE001 - all ranks agree first; reported below
+        except (Exception, CheckpointException) as err:
             error = f"{type(err).__name__}: {err}"
         failed = torch.tensor([1.0 if error else 0.0], device=trainer.device)
         dist.all_reduce(failed, op=dist.ReduceOp.MAX)
         if not failed.item():
             break
         if error:
-            print(f"[specdraft] rank {ctx.global_rank}: loading {folder} failed: {error[:2000]}", file=sys.stderr,
-                  flush=True)
+            print(
+                f"[specdraft] rank {ctx.global_rank}: loading {folder} failed: {error[:2000]}",
+                file=sys.stderr,
+                flush=True,
+            )
         skipped.append(str(folder))
         if ctx.global_rank == 0:
             _warn(f"skipping checkpoint {folder}: it could not be loaded (see the ranks' errors above)")
     else:
         if value:
-            raise files.ResumeError(f"no checkpoint could be loaded (tried {', '.join(skipped)}); see the ranks' "
-                                    "errors above")
+            raise files.ResumeError(
+                f"no checkpoint could be loaded (tried {', '.join(skipped)}); see the ranks' errors above"
+            )
         if ctx.global_rank == 0:  # a requeued job that never saved starts over: its old rows go
             files.rewrite_metrics(ctx.run_dir, [])
         dist.barrier()
@@ -290,9 +310,11 @@ def restore(ctx: RankContext, trainer) -> tuple[int, dict]:
     step = int(meta["step"])
     if ctx.global_rank == 0:
         files.rewrite_metrics(ctx.run_dir, files.metrics_rows(folder / files.METRICS, step))
-        print(f"[specdraft] resumed from {folder} (step {step}, "
-              f"{'same layout' if rng else 'saved under another layout: resharded, RNG streams not carried'})",
-              flush=True)
+        print(
+            f"[specdraft] resumed from {folder} (step {step}, "
+            f"{'same layout' if rng else 'saved under another layout: resharded, RNG streams not carried'})",
+            flush=True,
+        )
     dist.barrier()
     return step, {"resumed_from": str(folder), "resumed_step": step, "skipped_checkpoints": skipped}
 

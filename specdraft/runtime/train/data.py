@@ -35,15 +35,25 @@ class Row:
 class MarkovData:
     """The seeded data source of one run."""
 
-    def __init__(self, *, vocab_size: int, row_tokens: int, pad_multiple: int, seed: int, drift_interval: int = 0,
-                 drift_fraction: float = 0.0):
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        row_tokens: int,
+        pad_multiple: int,
+        seed: int,
+        drift_interval: int = 0,
+        drift_fraction: float = 0.0,
+    ):
         self.vocab_size = vocab_size
         self.drift_interval, self.drift_fraction = drift_interval, drift_fraction
         self.row_tokens = row_tokens
         self.quantum = math.lcm(LENGTH_QUANTUM, pad_multiple)
         if row_tokens % self.quantum:
-            raise ValueError(f"a packed row of {row_tokens} tokens cannot hold sequences padded to multiples of "
-                             f"{self.quantum}; use a seq_length that is a multiple of {self.quantum}")
+            raise ValueError(
+                f"a packed row of {row_tokens} tokens cannot hold sequences padded to multiples of "
+                f"{self.quantum}; use a seq_length that is a multiple of {self.quantum}"
+            )
         self.seed = seed
         g = torch.Generator().manual_seed(seed)
         # (v, 3): the three successors of each token; distinct so the chain's top-1 is well defined.
@@ -55,9 +65,14 @@ class MarkovData:
     def for_plan(cls, plan) -> "MarkovData":
         """The data of ``plan``'s run: every rank, and every tool that reads the run afterwards, builds the same."""
         t = plan.spec.training
-        return cls(vocab_size=plan.model.vocab_size, row_tokens=t.micro_batch_size * plan.model.seq_length,
-                   pad_multiple=plan.parallel.pad_multiple, seed=t.seed, drift_interval=t.data_drift_interval,
-                   drift_fraction=t.data_drift_fraction)
+        return cls(
+            vocab_size=plan.model.vocab_size,
+            row_tokens=t.micro_batch_size * plan.model.seq_length,
+            pad_multiple=plan.parallel.pad_multiple,
+            seed=t.seed,
+            drift_interval=t.data_drift_interval,
+            drift_fraction=t.data_drift_fraction,
+        )
 
     def epoch(self, step: int) -> int:
         """The drift epoch of ``step``: how many shifts happened before it (0 without drift)."""
@@ -131,5 +146,5 @@ def shifted(x: torch.Tensor, cu_seqlens: torch.Tensor, shift: int, fill=0) -> to
     cu = cu_seqlens.tolist()
     for start, end in zip(cu, cu[1:]):
         if end - start > shift:
-            out[start:end - shift] = x[start + shift:end]
+            out[start : end - shift] = x[start + shift : end]
     return out

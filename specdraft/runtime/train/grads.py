@@ -45,8 +45,9 @@ def reduce_target_grads(params: TargetParams, sequence_parallel: bool) -> None:
     all_reduce_grads(dense, ps.get_data_parallel_group(with_context_parallel=True))
     all_reduce_grads(experts, ps.get_expert_data_parallel_group())
     if sequence_parallel:
-        all_reduce_grads([p for p in dense if getattr(p, "sequence_parallel", False)],
-                         ps.get_tensor_model_parallel_group())
+        all_reduce_grads(
+            [p for p in dense if getattr(p, "sequence_parallel", False)], ps.get_tensor_model_parallel_group()
+        )
 
 
 def reduce_tied_embedding_grads(params: TargetParams) -> None:
@@ -71,8 +72,16 @@ def target_grad_norm(params: TargetParams, device) -> float:
     from megatron.core import parallel_state as ps
 
     tp_rank = ps.get_tensor_model_parallel_rank()
-    dense = _sum_of_squares([p.grad for p in params.dense if p.grad is not None and not getattr(p, "shared", False)
-                             and (getattr(p, "tensor_model_parallel", False) or tp_rank == 0)], device)
+    dense = _sum_of_squares(
+        [
+            p.grad
+            for p in params.dense
+            if p.grad is not None
+            and not getattr(p, "shared", False)
+            and (getattr(p, "tensor_model_parallel", False) or tp_rank == 0)
+        ],
+        device,
+    )
     experts = _sum_of_squares([p.grad for p in params.experts if p.grad is not None], device)
     parts = torch.stack([dense, experts])  # NCCL reduces device tensors
     dense_part, expert_part = parts[:1], parts[1:]
@@ -86,8 +95,10 @@ def replicated_grad_norm(params, group, device) -> float:
     """Global L2 norm of a model replicated over dp x cp and tensor-parallel over ``group`` (the draft): TP-sharded
     grads summed over the group, TP-replicated ones counted once (tp rank 0)."""
     tp_rank = dist.get_rank(group) if group is not None else 0
-    total = _sum_of_squares([p.grad for p in params if p.grad is not None
-                             and (getattr(p, "tensor_model_parallel", False) or tp_rank == 0)], device)[None]
+    total = _sum_of_squares(
+        [p.grad for p in params if p.grad is not None and (getattr(p, "tensor_model_parallel", False) or tp_rank == 0)],
+        device,
+    )[None]
     if group is not None:
         dist.all_reduce(total, group=group)
     return float(total.sqrt())
@@ -108,7 +119,7 @@ def all_reduce_grads(params, group) -> None:
         offset = 0
         for p in params:
             n = p.grad.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
             offset += n
 
 

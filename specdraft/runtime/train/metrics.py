@@ -16,8 +16,8 @@ import json
 import torch
 import torch.distributed as dist
 
-from specdraft.runtime.models import moe
 from specdraft.runtime.context import RankContext
+from specdraft.runtime.models import moe
 
 
 class StepMetrics:
@@ -32,16 +32,27 @@ class StepMetrics:
         s, steps = t.stats, t.steps_ttt
         # On the trainer's device: NCCL reduces only device tensors.
         # The step's sums are device scalars (or 0.0 where nothing was added): one stack, one all-reduce.
-        vector = torch.stack([torch.as_tensor(x, dtype=torch.float64, device=t.device).reshape(()) for x in (
-            s["target_sum"], *s["kl"], *s["match"], s["accepted"], s["positions"], float(t.channel.bytes_sent),
-            moe.take_aux_loss())])
+        vector = torch.stack(
+            [
+                torch.as_tensor(x, dtype=torch.float64, device=t.device).reshape(())
+                for x in (
+                    s["target_sum"],
+                    *s["kl"],
+                    *s["match"],
+                    s["accepted"],
+                    s["positions"],
+                    float(t.channel.bytes_sent),
+                    moe.take_aux_loss(),
+                )
+            ]
+        )
         dist.all_reduce(vector)
         times = torch.tensor([step_time, t.draft_timer.seconds()], dtype=torch.float64, device=t.device)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)
         t.channel.bytes_sent = t.channel.bytes_received = 0
         vector, times = vector.cpu(), times.cpu()
-        kl, match = vector[1:1 + steps], vector[1 + steps:1 + 2 * steps]
-        accepted, positions, tap_bytes, aux = vector[1 + 2 * steps:].tolist()
+        kl, match = vector[1 : 1 + steps], vector[1 + steps : 1 + 2 * steps]
+        accepted, positions, tap_bytes, aux = vector[1 + 2 * steps :].tolist()
         n = torch.tensor(t.n_draft, dtype=torch.float64).clamp(min=1)
         record = {
             "step": step,
@@ -61,18 +72,24 @@ class StepMetrics:
             with open(self.ctx.metrics_path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record) + "\n")
             accept = " ".join(f"{a:.2f}" for a in record["acceptance"])
-            print(f"step {step + 1}/{self.ctx.steps} target_loss {record['target_loss']:.4f} draft_loss "
-                  f"{record['draft_loss'] if record['draft_loss'] is None else round(record['draft_loss'], 4)} "
-                  f"acceptance [{accept}] accept_len {record['accept_len']} {record['step_time_s']:.2f}s",
-                  flush=True)
+            print(
+                f"step {step + 1}/{self.ctx.steps} target_loss {record['target_loss']:.4f} draft_loss "
+                f"{record['draft_loss'] if record['draft_loss'] is None else round(record['draft_loss'], 4)} "
+                f"acceptance [{accept}] accept_len {record['accept_len']} {record['step_time_s']:.2f}s",
+                flush=True,
+            )
         return record
 
     def _optimizer_fields(self) -> dict:
         """The optimizer step's report (precision.optimizer_steps), the same on every rank."""
         t, report = self.trainer, self.trainer.step_report
-        return {"grad_norm": report.get("grad_norm"), "draft_grad_norm": report.get("draft_grad_norm"),
-                "loss_scale": report.get("loss_scale"), "skipped_step": report.get("skipped", False),
-                "precision": t.precision.describe(t.optimizer.sharded_over)}
+        return {
+            "grad_norm": report.get("grad_norm"),
+            "draft_grad_norm": report.get("draft_grad_norm"),
+            "loss_scale": report.get("loss_scale"),
+            "skipped_step": report.get("skipped", False),
+            "precision": t.precision.describe(t.optimizer.sharded_over),
+        }
 
     def _per_layer_and_microbatch(self, aux_sum: float) -> float | None:
         plan = self.ctx.plan

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 # Megatron-LM's dynamic loss scaler (--loss-scale-window 1000, --hysteresis 2, --min-loss-scale 1) starting at
 # torch.amp.GradScaler's 2**16 rather than Megatron-LM's 2**32, which skips about 17 steps before it settles.
-INITIAL_LOSS_SCALE = 2.0 ** 16
+INITIAL_LOSS_SCALE = 2.0**16
 MIN_LOSS_SCALE = 1.0
 LOSS_SCALE_WINDOW = 1000
 HYSTERESIS = 2
@@ -35,8 +35,11 @@ class Policy:
         if training.dtype not in _DTYPES:
             raise ValueError(f"training.dtype={training.dtype} has no runtime precision policy here; use bf16")
         dtype = _DTYPES[training.dtype]
-        return cls(param_dtype=dtype, reduce_in_bf16=bool(training.grad_reduce_in_bf16) and dtype == torch.bfloat16,
-                   loss_scaling=dtype == torch.float16)
+        return cls(
+            param_dtype=dtype,
+            reduce_in_bf16=bool(training.grad_reduce_in_bf16) and dtype == torch.bfloat16,
+            loss_scaling=dtype == torch.float16,
+        )
 
     @property
     def main_weights(self) -> bool:
@@ -60,11 +63,18 @@ class LossScaler:
     `window` clean steps it doubles (and the hysteresis count is restored). Scales stay powers of two, so unscaling
     is exact. Every rank updates it with the same world-agreed verdict, so every rank holds the same scale."""
 
-    def __init__(self, initial: float = INITIAL_LOSS_SCALE, min_scale: float = MIN_LOSS_SCALE,
-                 window: int = LOSS_SCALE_WINDOW, hysteresis: int = HYSTERESIS):
+    def __init__(
+        self,
+        initial: float = INITIAL_LOSS_SCALE,
+        min_scale: float = MIN_LOSS_SCALE,
+        window: int = LOSS_SCALE_WINDOW,
+        hysteresis: int = HYSTERESIS,
+    ):
         if not 0 < min_scale <= initial or window < 1 or hysteresis < 1:
-            raise ValueError(f"loss scaler: need 0 < min_scale <= initial, window >= 1, hysteresis >= 1; got "
-                             f"{min_scale}, {initial}, {window}, {hysteresis}")
+            raise ValueError(
+                f"loss scaler: need 0 < min_scale <= initial, window >= 1, hysteresis >= 1; got "
+                f"{min_scale}, {initial}, {window}, {hysteresis}"
+            )
         self.scale, self.min_scale, self.window, self.hysteresis = float(initial), float(min_scale), window, hysteresis
         self.growth_tracker, self.hysteresis_tracker = 0, hysteresis
 
@@ -86,8 +96,11 @@ class LossScaler:
             self.scale *= 2
 
     def state(self) -> dict:
-        return {"scale": self.scale, "growth_tracker": self.growth_tracker,
-                "hysteresis_tracker": self.hysteresis_tracker}
+        return {
+            "scale": self.scale,
+            "growth_tracker": self.growth_tracker,
+            "hysteresis_tracker": self.hysteresis_tracker,
+        }
 
     def load(self, state: dict) -> None:
         self.scale = float(state["scale"])
@@ -121,10 +134,12 @@ class GradView:
 def _accumulate_into(view: GradView):
     """Backward hook: add this microbatch's low-precision gradient into the fp32 buffer and free it (what megatron's
     DDP does with main_grad), so gradients summed over microbatches keep fp32 precision."""
+
     def hook(param: torch.nn.Parameter) -> None:
         view.buffer.add_(param.grad)
         view.touched = True
         param.grad = None
+
     return hook
 
 
@@ -170,15 +185,18 @@ class MainOptimizer:
                 continue
             self.sharded_over = max(self.sharded_over, size)
             me, who = dist.get_rank(group), owners(group_params, size)
-            members = [(r, dist.get_global_rank(group, r), [p for p, o in zip(group_params, who) if o == r])
-                       for r in range(size)]
+            members = [
+                (r, dist.get_global_rank(group, r), [p for p, o in zip(group_params, who) if o == r])
+                for r in range(size)
+            ]
             self.broadcasts.append((group, members))
             self.sharded_ids |= {id(p) for p in group_params}
             owned -= {id(p) for p, o in zip(group_params, who) if o != me}
         self.owned = [p for p in self.params if id(p) in owned]
         # Main weights: fp32 copies of the low-precision parameters this rank owns.
-        self.main = [p if p.dtype == torch.float32 else torch.nn.Parameter(p.detach().float().clone())
-                     for p in self.owned]
+        self.main = [
+            p if p.dtype == torch.float32 else torch.nn.Parameter(p.detach().float().clone()) for p in self.owned
+        ]
         # Fused AdamW on CUDA (one kernel over every fp32 main weight); torch's default elsewhere (bit-identical to
         # the runtime's AdamW before mixed precision on CPU/fp32).
         fused = {"fused": True} if device.type == "cuda" else {}
@@ -246,7 +264,7 @@ class MainOptimizer:
                     dist.broadcast(flat, src=src, group=group)
                     offset = 0
                     for p in ps:
-                        p.copy_(flat[offset:offset + p.numel()].view_as(p))
+                        p.copy_(flat[offset : offset + p.numel()].view_as(p))
                         offset += p.numel()
 
 
@@ -269,8 +287,15 @@ def optimizer_steps(trainer) -> dict:
     """
     from megatron.core import parallel_state as ps
 
-    from specdraft.runtime.train.grads import (TargetParams, all_reduce_grads, clip_grads, reduce_target_grads,
-                                         reduce_tied_embedding_grads, replicated_grad_norm, target_grad_norm)
+    from specdraft.runtime.train.grads import (
+        TargetParams,
+        all_reduce_grads,
+        clip_grads,
+        reduce_target_grads,
+        reduce_tied_embedding_grads,
+        replicated_grad_norm,
+        target_grad_norm,
+    )
 
     target, scaler, device = trainer.optimizer, trainer.loss_scaler, trainer.device
     tp = trainer.target_params
@@ -282,8 +307,9 @@ def optimizer_steps(trainer) -> dict:
     trainer.grad_bytes = target.grad_bytes()
     draft = trainer.draft_optimizer if trainer.draft is not None and trainer.cotraining else None
     if draft is not None:
-        all_reduce_grads([v for v in draft.views if v.grad is not None],
-                         ps.get_data_parallel_group(with_context_parallel=True))
+        all_reduce_grads(
+            [v for v in draft.views if v.grad is not None], ps.get_data_parallel_group(with_context_parallel=True)
+        )
     used_scale = scaler.scale if scaler is not None else None
     for opt in (target, draft):
         if opt is not None and scaler is not None:
@@ -291,19 +317,31 @@ def optimizer_steps(trainer) -> dict:
     norm = target_grad_norm(views, device)
     draft_norm = replicated_grad_norm(draft.views, trainer.tp_group, device) if draft is not None else 0.0
     # Every rank must take the same branch: the draft's norm is known on the draft's ranks only.
-    verdict = torch.tensor([float(not math.isfinite(norm)), float(not math.isfinite(draft_norm)),
-                            draft_norm if math.isfinite(draft_norm) else 0.0], dtype=torch.float64, device=device)
+    verdict = torch.tensor(
+        [
+            float(not math.isfinite(norm)),
+            float(not math.isfinite(draft_norm)),
+            draft_norm if math.isfinite(draft_norm) else 0.0,
+        ],
+        dtype=torch.float64,
+        device=device,
+    )
     dist.all_reduce(verdict, op=dist.ReduceOp.MAX)
     bad_target, bad_draft, draft_norm = verdict.tolist()
     cotraining = trainer.cotraining and trainer.draft_enabled
-    report = {"grad_norm": norm if not bad_target else None,
-              "draft_grad_norm": draft_norm if cotraining and not bad_draft else None,
-              "loss_scale": used_scale, "skipped": False}
+    report = {
+        "grad_norm": norm if not bad_target else None,
+        "draft_grad_norm": draft_norm if cotraining and not bad_draft else None,
+        "loss_scale": used_scale,
+        "skipped": False,
+    }
     if bad_target or bad_draft:
         if scaler is None:
-            raise FloatingPointError(f"step {getattr(trainer, 'step', '?')}: the {'target' if bad_target else 'draft'}"
-                                     f"'s gradient norm is not finite ({norm if bad_target else 'inf/nan'}); lower "
-                                     "training.lr (or draft.lr), or train in fp32 to find the first bad value")
+            raise FloatingPointError(
+                f"step {getattr(trainer, 'step', '?')}: the {'target' if bad_target else 'draft'}"
+                f"'s gradient norm is not finite ({norm if bad_target else 'inf/nan'}); lower "
+                "training.lr (or draft.lr), or train in fp32 to find the first bad value"
+            )
         scaler.update(True)
         for opt in (target, draft):
             if opt is not None:

@@ -74,8 +74,11 @@ class StopVote:
         import torch
         import torch.distributed as dist
 
-        flags = torch.tensor([float(signal.SIGUSR2 in _received), float(signal.SIGTERM in _received)],
-                             dtype=torch.float64, device=self.device)
+        flags = torch.tensor(
+            [float(signal.SIGUSR2 in _received), float(signal.SIGTERM in _received)],
+            dtype=torch.float64,
+            device=self.device,
+        )
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         usr2, term = flags.tolist()
         return signal.SIGUSR2 if usr2 else signal.SIGTERM if term else None
@@ -89,18 +92,28 @@ def stopped(rank: int, plan, signum: int, step: int, checkpoint) -> dict:
     requeue = None
     if signum == signal.SIGUSR2 and rank == 0:
         requeue = request_requeue(plan, os.environ)
-        print(f"[specdraft] preempted after step {step}: "
-              f"{'requeued' if requeue['requeued'] else 'not requeued'} ({requeue['reason']})", flush=True)
+        print(
+            f"[specdraft] preempted after step {step}: "
+            f"{'requeued' if requeue['requeued'] else 'not requeued'} ({requeue['reason']})",
+            flush=True,
+        )
     dist.barrier()
     # Saved and agreed: the SIGTERM Slurm sends after a requeue must not turn the orderly exit into an error.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    return {"preempted": {"signal": signal.Signals(signum).name, "step": step, "checkpoint": str(checkpoint),
-                          "requeue": requeue}}
+    return {
+        "preempted": {
+            "signal": signal.Signals(signum).name,
+            "step": step,
+            "checkpoint": str(checkpoint),
+            "requeue": requeue,
+        }
+    }
 
 
 # ------------------------------------------------------------------------------------------------------------------
 # Slurm wiring: the job requeues itself (bounded by slurm.max_requeues); the requeued job resumes on its own.
 # ------------------------------------------------------------------------------------------------------------------
+
 
 def restarts(environ) -> int:
     """How many times Slurm has restarted this job (SLURM_RESTART_COUNT; 0 on the first run and off Slurm)."""
@@ -125,11 +138,15 @@ def request_requeue(plan, environ, timeout_s: float = REQUEUE_TIMEOUT_S) -> dict
     if not job_id:
         return {"requeued": False, "reason": "not running under Slurm (no SLURM_JOB_ID)", "restarts": done}
     if done >= limit:
-        return {"requeued": False, "restarts": done,
-                "reason": f"slurm.max_requeues={limit} reached (this job was restarted {done} time(s))"}
+        return {
+            "requeued": False,
+            "restarts": done,
+            "reason": f"slurm.max_requeues={limit} reached (this job was restarted {done} time(s))",
+        }
     try:
-        proc = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=timeout_s,
-                              check=False)
+        proc = subprocess.run(
+            ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as err:
         return {"requeued": False, "reason": f"scontrol requeue {job_id} failed: {err}", "restarts": done}
     if proc.returncode != 0:

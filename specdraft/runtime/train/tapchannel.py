@@ -39,8 +39,18 @@ class Message:
 class TapChannel:
     """One rank's side of every tap route in the plan."""
 
-    def __init__(self, plan: LaunchPlan, rank: int, *, shape, dtype: torch.dtype, device: torch.device,
-                 blocking: bool = False, synthetic: bool = False, audit_dir: Path | None = None):
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        rank: int,
+        *,
+        shape,
+        dtype: torch.dtype,
+        device: torch.device,
+        blocking: bool = False,
+        synthetic: bool = False,
+        audit_dir: Path | None = None,
+    ):
         self.rank = rank
         # shape(tap, microbatch) -> the tap's tensor shape (the embedding tap's row count varies with the data).
         self.dtype, self.device, self.shape = dtype, device, shape
@@ -124,6 +134,7 @@ class TapChannel:
         def capture(module, inputs, output):
             hidden = output[0] if isinstance(output, tuple) else output  # (t, 1, h) in THD
             self.put(chunk, tap, hidden.detach().flatten(0, 1))
+
         return capture
 
     def put(self, chunk: int, tap, tensor: torch.Tensor) -> None:
@@ -144,7 +155,7 @@ class TapChannel:
 
     def flush(self, chunk: int) -> None:
         """Send what this chunk's forward queued: one message per destination (called after the forward)."""
-        for (c, dst, group) in [key for key in self._pending if key[0] == chunk]:
+        for c, dst, group in [key for key in self._pending if key[0] == chunk]:
             parts = sorted(self._pending.pop((c, dst, group)), key=lambda item: item[0])
             flat = torch.cat([t.reshape(-1) for _, t in parts]).to(self.dtype)
             self.bytes_sent += flat.numel() * flat.element_size()
@@ -168,8 +179,10 @@ class TapChannel:
         if self.synthetic:
             # Random normals, not zeros: all-zero inputs make the draft's arithmetic itself cheaper on CPU.
             g = torch.Generator(device=self.device).manual_seed(m)
-            return {tap: torch.randn(self.shape(tap, m), generator=g, dtype=self.dtype, device=self.device)
-                    for tap in {*self.local_taps, *(t for msg in self.messages for t in msg.taps)}}
+            return {
+                tap: torch.randn(self.shape(tap, m), generator=g, dtype=self.dtype, device=self.device)
+                for tap in {*self.local_taps, *(t for msg in self.messages for t in msg.taps)}
+            }
         if m not in self._works:
             raise RuntimeError(f"TapChannel: microbatch {m} has no landing slot (slots={self.slots})")
         for work in self._works.pop(m):
@@ -181,7 +194,7 @@ class TapChannel:
             for tap in msg.taps:
                 shape = self.shape(tap, m)
                 n = math.prod(shape)
-                taps[tap] = buf[offset:offset + n].view(shape)
+                taps[tap] = buf[offset : offset + n].view(shape)
                 offset += n
                 self._record("received", m, tap, msg.src, self.rank, taps[tap])
         if not self.blocking and m + self.slots < self.num_microbatches:
@@ -192,5 +205,14 @@ class TapChannel:
         if self.audit_dir is None:
             return
         digest = hashlib.sha256(tensor.detach().to(self.dtype).cpu().contiguous().numpy().tobytes()).hexdigest()
-        self._audit.append({"kind": kind, "microbatch": m, "tap": tap, "src": src, "dst": dst, "sha256": digest,
-                            "shape": list(tensor.shape)})
+        self._audit.append(
+            {
+                "kind": kind,
+                "microbatch": m,
+                "tap": tap,
+                "src": src,
+                "dst": dst,
+                "sha256": digest,
+                "shape": list(tensor.shape),
+            }
+        )

@@ -9,19 +9,19 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from specdraft.runtime.train.batches import global_counts, make_microbatch
-from specdraft.runtime.context import RankContext
+from specdraft.runtime.attention.halo import gather_shifted, shift_rows
 from specdraft.runtime.attention.megatron_core import attention_summary
-from specdraft.runtime.train.data import MarkovData
+from specdraft.runtime.context import RankContext
 from specdraft.runtime.models.draft import Eagle3Draft, draft_shape
+from specdraft.runtime.models.target import build_chunks, init_parameters, transformer_config
+from specdraft.runtime.models.vocab.parallel import accept_length, head_kl_and_matches, log_softmax
+from specdraft.runtime.models.vocab.reduced import Restriction, draft_vocabulary
 from specdraft.runtime.train import precision
+from specdraft.runtime.train.batches import global_counts, make_microbatch
+from specdraft.runtime.train.data import MarkovData
 from specdraft.runtime.train.devicetime import DeviceTimer
 from specdraft.runtime.train.grads import TargetParams
-from specdraft.runtime.attention.halo import gather_shifted, shift_rows
 from specdraft.runtime.train.tapchannel import TapChannel
-from specdraft.runtime.models.target import build_chunks, init_parameters, transformer_config
-from specdraft.runtime.models.vocab.reduced import Restriction, draft_vocabulary
-from specdraft.runtime.models.vocab.parallel import accept_length, head_kl_and_matches, log_softmax
 
 BLOCKING_ENV = "SPECDRAFT_TAPS_BLOCKING"  # benchmark baseline: blocking send/recv of the taps inside the hooks
 AUDIT_ENV = "SPECDRAFT_TAP_AUDIT"  # tests: record a sha256 of every tap sent and received
@@ -43,8 +43,10 @@ class CoTrainer:
         self.pp_rank, self.tp, self.cp, self.cp_rank = me.pp, par.tp, par.cp, me.cp
         self.dp, self.dp_rank, self.num_microbatches = par.dp, me.dp, plan.num_microbatches
         if par.vpp and self.num_microbatches % par.pp:
-            raise ValueError(f"the interleaved schedule needs num_microbatches ({self.num_microbatches}) to be a "
-                             f"multiple of pp ({par.pp}); change training.global_batch_size")
+            raise ValueError(
+                f"the interleaved schedule needs num_microbatches ({self.num_microbatches}) to be a "
+                f"multiple of pp ({par.pp}); change training.global_batch_size"
+            )
         self.row_tokens = t.micro_batch_size * m.seq_length
         self.steps_ttt = d.ttt_steps
         self.seed = t.seed
@@ -55,8 +57,13 @@ class CoTrainer:
         self.is_last = self.pp_rank == par.pp - 1
         self.target_params = TargetParams.of(self.chunks)
         self.grad_bytes = 0  # the target's grads at the last optimizer step (state_bytes)
-        self.optimizer = precision.MainOptimizer(self.target_params.all(), lr=t.lr, policy=self.precision,
-                                                 device=self.device, shards=self._optimizer_shards(ps, t))
+        self.optimizer = precision.MainOptimizer(
+            self.target_params.all(),
+            lr=t.lr,
+            policy=self.precision,
+            device=self.device,
+            shards=self._optimizer_shards(ps, t),
+        )
         self.loss_scaler = precision.LossScaler() if self.precision.loss_scaling else None
         for chunk in self.chunks:  # megatron's schedule scales the last stage's loss before backward with it
             chunk.config.grad_scale_func = self.loss_scaler.scale_loss if self.loss_scaler else None
@@ -75,8 +82,9 @@ class CoTrainer:
             init_parameters(self.draft, 0, self.tp, self.seed ^ 0x5EED)
             if self.draft.vocab is not None:  # a checkpoint's mapping, if one is loaded, replaces this one
                 self.draft.vocab.set(*(x.to(self.device) for x in draft_vocabulary(self.data, plan)))
-            self.draft_optimizer = precision.MainOptimizer(list(self.draft.parameters()), lr=d.lr,
-                                                           policy=self.precision, device=self.device)
+            self.draft_optimizer = precision.MainOptimizer(
+                list(self.draft.parameters()), lr=d.lr, policy=self.precision, device=self.device
+            )
         self._restriction = None
         self.draft_in_loss = self.draft is not None and self.is_last
         self.cp_group = ps.get_context_parallel_group() if self.cp > 1 else None
@@ -99,10 +107,18 @@ class CoTrainer:
                 rows = len(self.microbatches[m_index].emb_ids)
                 return (-(-rows // self.tp) if self.sequence_parallel else rows, h)
             return shapes[tap]
+
         audit = ctx.run_dir / "taps" if os.environ.get(AUDIT_ENV) == "1" else None
-        channel = TapChannel(plan, ctx.global_rank, shape=shape, dtype=self.dtype, device=self.device,
-                             blocking=os.environ.get(BLOCKING_ENV) == "1",
-                             synthetic=os.environ.get(SYNTHETIC_ENV) == "1", audit_dir=audit)
+        channel = TapChannel(
+            plan,
+            ctx.global_rank,
+            shape=shape,
+            dtype=self.dtype,
+            device=self.device,
+            blocking=os.environ.get(BLOCKING_ENV) == "1",
+            synthetic=os.environ.get(SYNTHETIC_ENV) == "1",
+            audit_dir=audit,
+        )
         for v, chunk in enumerate(self.chunks):
             channel.hook_layers(chunk, v, plan.stages[self.pp_rank].chunks[v].first_layer)
         return channel
@@ -113,16 +129,23 @@ class CoTrainer:
         rows_per_rank = self.num_microbatches
         rows = self.data.step_rows(step, rows_per_rank * self.dp)
         self.n_target, self.n_draft = global_counts(rows, self.steps_ttt)
-        mine = rows[self.dp_rank * rows_per_rank:(self.dp_rank + 1) * rows_per_rank]
-        self.microbatches = [make_microbatch(i, row, cp=self.cp, cp_rank=self.cp_rank, steps=self.steps_ttt,
-                                             device=self.device) for i, row in enumerate(mine)]
+        mine = rows[self.dp_rank * rows_per_rank : (self.dp_rank + 1) * rows_per_rank]
+        self.microbatches = [
+            make_microbatch(i, row, cp=self.cp, cp_rank=self.cp_rank, steps=self.steps_ttt, device=self.device)
+            for i, row in enumerate(mine)
+        ]
         # Warm-up steps train the policy alone: no taps travel and the draft does not run.
         self.cotraining = self.draft_enabled and step >= self.warmup_steps
         self.channel.active = self.cotraining
         self.channel.begin_step(self.num_microbatches if self.cotraining else 0)
         # Sums stay on the device (no host sync per microbatch); metrics.record reads them once per step.
-        self.stats = {"target_sum": 0.0, "kl": [0.0] * self.steps_ttt, "match": [0.0] * self.steps_ttt,
-                      "accepted": 0.0, "positions": 0.0}
+        self.stats = {
+            "target_sum": 0.0,
+            "kl": [0.0] * self.steps_ttt,
+            "match": [0.0] * self.steps_ttt,
+            "accepted": 0.0,
+            "positions": 0.0,
+        }
         self.draft_timer.reset()
 
     @torch.no_grad()
@@ -242,5 +265,9 @@ class CoTrainer:
     def state_bytes(self) -> dict:
         """What this rank holds for the target, measured (plan.memory estimates the same three per stage)."""
         params = self.target_params.all()
-        return {"weights": sum(p.nbytes for p in params), "grads": self.grad_bytes,
-                "optimizer": self.optimizer.state_bytes(), "num_params": sum(p.numel() for p in params)}
+        return {
+            "weights": sum(p.nbytes for p in params),
+            "grads": self.grad_bytes,
+            "optimizer": self.optimizer.state_bytes(),
+            "num_params": sum(p.numel() for p in params),
+        }

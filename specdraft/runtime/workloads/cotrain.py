@@ -24,9 +24,8 @@ PAUSE_ENV = "SPECDRAFT_STEP_PAUSE_S"  # tests: seconds to idle after each step, 
 
 def run(ctx: RankContext) -> dict:
     from specdraft.runtime import cpu_compat
-    from specdraft.runtime.train import checkpoint
     from specdraft.runtime.serve import export
-    from specdraft.runtime.train import preempt
+    from specdraft.runtime.train import checkpoint, preempt
     from specdraft.runtime.train.metrics import StepMetrics
     from specdraft.runtime.train.trainer import CoTrainer
 
@@ -52,11 +51,20 @@ def run(ctx: RankContext) -> dict:
             if publish_every and trainer.cotraining and (done % publish_every == 0 or done == ctx.steps):
                 export.publish(ctx, trainer, done)
             if stop is not None:
-                return {"steps": done, "final": metrics.last, **resumed,
-                        **preempt.stopped(ctx.global_rank, ctx.plan, stop, done, saved)}
+                return {
+                    "steps": done,
+                    "final": metrics.last,
+                    **resumed,
+                    **preempt.stopped(ctx.global_rank, ctx.plan, stop, done, saved),
+                }
     dist.barrier()
-    return {"steps": ctx.steps, "final": metrics.last, **resumed, "checkpoint": str(saved) if saved else None,
-            "memory": trainer.state_bytes()}
+    return {
+        "steps": ctx.steps,
+        "final": metrics.last,
+        **resumed,
+        "checkpoint": str(saved) if saved else None,
+        "memory": trainer.state_bytes(),
+    }
 
 
 def make_step(trainer):
@@ -75,7 +83,9 @@ def make_step(trainer):
             forward_step_func=partial(_forward_step, trainer, chunk_of),
             data_iterator=iterators[0] if single else iterators,
             model=trainer.chunks[0] if single else trainer.chunks,
-            num_microbatches=trainer.num_microbatches, seq_length=trainer.row_tokens, micro_batch_size=1,
+            num_microbatches=trainer.num_microbatches,
+            seq_length=trainer.row_tokens,
+            micro_batch_size=1,
         )
         trainer.draft_after_schedule()
         trainer.channel.end_step()
@@ -92,7 +102,11 @@ def _forward_step(trainer, chunk_of: dict, data_iterator, model):
     trainer.channel.set_microbatch(chunk, mb.index)
     if model.pre_process:
         trainer.put_embedding(model, mb)
-    output = model(input_ids=mb.tokens[None], position_ids=mb.positions[None], attention_mask=None,
-                   packed_seq_params=mb.packed_seq_params())
+    output = model(
+        input_ids=mb.tokens[None],
+        position_ids=mb.positions[None],
+        attention_mask=None,
+        packed_seq_params=mb.packed_seq_params(),
+    )
     trainer.channel.flush(chunk)  # this microbatch's taps leave as one message per draft rank
     return output, partial(trainer.loss, chunk, mb)

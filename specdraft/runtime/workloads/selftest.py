@@ -19,34 +19,51 @@ def route_pairs(plan) -> list[tuple[int, int]]:
     return sorted({(r.src_rank, r.dst_rank) for r in plan.tap_routes if not r.local})
 
 
-def _all_reduce_check(name: str, group, members: list[int], expected_members: list[int], rank: int,
-                      device: str) -> dict:
+def _all_reduce_check(
+    name: str, group, members: list[int], expected_members: list[int], rank: int, device: str
+) -> dict:
     import torch
     import torch.distributed as dist
 
     value = torch.tensor([float(rank + 1)], dtype=torch.float64, device=device)
     dist.all_reduce(value, group=group)
     got, expected = value.item(), float(sum(m + 1 for m in expected_members))
-    return {"name": name, "members": members, "expected_members": expected_members, "value": got,
-            "expected": expected, "passed": members == expected_members and got == expected}
+    return {
+        "name": name,
+        "members": members,
+        "expected_members": expected_members,
+        "value": got,
+        "expected": expected,
+        "passed": members == expected_members and got == expected,
+    }
 
 
 def run(ctx) -> dict:
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    groups = {"tp": ps.get_tensor_model_parallel_group(), "cp": ps.get_context_parallel_group(),
-              "pp": ps.get_pipeline_model_parallel_group(), "dp": ps.get_data_parallel_group()}
+    groups = {
+        "tp": ps.get_tensor_model_parallel_group(),
+        "cp": ps.get_context_parallel_group(),
+        "pp": ps.get_pipeline_model_parallel_group(),
+        "dp": ps.get_data_parallel_group(),
+    }
     checks = []
     for dim in DIMS:
         group = groups[dim]
         members = sorted(dist.get_process_group_ranks(group))
-        checks.append(_all_reduce_check(dim, group, members, plan_group(ctx.plan, ctx.global_rank, dim),
-                                        ctx.global_rank, ctx.device))
+        checks.append(
+            _all_reduce_check(
+                dim, group, members, plan_group(ctx.plan, ctx.global_rank, dim), ctx.global_rank, ctx.device
+            )
+        )
     # dist.new_group is collective over the whole world: every rank creates every pair's group, in one order.
     for src, dst in route_pairs(ctx.plan):
         group = dist.new_group([src, dst])
         if ctx.global_rank in (src, dst):
-            checks.append(_all_reduce_check(f"tap {src}->{dst}", group, sorted((src, dst)), sorted((src, dst)), ctx.global_rank,
-                                            ctx.device))
+            checks.append(
+                _all_reduce_check(
+                    f"tap {src}->{dst}", group, sorted((src, dst)), sorted((src, dst)), ctx.global_rank, ctx.device
+                )
+            )
     return {"checks": checks}

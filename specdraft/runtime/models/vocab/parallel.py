@@ -71,8 +71,15 @@ def argmax(logits: torch.Tensor, group=None) -> torch.Tensor:
     return torch.stack(indices).gather(0, best[None]).squeeze(0)
 
 
-def head_kl_and_matches(head, hiddens: list[torch.Tensor], target_avail: torch.Tensor, target_index: torch.Tensor,
-                        valid: torch.Tensor, group=None, chunk: int = HEAD_CHUNK_TOKENS):
+def head_kl_and_matches(
+    head,
+    hiddens: list[torch.Tensor],
+    target_avail: torch.Tensor,
+    target_index: torch.Tensor,
+    valid: torch.Tensor,
+    group=None,
+    chunk: int = HEAD_CHUNK_TOKENS,
+):
     """Per TTT step: the sum over valid rows of KL(target || draft), and top-1 match indicators.
 
     hiddens: S tensors (t, h), the draft's output per step; head(h) -> (rows, V/tp) vocab-parallel logits.
@@ -93,8 +100,7 @@ def head_kl_and_matches(head, hiddens: list[torch.Tensor], target_avail: torch.T
         kl, match = hidden.new_zeros((), dtype=torch.float32), []
         for c0 in range(0, hidden.shape[0], chunk):
             c1 = min(c0 + chunk, hidden.shape[0])
-            part, hit = checkpoint(piece, hidden[c0:c1], target_index[j, c0:c1], valid[j, c0:c1],
-                                   use_reentrant=False)
+            part, hit = checkpoint(piece, hidden[c0:c1], target_index[j, c0:c1], valid[j, c0:c1], use_reentrant=False)
             kl = kl + part
             match.append(hit)
         kl_sums.append(kl)

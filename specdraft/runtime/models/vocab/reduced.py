@@ -19,8 +19,8 @@ import torch.distributed as dist
 
 from specdraft.plan.memory import HEAD_CHUNK_TOKENS
 from specdraft.plan.model import LaunchPlan
-from specdraft.runtime.train.data import MarkovData
 from specdraft.runtime.models.vocab.parallel import argmax, log_softmax
+from specdraft.runtime.train.data import MarkovData
 
 
 def count_tokens(data: MarkovData, steps: range, rows_per_step: int) -> torch.Tensor:
@@ -81,12 +81,12 @@ class Restriction:
         lo = self.rank * self.draft_per_rank
         parts = []
         for c0 in range(0, picked.shape[0], HEAD_CHUNK_TOKENS):
-            block = picked[c0:c0 + HEAD_CHUNK_TOKENS]
+            block = picked[c0 : c0 + HEAD_CHUNK_TOKENS]
             padded = torch.nn.functional.pad(block, (0, width - block.shape[1]))  # (c, width)
             gathered = [torch.empty_like(padded) for _ in range(self.tp)]
             dist.all_gather(gathered, padded.contiguous(), group=self.group)
             full = torch.cat([g[:, :n] for g, n in zip(gathered, self.counts)], dim=1)  # (c, Vd), draft order
-            parts.append(full[:, lo:lo + self.draft_per_rank])
+            parts.append(full[:, lo : lo + self.draft_per_rank])
         return log_softmax(torch.cat(parts), self.group)
 
     @torch.no_grad()
