@@ -10,7 +10,7 @@
     (benchmarks/plain_llama.py) timed in this run.
 
   python benchmarks/gpu_check.py [--parts a b c]      # CUDA
-  python benchmarks/gpu_check.py --smoke              # every part on CPU at a tiny shape (tests/test_gpu_check.py)
+  python benchmarks/gpu_check.py --smoke              # every part on CPU at a tiny shape (tests/dist/test_gpu_check.py)
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from plain_llama import Shape, plain_step_seconds  # this script's folder is on 
 
 from specdraft.runtime.attention import backend as attention_backend
 from specdraft.runtime.attention.branch import branch_attention
+from tests.support.paths import LAYOUTS
 
-LAYOUT = Path(__file__).resolve().parents[1] / "specdraft" / "layouts" / "one-gpu.yaml"
+LAYOUT = LAYOUTS / "one-gpu.yaml"
 # (c) on CPU: the one-GPU layout shrunk to seconds per step (8 layers: the draft's default taps must be distinct).
 SMOKE_OVERRIDES = [
     "cluster.gpu=cpu",

@@ -3,9 +3,9 @@ and load-balancing losses from the single-process run, and of the plan's weights
 every rank measured.
 
 Run the tests with a known base folder, then this on it:
-    .venv/bin/pytest tests/test_moe_parity.py --basetemp=/tmp/moe-parity
+    .venv/bin/pytest tests/dist/test_moe_parity.py --basetemp=/tmp/moe-parity
     .venv/bin/python benchmarks/parity_figures.py /tmp/moe-parity
-(tests/test_cotrain_parity.py works the same way for the dense layouts.)
+(tests/dist/test_cotrain_parity.py works the same way for the dense layouts.)
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(REPO))
 
-from tests.memory_accuracy import memory_errors
+from tests.support.memory_accuracy import memory_errors
+from tests.support.paths import REPO
 
 KEYS = ("target_loss", "draft_loss", "moe_aux_loss")
 

@@ -1,0 +1,1 @@
+"""Tests that spawn several torch.distributed processes on gloo (the `dist` marker)."""

@@ -1,0 +1,1 @@
+"""What the tests share: process launchers, references, golden files, layouts and paths."""

@@ -1,0 +1,7 @@
+"""Where things are, for every test: the repository root, the shipped layouts, the golden files."""
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = REPO / "specdraft" / "layouts"
+GOLDEN = REPO / "tests" / "golden"

@@ -1,0 +1,102 @@
+"""Renders: Megatron argv, NeMo-RL overrides and vLLM settings for every shipped layout, against golden files."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from specdraft.assemble import compile
+from specdraft.plan.codec import encode_value
+from specdraft.render.megatron import format_argv
+from specdraft.render.nemo_rl import to_dotlist, to_yaml
+from specdraft.render.vllm import engine_settings
+from specdraft.spec.load import load_layout
+from tests.support.golden_util import check_golden
+from tests.support.paths import SHIPPED
+
+LAYOUTS = sorted((SHIPPED).glob("*.yaml"))
+IDS = [p.stem for p in LAYOUTS]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=IDS)
+def test_megatron_argv_golden(layout):
+    plan = compile(load_layout(layout))
+    argv = plan.renders.megatron
+    check_golden(f"megatron/{layout.stem}.txt", format_argv(argv))
+    assert tuple(shlex.split(format_argv(argv).replace("\\\n", " "))) == argv
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=IDS)
+def test_nemo_rl_overrides_golden(layout):
+    plan = compile(load_layout(layout))
+    check_golden(f"nemo_rl/{layout.stem}.yaml", to_yaml(plan.renders.nemo_rl))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=IDS)
+def test_vllm_settings_golden(layout):
+    plan = compile(load_layout(layout))
+    assert plan.renders.vllm.problems == ()
+    check_golden(f"vllm/{layout.stem}.json", json.dumps(encode_value(plan.renders.vllm), indent=2) + "\n")
+
+
+def test_megatron_argv_carries_layout_and_draft_flags():
+    plan = compile(
+        load_layout(
+            None,
+            [
+                "cluster.gpus_per_node=8",
+                "parallel.tp=2",
+                "parallel.sequence_parallel=true",
+                "model.seq_length=64",
+                "parallel.first_stage_layers=3",
+                "parallel.last_stage_layers=5",
+            ],
+        )
+    )
+    argv = plan.renders.megatron
+    pairs = dict(zip(argv, argv[1:]))
+    assert pairs["--tensor-model-parallel-size"] == "2" and "--sequence-parallel" in argv
+    assert pairs["--decoder-first-pipeline-num-layers"] == "3"
+    assert pairs["--decoder-last-pipeline-num-layers"] == "5"
+    assert pairs["--specdraft-cp-attention"] == "zigzag_ring_branch_merge"
+    assert pairs["--specdraft-plan"] == "plan.json"
+    assert pairs["--specdraft-draft-taps"].startswith("embedding,")
+
+
+def test_nemo_rl_keys_match_the_layout():
+    plan = compile(load_layout(Path(LAYOUTS[0]).with_name("mixtral-8x22b.yaml")))
+    cfg = plan.renders.nemo_rl
+    meg = cfg["policy"]["megatron_cfg"]
+    assert (
+        meg["tensor_model_parallel_size"],
+        meg["context_parallel_size"],
+        meg["expert_model_parallel_size"],
+        meg["pipeline_model_parallel_size"],
+    ) == (4, 2, 8, 4)
+    assert tuple(cfg["policy"]["draft"]["aux_layer_indices"]) == plan.draft.aux_layers
+    assert cfg["cluster"] == {"gpus_per_node": 8, "num_nodes": 16}
+    items = to_dotlist(cfg)
+    assert "policy.megatron_cfg.context_parallel_size=2" in items
+    assert "policy.megatron_cfg.num_layers_in_first_pipeline_stage=null" in items
+
+
+def test_nemo_rl_passes_max_num_seqs_to_the_engine():
+    # NeMo-RL's vllm_cfg has no max_num_seqs; its vLLM worker copies vllm_kwargs into the engine's arguments.
+    spec = load_layout(Path(LAYOUTS[0]).with_name("qwen3-8b.yaml"), ["rollout.max_num_seqs=96"])
+    items = to_dotlist(compile(spec).renders.nemo_rl)
+    assert "policy.generation.vllm_kwargs.max_num_seqs=96" in items
+    assert "policy.generation.vllm_kwargs.speculative_config.method=eagle3" in items
+
+
+def test_vllm_schema_catches_bad_settings():
+    spec = load_layout(Path(LAYOUTS[0]).with_name("qwen3-8b.yaml"), ["rollout.num_speculative_tokens=5"])
+    settings = engine_settings(spec)
+    assert settings.speculative_config.num_speculative_tokens == 5
+    assert settings.speculative_config.method == "eagle3"
+    broken = settings.__class__(**{**settings.__dict__, "gpu_memory_utilization": 1.5, "tensor_parallel_size": 0})
+    problems = broken.problems()
+    assert any("gpu_memory_utilization" in p for p in problems)
+    assert any("tensor_parallel_size" in p for p in problems)
