@@ -67,9 +67,10 @@ def search_cmd(
 ) -> None:
     """Rank every valid layout of the spec's model and cluster by estimated step time (the draft included)."""
     from specdraft.cli.args import split_target
-    from specdraft.errors import UserError
+    from specdraft.errors import SpecError, UserError
     from specdraft.search.output import layout_yaml, result_json
     from specdraft.search.ranking import search
+    from specdraft.spec.bounds import check as check_bounds
     from specdraft.spec.load import load_layout
 
     if format not in ("text", "json"):
@@ -79,6 +80,9 @@ def search_cmd(
     path, overrides = split_target(args)
     pin_overrides, pins = parse_pins(pin)
     spec = load_layout(path, [*overrides, *pin_overrides])
+    out_of_bounds = check_bounds(spec)
+    if out_of_bounds:  # the message `validate` gives, not "no valid layout ... add nodes"
+        raise SpecError(out_of_bounds, path or "the built-in default layout")
     result = search(spec, top_k=top, pins=pins)
     if not result.rows:
         reasons = ", ".join(f"{n} {why}" for why, n in sorted(result.rejections.items())) or "none verified"

@@ -189,8 +189,13 @@ def search(
     A layout whose estimated peak exceeds ``max_memory`` of the HBM is passed over like an invalid one (the
     estimate leaves out the CUDA context, NCCL buffers and fragmentation; validation warns above 90%)."""
     from specdraft.assemble import check
+    from specdraft.errors import SpecError
     from specdraft.plan.compile import plan_memory
+    from specdraft.spec.bounds import check as check_bounds
 
+    out_of_bounds = check_bounds(spec)
+    if out_of_bounds:  # no layout of it is valid, and adding nodes is not the fix: say which bound it breaks
+        raise SpecError(out_of_bounds)
     started = time.perf_counter()
     hbm = CATALOGUE[spec.cluster.gpu].hbm_bytes
     estimator = Estimator(spec, eff)

@@ -5,6 +5,7 @@ Rules that need the compiled stage map (memory, the draft stage's load) live in 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -20,7 +21,30 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0] if n > 0 else []
+    """The positive divisors of ``n`` in increasing order ([] for n < 1), from its prime factorisation.
+
+    Trial division over 1..n cost O(n) per call, and search calls this for every base with the global batch (up
+    to 2**24): factorising costs O(sqrt n) once, and the cache makes every repeat a copy.
+    """
+    return list(_divisors(n)) if n > 0 else []
+
+
+@functools.lru_cache(maxsize=4096)
+def _divisors(n: int) -> tuple[int, ...]:
+    out = [1]
+    rest, p = n, 2
+    while p * p <= rest:
+        if rest % p == 0:
+            power, powers = 1, []
+            while rest % p == 0:
+                rest //= p
+                power *= p
+                powers.append(power)
+            out += [d * q for d in out for q in powers]
+        p += 1 if p == 2 else 2
+    if rest > 1:  # one prime factor above sqrt(n) is left
+        out += [d * rest for d in out]
+    return tuple(sorted(out))
 
 
 def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
