@@ -49,7 +49,7 @@ def _parent(root: str | os.PathLike, rel: str) -> Iterator[tuple[int, str]]:
         os.close(fd)
 
 
-def open_file(root: str | os.PathLike, rel: str, flags: int, mode: int = 0o644) -> int:
+def open_file(root: str | os.PathLike, rel: str, flags: int, mode: int = 0o666) -> int:
     with _parent(root, rel) as (dir_fd, name):
         try:
             fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=dir_fd)
@@ -126,7 +126,7 @@ def make_dir(root: str | os.PathLike, rel: str) -> Path:
     """root/rel as a real folder (created if absent); a link or file in its place is refused."""
     with _parent(root, rel) as (dir_fd, name):
         try:
-            os.mkdir(name, 0o755, dir_fd=dir_fd)
+            os.mkdir(name, 0o777, dir_fd=dir_fd)  # less the umask, like every folder the user creates
         except FileExistsError:
             info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             if not stat.S_ISDIR(info.st_mode):

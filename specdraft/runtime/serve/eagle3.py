@@ -13,11 +13,11 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
+from specdraft.fsutil import make_temp_dir, umask_mode
 from specdraft.plan.model import LaunchPlan
 from specdraft.runtime.serve.offline import EXPORT_MARKER as MARKER
 from specdraft.runtime.serve.offline import ExportError, check_export_target, require_one_layer
@@ -112,9 +112,12 @@ def write(folder: Path, plan: LaunchPlan, state: dict[str, torch.Tensor], proven
     dtype = named["fc.weight"].dtype
     folder.parent.mkdir(parents=True, exist_ok=True)
     check_export_target(folder)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name[:100]}.", suffix=".tmp", dir=folder.parent))
+    # The folder and its files get what the umask allows, like any the user creates: the serving job of a colleague
+    # or a group reads the draft it is meant to load (mkdtemp's 0o700 and safetensors' 0o600 would keep it out).
+    tmp = make_temp_dir(folder.parent, f".{folder.name[:100]}.", ".tmp")
     try:
         save_file(named, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        os.chmod(tmp / "model.safetensors", umask_mode(0o666))
         _fsync_file(tmp / "model.safetensors")
         _write_text(tmp / "config.json", json.dumps(config(plan, dtype), indent=2) + "\n")
         record = {
@@ -131,7 +134,7 @@ def write(folder: Path, plan: LaunchPlan, state: dict[str, torch.Tensor], proven
         _fsync_dir(tmp)
         old = None
         if folder.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{folder.name[:100]}.", suffix=".old", dir=folder.parent))
+            old = make_temp_dir(folder.parent, f".{folder.name[:100]}.", ".old")
             os.rename(folder, old / "export")
         os.rename(tmp, folder)
         _fsync_dir(folder.parent)
