@@ -30,10 +30,12 @@ def export_cmd(
 
     from specdraft.errors import UserError
     from specdraft.execute import payload
+    from specdraft.fsutil import lstat_or_none
     from specdraft.runs.rundir import resolve_run
 
     folder, _, _ = resolve_run(run)
-    if os.path.exists(output) and not os.path.isdir(output):
+    # A name too long or a folder on the path that is a file is refused here, before torch starts.
+    if lstat_or_none(output, "write the export") is not None and not os.path.isdir(output):
         raise UserError(f"-o {output} is a file; an export is a folder", "name a new folder")
     payload.require_runtime("export")
     err = _console(stderr=True)

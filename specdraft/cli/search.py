@@ -95,7 +95,7 @@ def search_cmd(
     if output:
         from specdraft.fsutil import atomic_write_text
 
-        atomic_write_text(output, layout_yaml(result.rows[0]))
+        atomic_write_text(output, layout_yaml(result.rows[0]), what="layout")
     if format == "json":
         import json
 

@@ -242,9 +242,9 @@ def _archive(run_dir: str, attempt: int, resume: bool) -> None:
 def _intent(request: LaunchRequest, runner: Executor, attempt: int) -> RunRecord:
     """plan.json, the executor's files, then run.json with the new attempt: all before the job is started."""
     plan, run_dir = request.plan, request.run_dir
-    atomic_write_text(Path(run_dir) / "plan.json", plan.to_json())
+    atomic_write_text(Path(run_dir) / "plan.json", plan.to_json(), what="plan")
     for name, (text, mode) in runner.intent_files(request).items():
-        atomic_write_text(Path(run_dir) / name, text, mode=mode)
+        atomic_write_text(Path(run_dir) / name, text, mode=mode, what=name)
     previous = read_record(run_dir)
     attempts = (
         *(previous.attempts if previous else ()),

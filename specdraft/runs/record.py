@@ -188,5 +188,5 @@ def write_record(run_dir: str | Path, record: RunRecord) -> RunRecord:
     record = dataclasses.replace(
         record, updated=now_iso(), message=None if record.message is None else record.message[:MAX_TEXT]
     )
-    atomic_write_text(Path(run_dir) / RECORD, json.dumps(encode_value(record), indent=1) + "\n")
+    atomic_write_text(Path(run_dir) / RECORD, json.dumps(encode_value(record), indent=1) + "\n", what="run record")
     return record

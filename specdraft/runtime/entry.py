@@ -199,7 +199,8 @@ def read_plan(path: Path) -> LaunchPlan:
 def write_result(run_dir: Path, rank: int, record: dict) -> Path:
     from specdraft.fsutil import atomic_write_text
 
-    return atomic_write_text(run_dir / "results" / f"rank-{rank:05d}.json", json.dumps(record, sort_keys=True) + "\n")
+    path = run_dir / "results" / f"rank-{rank:05d}.json"
+    return atomic_write_text(path, json.dumps(record, sort_keys=True) + "\n", what="result file")
 
 
 def main(argv: list[str] | None = None) -> int:

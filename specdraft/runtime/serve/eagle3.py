@@ -12,11 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
 import torch
 
+from specdraft.errors import file_error
 from specdraft.fsutil import make_temp_dir, umask_mode
 from specdraft.plan.model import LaunchPlan
 from specdraft.runtime.serve.offline import EXPORT_MARKER as MARKER
@@ -104,10 +106,34 @@ def config(plan: LaunchPlan, dtype: torch.dtype) -> dict:
 def write(folder: Path, plan: LaunchPlan, state: dict[str, torch.Tensor], provenance: dict) -> Path:
     """Write config.json, model.safetensors and the provenance marker into ``folder``, which appears whole: files
     go to a temp folder beside it, fsynced, then one rename. An earlier specdraft export there is replaced (moved
-    aside first, deleted after); anything else there is refused."""
+    aside first, deleted after); anything else there is refused. What a user or a filesystem causes (a read-only
+    folder, a full disk, a name too long) is a FileError naming ``folder``."""
+    folder = Path(folder).absolute()
+    try:
+        return _write(folder, plan, state, provenance)
+    except OSError as err:
+        user = file_error(err, folder, "write the export")
+        if user is None:
+            raise
+        raise user from None
+
+
+def _save_safetensors(named: dict, path: Path) -> None:
+    """safetensors' save_file, whose I/O errors (a Rust SafetensorError) become the OSError they report."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
-    folder = Path(folder).absolute()
+    try:
+        save_file(named, str(path), metadata={"format": "pt"})
+    except SafetensorError as err:
+        found = re.search(r"\(os error (\d+)\)", str(err))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from None
+
+
+def _write(folder: Path, plan: LaunchPlan, state: dict[str, torch.Tensor], provenance: dict) -> Path:
     named = tensors(state, plan)
     dtype = named["fc.weight"].dtype
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -116,7 +142,7 @@ def write(folder: Path, plan: LaunchPlan, state: dict[str, torch.Tensor], proven
     # or a group reads the draft it is meant to load (mkdtemp's 0o700 and safetensors' 0o600 would keep it out).
     tmp = make_temp_dir(folder.parent, f".{folder.name[:100]}.", ".tmp")
     try:
-        save_file(named, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        _save_safetensors(named, tmp / "model.safetensors")
         os.chmod(tmp / "model.safetensors", umask_mode(0o666))
         _fsync_file(tmp / "model.safetensors")
         _write_text(tmp / "config.json", json.dumps(config(plan, dtype), indent=2) + "\n")

@@ -234,13 +234,19 @@ def run_tool(work) -> int:
     import sys
     import warnings
 
-    from specdraft.errors import payload_error_line
+    from specdraft.errors import UserError, file_error, payload_error_line
 
     warnings.filterwarnings("ignore", category=UserWarning, module="megatron")  # config deprecations, TE absent
     try:
         result = work()
-    except LoadError as err:  # ExportError too
+    except (LoadError, UserError) as err:  # ExportError too
         print(payload_error_line(err.message, err.fix), file=sys.stderr, flush=True)
+        return 2
+    except OSError as err:  # a read-only or full disk, a name too long: the user's, naming the path
+        user = file_error(err)
+        if user is None:
+            raise
+        print(payload_error_line(user.message, user.fix), file=sys.stderr, flush=True)
         return 2
     print(json.dumps(result), flush=True)
     return 0
