@@ -97,10 +97,12 @@ def console(stderr: bool = False):
 
 
 def _print_error(message: str) -> None:
-    from rich.markup import escape
+    """One message on stderr; it may quote run files (a rank's stderr tail, a result's error), so it is printed
+    without their escape sequences and control characters, and its '[' opens no markup."""
+    from specdraft.cli.terminal import plain, safe
 
     err = console(stderr=True)
     first, _, rest = message.partition("\n")
-    err.print(f"[bold red]error:[/] {escape(first)}")
+    err.print(f"[bold red]error:[/] {safe(first)}")
     if rest:
-        err.print(escape(rest))
+        err.print(plain(rest), markup=False)

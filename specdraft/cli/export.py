@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from specdraft.cli.boundary import console as _console
+from specdraft.cli.terminal import plain
 
 
 def export_cmd(
@@ -40,15 +41,17 @@ def export_cmd(
     payload.require_runtime("export")
     err = _console(stderr=True)
     argv = [str(folder), "-o", os.path.abspath(output)] + (["--step", str(step)] if step is not None else [])
-    result = json.loads(payload.run("serve.export", argv, lambda line: err.print(line, markup=False)))
+    result = json.loads(payload.run("serve.export", argv, lambda line: err.print(plain(line), markup=False)))
     vocab = (
         f"draft vocabulary {result['draft_vocab_size']:,} of {result['vocab_size']:,} (d2t/t2d included)"
         if result["draft_vocab_size"] != result["vocab_size"]
         else f"vocabulary {result['vocab_size']:,}"
     )
     _console().print(
-        f"wrote {result['output']}: config.json + model.safetensors ({result['tensors']} tensors, "
-        f"{vocab}) from {result['checkpoint']} (step {result['step']})",
+        plain(
+            f"wrote {result['output']}: config.json + model.safetensors ({result['tensors']} tensors, "
+            f"{vocab}) from {result['checkpoint']} (step {result['step']})"
+        ),
         markup=False,
     )
 
