@@ -164,6 +164,8 @@ class TrainingSpec:
     """Steps between checkpoints in RUN_DIR/checkpoints (and after the last step); 0 = off. USR2/SIGTERM save too."""
     keep_checkpoints: int = 2
     """Complete checkpoints kept in RUN_DIR/checkpoints; older ones go once a newer one is complete (>= 1)."""
+    stop_grace_s: float = 300.0
+    """Seconds a stopped local run's ranks get to finish their step and save before SIGKILL (Ctrl-C, `cancel`)."""
     data_drift_interval: int = 0
     """Steps between shifts of the synthetic data's Markov transitions (a drifting policy's data); 0 = no drift."""
     data_drift_fraction: float = 0.5

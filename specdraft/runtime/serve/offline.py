@@ -229,16 +229,27 @@ def load(plan: LaunchPlan, folder: Path, *, target: bool = True, draft: bool = T
 
 def run_tool(work) -> int:
     """The offline tools' shared main: megatron's warnings quieted, the result as one JSON line on stdout, a LoadError
-    as the one-line payload error the CLI shows (exit 2)."""
+    as the one-line payload error the CLI shows (exit 2). SIGTERM or SIGHUP (the CLI passing on its stop) raise, so
+    what a tool half-wrote is removed (an export's temp folder) before it exits 130."""
     import json
+    import signal
     import sys
     import warnings
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
 
     from specdraft.errors import UserError, file_error, payload_error_line
 
     warnings.filterwarnings("ignore", category=UserWarning, module="megatron")  # config deprecations, TE absent
     try:
         result = work()
+    except KeyboardInterrupt as err:
+        print(f"[specdraft] stopped ({err or 'SIGINT'})", file=sys.stderr, flush=True)
+        return 130
     except (LoadError, UserError) as err:  # ExportError too
         print(payload_error_line(err.message, err.fix), file=sys.stderr, flush=True)
         return 2
