@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Callable
 
 from specdraft.errors import UserError
+from specdraft.execute import diskspace, monitor
 from specdraft.execute import executor as executors
-from specdraft.execute import monitor
 from specdraft.execute.executor import Executor, ProgressFn
 from specdraft.execute.request import LaunchRequest
 from specdraft.fsutil import atomic_write_text
@@ -245,6 +245,7 @@ def _intent(request: LaunchRequest, runner: Executor, attempt: int) -> RunRecord
     atomic_write_text(Path(run_dir) / "plan.json", plan.to_json(), what="plan")
     for name, (text, mode) in runner.intent_files(request).items():
         atomic_write_text(Path(run_dir) / name, text, mode=mode, what=name)
+    diskspace.make_reserve(run_dir)  # room to record how the run ended should its disk fill up
     previous = read_record(run_dir)
     attempts = (
         *(previous.attempts if previous else ()),

@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Callable
 
 from specdraft.errors import UserError
+from specdraft.execute import diskspace
 from specdraft.execute.executor import Executor, Observation, Progress, ProgressFn
 from specdraft.runs import files as runfiles
 from specdraft.runs.checkpoints import PREEMPTED_EXIT
 from specdraft.runs.record import LocalProcesses, RunRecord, now_iso
-from specdraft.runs.rundir import ACTIVE, lock_is_held, read_record, update_record
+from specdraft.runs.rundir import ACTIVE, lock_is_held, read_record
 
 GRACE_S = 5.0  # the peers of a failed rank: with a peer gone they cannot save, only leave
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -260,7 +261,7 @@ class LocalExecutor(Executor):
         run_dir, plan = request.run_dir, request.plan
 
         def started(pgid: int, pids: list[int]) -> None:
-            update_record(
+            diskspace.update(
                 run_dir,
                 job_id=f"local-{pgid}",
                 state="RUNNING",
@@ -305,8 +306,11 @@ class LocalExecutor(Executor):
             state = "PREEMPTED"  # every rank stopped at the same step boundary after saving
         else:
             state = "COMPLETED"
-        return update_record(
+        # Ranks that died on a full disk leave no result or log line saying so: the launcher says it.
+        full = state in ("FAILED", "CANCELLED", "TIMEOUT") and diskspace.low_on_space(run_dir)
+        return diskspace.update(
             run_dir,
+            **({"message": diskspace.full_disk_note(run_dir)} if full else {}),
             state=state,
             attempt={"state": state, "ended": now_iso()},
             exit_codes=tuple(c for _, c in sorted(outcome.exit_codes.items())),

@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from specdraft.errors import UserError
+from specdraft.execute import diskspace
 from specdraft.execute import executor as executors
 from specdraft.execute.executor import Observation, Progress, ProgressFn
 from specdraft.execute.report import failure_message, read_results, root_cause
 from specdraft.runs import checkpoints
 from specdraft.runs import files as runfiles
 from specdraft.runs.record import RunRecord, read_record
-from specdraft.runs.rundir import ACTIVE, TERMINAL, check_run_dir, update_record
+from specdraft.runs.rundir import ACTIVE, TERMINAL, check_run_dir
 
 FAILED_STATES = frozenset({"FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "LOST"})
 MAX_PLAN_BYTES = 256 * 2**20  # as assemble.read_plan: a 131,072-GPU plan is about 25 MB
@@ -51,7 +52,7 @@ def _record_change(run_dir: str | Path, record: RunRecord, seen: Observation) ->
         return record
     if seen.note:
         changes["message"] = seen.note
-    return update_record(run_dir, attempt=attempt, **changes)
+    return diskspace.update_or_show(record, run_dir, attempt=attempt, **changes)  # a full disk stops no `status`
 
 
 def observe(run_dir: str | Path, record: RunRecord, *, launching: bool = False) -> tuple[str, RunRecord]:
@@ -133,6 +134,8 @@ def problem(run_dir: str | Path, record: RunRecord, state: str, plan) -> str | N
         # dead before it could write one); its stderr is the evidence.
         rank = min(set(range(plan.world_size)) - set(results))
     what = f"{job} {state}" if state in FAILED_STATES else f"{job} ended {state} but not every rank passed"
+    if record.message and state in FAILED_STATES:  # what the launcher or an observer recorded: a full disk, say
+        what = f"{what} ({record.message})"
     stderr = log_paths(run_dir, record, rank)[1] if rank is not None else None
     return failure_message(plan, results, rank, run_dir, stderr, what)
 
@@ -287,10 +290,10 @@ def cancel(run_dir: str | Path, record: RunRecord) -> str:
     state, record = observe(run_dir, record)
     if state in TERMINAL:
         return f"nothing to cancel: the run already ended ({state})"
-    record = update_record(run_dir, cancel_requested=True)
+    record = diskspace.update(run_dir, cancel_requested=True)
     message, final = executors.get(record.executor).cancel(Path(run_dir), record)
     if final:
-        update_record(run_dir, state=final, attempt={"state": final})
+        diskspace.update(run_dir, state=final, attempt={"state": final})
     return message
 
 

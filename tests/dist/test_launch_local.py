@@ -202,3 +202,23 @@ def test_ctrl_c_waits_for_the_ranks_save(tmp_path):
     assert newest is not None and newest[1]["step"] == steps.pop() >= 1
     assert "launch" in err and "--resume" in err  # the failure message says how to continue it
     assert not group_members(record["local"]["pgid"], str(folder / "plan.json"))
+
+
+@pytest.mark.timeout(300)
+def test_a_disk_that_fills_during_a_checkpoint_is_one_message_and_recorded(specdraft_cli, tmp_path):
+    """A real 1 MiB tmpfs as the run folder's disk: the first checkpoint fills it, the ranks die without result
+    files. The launcher names the folder and the full disk (exit 2), run.json records FAILED and why, and `status`
+    keeps working."""
+    from tests.support.filesystems import small_filesystem
+
+    with small_filesystem(tmp_path / "disk", "1m") as disk:
+        folder = disk / "run"
+        args = ("launch", "--executor", "local", *TWO_RANKS, "training.save_interval=2", "--steps", "8")
+        proc = specdraft_cli(*args, "--run-dir", folder, timeout=240)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "internal error" not in proc.stderr and f"the filesystem of {folder} is full" in proc.stderr
+        record = json.loads((folder / "run.json").read_text())
+        assert record["state"] == "FAILED" and "is full" in record["message"]
+        status = specdraft_cli("status", folder)
+        assert status.returncode == 0 and "FAILED" in status.stdout and "is full" in status.stdout, status.stderr
+        assert not group_members(record["local"]["pgid"], str(folder / "plan.json"))
