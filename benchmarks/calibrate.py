@@ -1,6 +1,6 @@
 """Fit the step-time estimate's efficiency constants to NVIDIA's published H100 Megatron throughput, and report.
 
-    .venv/bin/python benchmarks/calibrate.py            # the table with the shipped constants (README figures)
+    .venv/bin/python benchmarks/calibrate.py            # the table with the shipped constants (docs/search.md figures)
     .venv/bin/python benchmarks/calibrate.py --fit      # refit: coordinate descent on the mean squared log error
 
 The fit is one set of constants for every point (no constant per point). gemm_bf16 is a measurement (an 8192^3

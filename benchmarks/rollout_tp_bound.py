@@ -77,7 +77,7 @@ def main() -> None:
             sigma=sigma,
             correlation=correlation,
         )
-        # `simulate --adaptive-tp` on this seed alone: the static TPs, verl and the planner, as the README reports.
+        # `simulate --adaptive-tp` on this seed alone: the static TPs, verl and the planner, as docs/rollout.md reports.
         gen = run(spec, replace(opts, first_seed=seed)).data["generation"]
         best_tp, best = gen["best_static_tp"]["tp"], gen["best_static_tp"]["makespan_s"]["mean"]
         verl, planner = gen["verl"]["makespan_s"]["mean"], gen["adaptive"]["makespan_s"]["mean"]

@@ -1,4 +1,4 @@
-"""The runtime's CUDA-only paths, run on CPU/gloo wherever they can run there (README, "CUDA path review"):
+"""The runtime's CUDA-only paths, run on CPU/gloo wherever they can run there (docs/gpu.md, "CUDA path review"):
 
 - bf16 parameters with fp32 main weights through the real rank payload: close to the fp32 run; the distributed
   optimizer (dp = 2, whole-parameter owners) gives bit-identical metrics to the replicated one; the plan's memory

@@ -1,6 +1,6 @@
 """User-named outputs are written only to regular files (or stdout for `-`); reads of special files never block.
 
-Every hostile target is built for real: FIFOs, symlinks, a socket, a folder, a device node. Issue 14, item 1.
+Every hostile target is built for real: FIFOs, symlinks, a socket, a folder, a device node.
 """
 
 from __future__ import annotations
