@@ -30,9 +30,8 @@ from plain_llama import Shape, plain_step_seconds  # this script's folder is on 
 
 from specdraft.runtime.attention import backend as attention_backend
 from specdraft.runtime.attention.branch import branch_attention
-from tests.support.paths import LAYOUTS
 
-LAYOUT = LAYOUTS / "one-gpu.yaml"
+LAYOUT = Path(__file__).resolve().parents[1] / "specdraft" / "layouts" / "one-gpu.yaml"
 # (c) on CPU: the one-GPU layout shrunk to seconds per step (8 layers: the draft's default taps must be distinct).
 SMOKE_OVERRIDES = [
     "cluster.gpu=cpu",
