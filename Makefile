@@ -32,6 +32,7 @@ test-fast: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(PY) scripts/mypy_baseline.py
 
 demo: install
 	$(VENV)/bin/specdraft launch --executor local --force

@@ -46,7 +46,7 @@ class Layout:
                 self.runs[-1] = (r0, count + 1, n)
             else:
                 self.runs.append((start, 1, n))
-        self._varlen = None
+        self._varlen: dict | None = None
 
     def varlen(self) -> dict:
         """int32 cumulative lengths (whole and half sequences) and the row indices of every first/second half."""

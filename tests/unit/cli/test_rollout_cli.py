@@ -3,26 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
+from tests.support.cli import run_cli
 from tests.support.paths import REPO
 
 ROOT = REPO
 
 
 def run(*args):
-    env = {**os.environ, "COLUMNS": "200"}
-    env.pop("SPECDRAFT_DEBUG", None)
-    return subprocess.run(
-        [sys.executable, "-m", "specdraft.cli", "rollout", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
-    )
+    return run_cli("rollout", *args, cwd=ROOT, env={"COLUMNS": "200"})
 
 
 def test_plan_shows_the_default_rollout_layout():
