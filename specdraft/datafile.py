@@ -23,7 +23,12 @@ FIX = "fix those rows (docs/data.md lists the row formats), or set data.format t
 
 
 class DataError(UserError):
-    """A data file (or its tokenizer) that cannot be trained on; the message names the file, the rows and fields."""
+    """A data file (or its tokenizer) that cannot be trained on; the message names the file, the rows and fields.
+    ``headline`` is one line of it (the first problem), for the tables that show one line per rank."""
+
+    def __init__(self, message: str, fix: str = "", headline: str | None = None):
+        super().__init__(message, fix)
+        self.headline = headline or message.splitlines()[0]
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,8 @@ def problems_error(path: str, problems: list[str], fix: str = FIX) -> DataError:
     lines += [f"  - {p}" for p in problems[:MAX_LISTED]]
     if n > MAX_LISTED:
         lines.append(f"  ... and {n - MAX_LISTED} more")
-    return DataError("\n".join(lines), fix)
+    more = f" (and {n - 1} more)" if n > 1 else ""
+    return DataError("\n".join(lines), fix, headline=f"data file {path}: {problems[0]}{more}")
 
 
 def read_records(path: str, fmt: str = "auto") -> tuple[str, list[Record]]:

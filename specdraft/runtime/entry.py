@@ -317,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
             finished_at=time.time(),
         )
         print("\n".join(tail), file=sys.stderr, flush=True)
+        if isinstance(err, DataError):  # a rank's one-line summaries show the last line: make it the problem
+            record["error"] += "\n" + err.headline
         if rank is not None and rank >= 0:
             try:
                 write_result(run_dir, rank, record)

@@ -10,6 +10,7 @@ from specdraft.spec.derived import length_multiple
 from specdraft.spec.schema import DataSpec, LayoutSpec
 
 SUFFIXES = (".jsonl", ".parquet")
+CONVERT = "convert it to JSON lines (one object per line) or parquet; docs/data.md lists the row formats"
 
 
 def data_rules(spec: LayoutSpec, err, warn) -> None:
@@ -26,7 +27,7 @@ def data_rules(spec: LayoutSpec, err, warn) -> None:
                 )
         return
     if not d.path.lower().endswith(SUFFIXES):
-        err("data.path", d.path, "must name a .jsonl or .parquet file (the suffix says how to read it)", _convert)
+        err("data.path", d.path, "must name a .jsonl or .parquet file (the suffix says how to read it)", CONVERT)
     # The ranks run inside the run folder: a relative path would be looked up there, not where it was typed.
     if not os.path.isabs(d.path):
         err("data.path", d.path, "must be an absolute path (the ranks run inside the run folder)", _absolute(d.path))
@@ -54,9 +55,6 @@ def data_rules(spec: LayoutSpec, err, warn) -> None:
             f"to a multiple of lcm(16, the layout's padding multiple)",
             f"use model.seq_length={-(-m.seq_length // multiple) * multiple}",
         )
-
-
-_convert = "convert it to JSON lines (one object per line) or parquet; docs/data.md lists the row formats"
 
 
 def _absolute(path: str) -> str:

@@ -80,5 +80,6 @@ def test_every_rank_refuses_a_sample_longer_than_seq_length(tmp_path, model):
     assert errors[0] == errors[1], "the same message on every rank"
     assert f"data file {data}: 1 problem" in errors[0]
     assert "line 2, field `messages`" in errors[0] and "longer than model.seq_length (128)" in errors[0]
+    assert errors[0].splitlines()[-1].startswith(f"data file {data}: line 2, field `messages`: "), "the headline"
     assert all(result(run_dir, rank)["error_type"] == "DataError" for rank in range(2))
     assert "Traceback" not in (run_dir / "rank-0.err").read_text()
