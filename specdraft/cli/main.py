@@ -104,6 +104,18 @@ def validate(
     print_warnings(console, warnings)
     if errors:
         raise SpecError(errors, path or "the built-in default layout")
+    if spec.data.path is not None:
+        from specdraft.datafile import check_file
+
+        fmt, rows = check_file(spec.data.path, spec.data.format, spec.model.path)
+        console.print(
+            f"data: {spec.data.path}: "
+            + (
+                f"{rows:,} rows of {fmt}"
+                if rows is not None
+                else "parquet (pyarrow is not installed here: the ranks check its rows)"
+            )
+        )
     console.print(
         f"[green]valid:[/] {spec.name} ({spec.cluster.num_nodes * spec.cluster.gpus_per_node} GPUs, "
         f"{len(warnings)} warning{'s' if len(warnings) != 1 else ''})"
@@ -186,6 +198,21 @@ def render(
 def version() -> None:
     """Print the specdraft version."""
     print(__version__)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the specdraft version and exit."
+    ),
+) -> None:
+    """Plan, validate and launch RL post-training with an online co-trained EAGLE-3 draft under TP/CP/PP."""
 
 
 def _register_optional_commands() -> None:

@@ -114,11 +114,13 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 def _collect(proc: subprocess.Popen, command: list[str], on_stderr: Callable[[str], None]) -> str:
+    stdout, stderr = proc.stdout, proc.stderr
+    assert stdout is not None and stderr is not None  # both are PIPE above; Popen types them Optional
     errors: list[UserError] = []
     tail: list[str] = []
 
     def pump() -> None:
-        for line in proc.stderr:
+        for line in stderr:
             line = line.rstrip("\n")
             found = parse_payload_error(line)
             if found is not None:
@@ -130,7 +132,7 @@ def _collect(proc: subprocess.Popen, command: list[str], on_stderr: Callable[[st
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
-    out = proc.stdout.read()
+    out = stdout.read()
     code = proc.wait()
     reader.join()
     if errors:

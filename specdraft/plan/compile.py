@@ -11,6 +11,7 @@ from specdraft.plan.grid import RankGrid
 from specdraft.plan.memory import draft_params, stage_memory
 from specdraft.plan.model import (
     SCHEMA_VERSION,
+    DataPlan,
     DraftPlan,
     LaunchPlan,
     ModelShape,
@@ -52,6 +53,7 @@ def parallel_plan(spec: LayoutSpec) -> ParallelPlan:
 
 
 def model_shape(spec: LayoutSpec) -> ModelShape:
+    """The resolved model section: every null and default of spec.model made explicit."""
     m = spec.model
     return ModelShape(
         num_layers=m.num_layers,
@@ -62,11 +64,38 @@ def model_shape(spec: LayoutSpec) -> ModelShape:
         head_dim=derived.head_dim(m),
         vocab_size=m.vocab_size,
         seq_length=m.seq_length,
+        max_position_embeddings=m.max_position_embeddings if m.max_position_embeddings is not None else m.seq_length,
         num_experts=m.num_experts,
         moe_ffn_hidden_size=m.moe_ffn_hidden_size,
         moe_router_topk=m.moe_router_topk,
+        moe_aux_loss_coeff=m.moe_aux_loss_coeff,
         swiglu=m.swiglu,
+        normalization=m.normalization,
+        norm_epsilon=m.norm_epsilon,
+        add_bias_linear=m.add_bias_linear,
+        add_qkv_bias=m.add_qkv_bias,
+        attention_dropout=m.attention_dropout,
+        hidden_dropout=m.hidden_dropout,
+        rotary_base=m.rotary_base,
+        rope_scaling=m.rope_scaling,
+        qk_layernorm=m.qk_layernorm,
         tie_embeddings=m.tie_embeddings,
+        path=m.path,
+    )
+
+
+def data_plan(spec: LayoutSpec) -> DataPlan:
+    """The data section resolved: the file (and the tokenizer folder) or the Markov chain, the seed, the multiple."""
+    d, t = spec.data, spec.training
+    return DataPlan(
+        path=d.path,
+        format=d.format,
+        tokenizer=spec.model.path if d.path is not None else None,
+        shuffle=d.shuffle,
+        seed=d.seed if d.path is not None and d.seed is not None else t.seed,
+        length_multiple=derived.length_multiple(spec.parallel),
+        drift_interval=t.data_drift_interval,
+        drift_fraction=t.data_drift_fraction,
     )
 
 
@@ -215,6 +244,7 @@ def compile_core(spec: LayoutSpec, extra_errors: list[Problem] = (), extra_warni
         parallel=parallel,
         slurm=SlurmPlan(time_limit_s=limit, signal_delay_s=derived.signal_delay_s(limit)),
         num_microbatches=m,
+        data=data_plan(spec),
         ranks=grid.ranks(),
         stages=stage_records(spec),
         memory=memory,

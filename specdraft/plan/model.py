@@ -13,9 +13,9 @@ from typing import Any, Optional, Union
 
 from specdraft.plan.codec import PlanFormatError, decode, encode_rows, encode_value
 from specdraft.spec.derived import draft_vocab_size
-from specdraft.spec.schema import LayoutSpec
+from specdraft.spec.schema import LayoutSpec, RopeScaling
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 4  # 3: the model section says what the model is; 4: the data section (DataPlan)
 Tap = Union[int, str]  # a target layer index, or "embedding" / "logits"
 
 
@@ -25,7 +25,8 @@ class PlanVersionError(PlanFormatError):
 
 @dataclass(frozen=True, kw_only=True)
 class ModelShape:
-    """The target's shape with every default resolved, computed once at compile time."""
+    """The target model with every default resolved, computed once at compile time: its shape and what its layers
+    are. Renders and the runtime build the model from this section alone."""
 
     num_layers: int
     hidden_size: int
@@ -35,11 +36,23 @@ class ModelShape:
     head_dim: int  # kv_channels, else hidden_size / num_attention_heads
     vocab_size: int
     seq_length: int
+    max_position_embeddings: int  # the model's trained context; seq_length when the spec leaves it null
     num_experts: Optional[int]
     moe_ffn_hidden_size: Optional[int]
     moe_router_topk: int
+    moe_aux_loss_coeff: float
     swiglu: bool
+    normalization: str  # RMSNorm | LayerNorm
+    norm_epsilon: float
+    add_bias_linear: bool
+    add_qkv_bias: bool
+    attention_dropout: float
+    hidden_dropout: float
+    rotary_base: int
+    rope_scaling: Optional[RopeScaling]
+    qk_layernorm: bool
     tie_embeddings: bool
+    path: str  # checkpoint folder or hub id
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +85,21 @@ class SlurmPlan:
 
     time_limit_s: int  # slurm.time in seconds
     signal_delay_s: int  # the preemption warning's lead before the limit
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataPlan:
+    """The training data with its defaults resolved: a local file (tokenised on every rank, docs/data.md) or, with
+    ``path`` None, the built-in seeded Markov chain."""
+
+    path: Optional[str]  # absolute .jsonl or .parquet file; None = the Markov chain
+    format: str  # auto | messages | prompt_response | text (auto: the first row's fields decide)
+    tokenizer: Optional[str]  # the folder AutoTokenizer reads (model.path); None for the Markov chain
+    shuffle: bool
+    seed: int  # data.seed, else training.seed: the sample order (and the Markov chain's rows)
+    length_multiple: int  # every packed sequence's length is a multiple: lcm(16, parallel.pad_multiple)
+    drift_interval: int  # the Markov chain's drift (training.data_drift_*); 0 for a file
+    drift_fraction: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -272,6 +300,7 @@ class LaunchPlan:
     parallel: ParallelPlan
     slurm: SlurmPlan
     num_microbatches: int
+    data: DataPlan
     ranks: tuple[RankPlacement, ...]
     stages: tuple[StagePlan, ...]
     memory: tuple[StageMemory, ...]

@@ -67,6 +67,9 @@ class StepMetrics:
             "attention": t.attention,
             **self._optimizer_fields(),
         }
+        position = t.data.position(step + 1)  # a data file's next sample after this step; None for the Markov chain
+        if position is not None:
+            record["data"] = position
         self.last = record
         if self.ctx.global_rank == 0:
             with open(self.ctx.metrics_path, "a", encoding="utf-8") as handle:
@@ -93,7 +96,7 @@ class StepMetrics:
 
     def _per_layer_and_microbatch(self, aux_sum: float) -> float | None:
         plan = self.ctx.plan
-        if not plan.model.num_experts or not plan.spec.model.moe_aux_loss_coeff:
+        if not plan.model.num_experts or not plan.model.moe_aux_loss_coeff:
             return None
         microbatches = plan.num_microbatches * plan.parallel.dp
         return aux_sum / (microbatches * plan.model.num_layers)

@@ -54,7 +54,7 @@ def test_atomic_writes_and_run_folder_files_follow_the_umask(umask, tmp_path):
 def test_a_plan_with_secrets_is_as_private_as_the_umask_says(umask, tmp_path):
     out = tmp_path / "plan.json"
     result = run_cli("plan", "slurm.env.HF_TOKEN=hf_secret", "-o", out, "--format", "json")
-    assert result.code == 0, result.stderr
+    assert result.returncode == 0, result.stderr
     assert "hf_secret" in out.read_text()
     assert mode(out) == 0o666 & ~umask
     if umask & 0o077 == 0o077:

@@ -18,7 +18,7 @@ from tests.unit.execute.test_launch_hostile import _run_folder
 
 
 def _refused(result, path, *words) -> None:
-    assert result.code == 2, result
+    assert result.returncode == 2, result
     assert "internal error" not in result.stderr and "Traceback" not in result.stderr, result.stderr
     shown = " ".join(result.stderr.split())  # rich wraps long lines on the terminal width
     assert str(path)[:200] in shown, result.stderr

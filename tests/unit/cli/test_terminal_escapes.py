@@ -54,17 +54,17 @@ def _clean(text: str) -> None:
 def test_status_runs_and_logs_print_run_files_without_escapes_or_markup(tmp_path):
     folder = _hostile_run(tmp_path)
     status = run_cli("status", folder, cwd=tmp_path)
-    assert status.code == 0, status.stderr
+    assert status.returncode == 0, status.stderr
     _clean(status.stdout + status.stderr)
     shown = status.stdout
     for words in ("evilclickrun", "failed first", "stderr lineclick", "keyclick=valueclick", "cclick: got vclick"):
         assert words in shown, words
     assert "[link=http://evil.example/]" in shown and "[blink]" in shown  # shown as text, not made a link
     listing = run_cli("runs", cwd=tmp_path)
-    assert listing.code == 0 and "evil" in listing.stdout, listing.stderr
+    assert listing.returncode == 0 and "evil" in listing.stdout, listing.stderr
     _clean(listing.stdout + listing.stderr)
     logs = run_cli("logs", folder, "--rank", "0", cwd=tmp_path)
-    assert logs.code == 0 and "==> rank 0 stderr" in logs.stdout, logs.stderr
+    assert logs.returncode == 0 and "==> rank 0 stderr" in logs.stdout, logs.stderr
     _clean("\n".join(line for line in logs.stdout.splitlines() if line.startswith("==>")))
 
 
@@ -73,7 +73,7 @@ def test_an_error_message_quoting_run_files_is_printed_clean(tmp_path):
     _edit_record(folder, state="RUNNING")
     (folder / "run.json").write_text((folder / "run.json").read_text().replace('"job_id": "local-4242"', '"job_id": 7'))
     result = run_cli("status", folder, cwd=tmp_path)  # refused: its message echoes the folder's name
-    assert result.code == 2 and "evil" in result.stderr
+    assert result.returncode == 2 and "evil" in result.stderr
     _clean(result.stderr)
 
 

@@ -46,7 +46,7 @@ def test_status_on_a_full_disk_with_the_reserve_records_what_it_found(tmp_path):
         diskspace.make_reserve(folder)
         _fill(disk)
         result = run_cli("status", folder, cwd=tmp_path)
-        assert result.code == 0, result.stderr
+        assert result.returncode == 0, result.stderr
         assert "state LOST" in result.stdout and "internal error" not in result.stderr
         record = read_record(folder)
         assert record.state == "LOST" and f"the filesystem of {folder} is full" in record.message
@@ -58,11 +58,11 @@ def test_status_on_a_full_disk_without_room_shows_the_state_without_recording_it
         folder = _lost_run(disk)
         _fill(disk)
         result = run_cli("status", folder, cwd=tmp_path)
-        assert result.code == 0, result.stderr
+        assert result.returncode == 0, result.stderr
         assert "state LOST" in result.stdout and "is full" in result.stdout
         assert json.loads((folder / "run.json").read_text())["state"] == "RUNNING"  # no room: unchanged
         listing = run_cli("runs", "--root", disk, cwd=tmp_path)
-        assert listing.code == 0 and "LOST" in listing.stdout, listing.stderr
+        assert listing.returncode == 0 and "LOST" in listing.stdout, listing.stderr
 
 
 def test_a_launch_onto_a_full_disk_is_refused_by_name(tmp_path):
@@ -73,5 +73,5 @@ def test_a_launch_onto_a_full_disk_is_refused_by_name(tmp_path):
         assert err.value.errno == errno.ENOSPC and str(disk / diskspace.RESERVE) in err.value.message
         assert not (disk / diskspace.RESERVE).exists()
         result = run_cli("launch", "--executor", "local", "--run-dir", disk / "run", cwd=tmp_path)
-        assert result.code == 2 and "No space left on device" in result.stderr, result.stderr
+        assert result.returncode == 2 and "No space left on device" in result.stderr, result.stderr
         assert "internal error" not in result.stderr and str(disk / "run") in " ".join(result.stderr.split())
