@@ -133,7 +133,7 @@ class FileError(UserError, OSError):
 
     def __init__(self, err: OSError, path: str | os.PathLike | None = None, action: str = "use"):
         target = path if path is not None else err.filename
-        meaning, fix = FILESYSTEM_ERRNOS.get(err.errno, ("", "check the path"))
+        meaning, fix = FILESYSTEM_ERRNOS.get(err.errno or 0, ("", "check the path"))
         reason = err.strerror or str(err)
         if meaning:
             reason += f" ({meaning})"
