@@ -47,7 +47,7 @@ def free_port() -> int:
 def rank_env(plan, rank: int, port: int) -> dict[str, str]:
     """The torchrun-style variables of one rank; node and local rank mirror the plan's placement."""
     me = plan.ranks[rank]
-    per_node = plan.spec.cluster.gpus_per_node
+    per_node = plan.cluster.gpus_per_node
     return {
         "RANK": str(rank),
         "WORLD_SIZE": str(plan.world_size),
@@ -66,7 +66,7 @@ def base_env(plan) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    env.update(plan.spec.slurm.env)
+    env.update(plan.slurm.env)
     return env
 
 
