@@ -97,7 +97,7 @@ def launch(
     if workload == "cotrain" and request.waits:
         from specdraft.cli.cotrain_view import ProgressBar
 
-        bar = ProgressBar(err, request.run_dir, steps or plan.spec.training.train_iters)
+        bar = ProgressBar(err, request.run_dir, steps or plan.training.train_iters)
 
     def on_progress(progress) -> None:
         if bar is not None:

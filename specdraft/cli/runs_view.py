@@ -148,7 +148,7 @@ def print_status(console: Console, folder: Path, record) -> None:
     metrics = monitor.metrics_summary(folder)
     if metrics:
         count, last = metrics
-        steps = record.steps or plan.spec.training.train_iters
+        steps = record.steps or plan.training.train_iters
         reached = last.get("step")
         reached = reached + 1 if isinstance(reached, int) else count
         console.print(

@@ -121,19 +121,20 @@ def _print_result(console, spec, result) -> None:
     table.add_column("where the step goes (s)", justify="left")
     for i, row in enumerate(rows, 1):
         lay, est = row.layout, row.estimate
+        d = lay.dims
         layout = (
-            f"tp{lay.tp} cp{lay.cp} pp{lay.pp}"
+            f"tp{d.tp} cp{d.cp} pp{d.pp}"
             + (f" vpp{lay.vpp}" if lay.vpp > 1 else "")
-            + f" dp{lay.dp}"
-            + (f" ep{lay.ep} etp{lay.etp}" if spec.model.num_experts else "")
-            + (" sp" if lay.sp else "")
+            + f" dp{d.dp}"
+            + (f" ep{d.ep} etp{d.etp}" if spec.model.num_experts else "")
+            + (" sp" if d.sequence_parallel else "")
         )
         parts = ", ".join(f"{name} {est.breakdown[key]:.3g}" for key, name in shown if est.breakdown[key] > 0)
         table.add_row(
             str(i),
             layout,
-            _split(row.spec.parallel),
-            str(lay.mbs),
+            _split(d),
+            str(d.micro_batch_size),
             lay.recompute,
             "-" if lay.draft_stage is None else str(lay.draft_stage),
             f"{est.step_time_s:.3f}",

@@ -76,7 +76,7 @@ def prepare(
         raise UserError(f"--workload {workload!r} is unknown", f"use one of: {', '.join(WORKLOADS)}")
     if steps is not None and steps < 1:
         raise UserError(f"--steps {steps} must be >= 1", "give a positive number of steps")
-    if workload == "cotrain" and plan.spec.training.dtype == "fp8":
+    if workload == "cotrain" and plan.training.dtype == "fp8":
         # Refused here, before any allocation: the ranks would refuse it only once the job had started.
         raise UserError(
             "training.dtype = 'fp8': specdraft's co-training runtime builds megatron's local (non-TE) "
@@ -298,7 +298,7 @@ def launch(
     state = record.state
     if state not in TERMINAL:
         # Every attempt the job may requeue itself into can use its whole time limit, after Slurm's hold.
-        attempts = request.plan.spec.slurm.max_requeues + 1
+        attempts = request.plan.slurm.max_requeues + 1
         budget = attempts * (request.plan.slurm.time_limit_s + REQUEUE_HOLD_S) + QUEUE_GRACE_S
         state, record = monitor.wait(request.run_dir, budget, on_progress)
     plan = monitor.read_plan(request.run_dir)

@@ -52,7 +52,7 @@ def free_port() -> int:
 def rank_env(plan, rank: int, port: int) -> dict[str, str]:
     """The torchrun-style variables of one rank; node and local rank mirror the plan's placement."""
     me = plan.ranks[rank]
-    per_node = plan.spec.cluster.gpus_per_node
+    per_node = plan.cluster.gpus_per_node
     return {
         "RANK": str(rank),
         "WORLD_SIZE": str(plan.world_size),
@@ -71,7 +71,7 @@ def base_env(plan) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    env.update(plan.spec.slurm.env)
+    env.update(plan.slurm.env)
     return env
 
 
@@ -112,7 +112,7 @@ def run(
 ) -> LocalOutcome:
     """Start every rank, wait, stop the rest when one fails; ``on_start(pgid, pids)`` runs once all started, and
     ``on_stop(line)`` says what a stop waits for."""
-    grace_s = plan.spec.training.stop_grace_s
+    grace_s = plan.training.stop_grace_s
     runfiles.make_dir(run_dir, "logs")
     port = free_port()
     env = base_env(plan)
@@ -355,6 +355,6 @@ def _stop_grace(run_dir: Path) -> float:
     from specdraft.spec.schema import TrainingSpec
 
     try:
-        return read_plan(run_dir).spec.training.stop_grace_s
+        return read_plan(run_dir).training.stop_grace_s
     except UserError:
         return TrainingSpec.stop_grace_s

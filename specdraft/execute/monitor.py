@@ -111,7 +111,7 @@ def problem(run_dir: str | Path, record: RunRecord, state: str, plan) -> str | N
         )
     if state in ("TIMEOUT", "DEADLINE"):
         return (
-            f"{job} hit its time limit (slurm.time = {plan.spec.slurm.time}); raise slurm.time in the "
+            f"{job} hit its time limit (slurm.time = {plan.slurm.time}); raise slurm.time in the "
             "layout, or run fewer --steps" + _resumable(run_dir, stopped)
         )
     if state == "PREEMPTED":

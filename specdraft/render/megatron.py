@@ -9,8 +9,7 @@ PLAN_ARG = "plan.json"  # the job runs in its run folder, where launch writes pl
 
 def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
     """Flags in a fixed order: parallelism, model shape, batching/precision, then the draft's runtime flags."""
-    spec, par = plan.spec, plan.parallel
-    m, p, t, d = spec.model, spec.parallel, spec.training, spec.draft
+    m, p, t, d = plan.model, plan.parallel, plan.training, plan.draft
     args = [
         "--tensor-model-parallel-size",
         str(p.tp),
@@ -26,9 +25,9 @@ def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
     if p.sequence_parallel:
         args.append("--sequence-parallel")
     if m.num_experts:
-        args += ["--expert-model-parallel-size", str(p.ep), "--expert-tensor-parallel-size", str(par.etp)]
-    if par.vpp:
-        args += ["--num-virtual-stages-per-pipeline-rank", str(par.vpp)]
+        args += ["--expert-model-parallel-size", str(p.ep), "--expert-tensor-parallel-size", str(p.etp)]
+    if p.vpp:
+        args += ["--num-virtual-stages-per-pipeline-rank", str(p.vpp)]
     if p.first_stage_layers is not None:
         args += ["--decoder-first-pipeline-num-layers", str(p.first_stage_layers)]
     if p.last_stage_layers is not None:
@@ -49,7 +48,7 @@ def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
         "--num-attention-heads",
         str(m.num_attention_heads),
     ]
-    if m.num_query_groups and m.num_query_groups != m.num_attention_heads:
+    if m.num_query_groups != m.num_attention_heads:
         args += ["--group-query-attention", "--num-query-groups", str(m.num_query_groups)]
     if m.kv_channels:
         args += ["--kv-channels", str(m.kv_channels)]
@@ -82,7 +81,7 @@ def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
         if m.moe_router_topk == 1:
             args.append("--moe-router-pre-softmax")  # megatron-core refuses top-1 softmax routing without it
     args += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", m.path]
-    args += ["--micro-batch-size", str(t.micro_batch_size), "--global-batch-size", str(t.global_batch_size)]
+    args += ["--micro-batch-size", str(p.micro_batch_size), "--global-batch-size", str(p.global_batch_size)]
     if t.dtype == "fp8":
         # FP8 GEMMs through TransformerEngine with per-tensor current scaling and fp8 parameters, bf16 elsewhere
         # (the recipe of NVIDIA's published H100 FP8 figures; Megatron-LM's --fp8-* flags).

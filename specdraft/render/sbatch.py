@@ -72,7 +72,7 @@ def unsafe_values(plan: LaunchPlan, run_dir: str, python: str, resume_from: str 
     """What the script cannot carry safely, quoted or not (line breaks end comments and #SBATCH lines; '%' is a
     Slurm filename pattern; '\\' is an escape to sbatch). Validation refuses these in layouts; this re-checks a
     hand-edited plan.json, the run folder and a --resume-from path."""
-    slurm = plan.spec.slurm
+    slurm = plan.slurm
     problems = []
     one_line = {
         "run folder": run_dir,
@@ -132,7 +132,7 @@ def render_sbatch(
     problems = unsafe_values(plan, run_dir, python, resume_from)
     if problems:
         raise ValueError("; ".join(problems))
-    slurm, cluster = plan.spec.slurm, plan.spec.cluster
+    slurm, cluster = plan.slurm, plan.cluster
     folder = f"{run_dir}/submitit"
     plan_path = f"{run_dir}/plan.json"
     argv = payload_argv(python, plan_path, workload, steps, resume=resume, resume_from=resume_from)

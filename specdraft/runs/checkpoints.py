@@ -78,7 +78,7 @@ def draft_fields(plan: LaunchPlan) -> dict:
     """The draft's shape as a checkpoint must match it (the rest of the draft's shape is the target's)."""
     return {
         "enabled": plan.draft.enabled,
-        "num_layers": plan.spec.draft.num_layers,
+        "num_layers": plan.draft.num_layers,
         "aux_layers": list(plan.draft.aux_layers),
     }
 

@@ -10,7 +10,7 @@ import math
 import re
 
 from specdraft.errors import Problem
-from specdraft.spec.accounting import accounted_counts, accounted_split_rules, split_accounting
+from specdraft.spec.accounting import accounted_split_rules, layer_counts, split_accounting
 from specdraft.spec.bounds import check as check_bounds
 from specdraft.spec.derived import default_aux_layers, etp, kv_heads, pad_multiple, resolved_dp, world_size
 from specdraft.spec.gpus import CATALOGUE
@@ -274,7 +274,7 @@ def _parallel_rules(spec: LayoutSpec, err, warn) -> None:
 
     _layer_split_rules(spec, err)
 
-    seq_mult = pad_multiple(p)
+    seq_mult = pad_multiple(p.cp, p.tp, p.sequence_parallel)
     if p.cp > 1 or p.sequence_parallel:
         if m.seq_length % seq_mult:
             what = f"2*cp{'*tp' if p.sequence_parallel else ''} = {seq_mult}"
@@ -371,28 +371,7 @@ def _parallel_rules(spec: LayoutSpec, err, warn) -> None:
 
 def stage_layer_counts(spec: LayoutSpec) -> list[int] | None:
     """Layers per pipeline stage exactly as Megatron splits them; None when the split is invalid."""
-    m, p = spec.model, spec.parallel
-    n, pp = m.num_layers, p.pp
-    first, last = p.first_stage_layers, p.last_stage_layers
-    if pp < 1 or n < 1:
-        return None
-    if split_accounting(p) != (0, 0):
-        return accounted_counts(spec)
-    if first is None and last is None:
-        return [n // pp] * pp if n % pp == 0 else None
-    if pp < 2:
-        return None
-    middle_stages = pp - (first is not None) - (last is not None)
-    rest = n - (first or 0) - (last or 0)
-    if rest < 0 or (middle_stages > 0 and rest % middle_stages) or (middle_stages == 0 and rest):
-        return None
-    per = rest // middle_stages if middle_stages else 0
-    counts = [per] * pp
-    if first is not None:
-        counts[0] = first
-    if last is not None:
-        counts[-1] = last
-    return counts
+    return layer_counts(spec.model.num_layers, spec.parallel)
 
 
 def layer_split_problems(spec: LayoutSpec) -> list[Problem]:

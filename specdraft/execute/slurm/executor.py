@@ -37,7 +37,7 @@ class SlurmExecutor(Executor):
         """--python, else `python` inside a container image, else this interpreter (the venv's, on a shared FS)."""
         if explicit:
             return explicit
-        return "python" if plan.spec.slurm.container_image else sys.executable
+        return "python" if plan.slurm.container_image else sys.executable
 
     def intent_files(self, request) -> dict[str, tuple[str, int]]:
         return {"sbatch.sh": (request.render.script, 0o755)}
@@ -54,7 +54,7 @@ class SlurmExecutor(Executor):
             raise UserError(
                 f"cannot submit to Slurm here: {err}", "run on a Slurm login node, or use --executor local"
             ) from None
-        preflight.require(plan.spec, warn, after="; nothing was submitted")
+        preflight.require(plan, warn, after="; nothing was submitted")
 
     def start(self, request, on_progress: ProgressFn) -> RunRecord:
         from specdraft.execute.slurm import submit
@@ -86,10 +86,9 @@ class SlurmExecutor(Executor):
         )
 
     def started_summary(self, record: RunRecord, plan) -> str:
-        spec = plan.spec
         return (
-            f"submitted Slurm job {record.job_id}: {plan.world_size} task(s) on {spec.cluster.num_nodes} "
-            f"node(s), partition {spec.slurm.partition or '(default)'}"
+            f"submitted Slurm job {record.job_id}: {plan.world_size} task(s) on {plan.cluster.num_nodes} "
+            f"node(s), partition {plan.slurm.partition or '(default)'}"
         )
 
     def _recover(self, record: RunRecord) -> tuple[str | None, str | None]:

@@ -236,8 +236,8 @@ def draft_shape(plan: LaunchPlan, tp: int | None = None) -> DraftShape:
         kv_heads=m.num_query_groups,
         head_dim=m.head_dim,
         ffn=m.ffn_hidden_size,
-        vocab=plan.draft_vocab_size,
+        vocab=plan.draft.vocab_size,
         target_vocab=m.vocab_size,
-        num_layers=plan.spec.draft.num_layers,
+        num_layers=plan.draft.num_layers,
         tp=plan.parallel.tp if tp is None else tp,
     )

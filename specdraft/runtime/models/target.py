@@ -37,9 +37,9 @@ def transformer_config(plan: LaunchPlan, dtype: torch.dtype, device=None):
 
     from specdraft.runtime.models import moe
 
-    m, par, p = plan.model, plan.parallel, plan.spec.parallel
+    m, par = plan.model, plan.parallel
     cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
-    if plan.spec.training.dtype == "fp8":
+    if plan.training.dtype == "fp8":
         raise ValueError(
             "training.dtype=fp8 needs TransformerEngine's FP8 GEMMs, but specdraft's runtime builds "
             "megatron's local (non-TE) layers; an fp8 layout plans and renders for Megatron-LM "
@@ -67,10 +67,10 @@ def transformer_config(plan: LaunchPlan, dtype: torch.dtype, device=None):
         context_parallel_size=par.cp,
         virtual_pipeline_model_parallel_size=par.vpp,
         sequence_parallel=par.sequence_parallel,
-        num_layers_in_first_pipeline_stage=p.first_stage_layers,
-        num_layers_in_last_pipeline_stage=p.last_stage_layers,
-        account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
-        account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split,
+        num_layers_in_first_pipeline_stage=par.first_stage_layers,
+        num_layers_in_last_pipeline_stage=par.last_stage_layers,
+        account_for_embedding_in_pipeline_split=par.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=par.account_for_loss_in_pipeline_split,
         pipeline_dtype=dtype,
         params_dtype=dtype,
         bf16=dtype == torch.bfloat16,
@@ -91,7 +91,7 @@ def transformer_config(plan: LaunchPlan, dtype: torch.dtype, device=None):
         gradient_accumulation_fusion=False,
         cp_comm_type=par.cp_comm_type if par.cp > 1 else None,
         batch_p2p_comm=batch_p2p,
-        **_recompute_kwargs(plan.spec.training.recompute),
+        **_recompute_kwargs(plan.training.recompute),
         **moe.config_kwargs(plan),
     )
 

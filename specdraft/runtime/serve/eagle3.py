@@ -87,7 +87,7 @@ def config(plan: LaunchPlan, dtype: torch.dtype) -> dict:
         "head_dim": m.head_dim,
         "num_hidden_layers": 1,
         "vocab_size": m.vocab_size,
-        "draft_vocab_size": plan.draft_vocab_size,
+        "draft_vocab_size": plan.draft.vocab_size,
         "rms_norm_eps": shape.norm_eps,
         "rope_theta": shape.rope_base,
         "max_position_embeddings": m.seq_length,

@@ -48,7 +48,7 @@ def export_checkpoint(run_dir: Path, step: int | None, output: Path) -> dict:
         "step": int(meta["step"]),
         "checkpoint": str(folder),
         "tensors": eagle3_format.num_tensors(written),
-        "draft_vocab_size": plan.draft_vocab_size,
+        "draft_vocab_size": plan.draft.vocab_size,
         "vocab_size": plan.model.vocab_size,
     }
 

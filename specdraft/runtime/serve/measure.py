@@ -127,7 +127,7 @@ def measure_run(
         run=str(run_dir),
         target_step=target_step,
         draft_step=int(draft_meta["step"]),
-        draft_vocab_size=plan.draft_vocab_size,
+        draft_vocab_size=plan.draft.vocab_size,
         vocab_size=plan.model.vocab_size,
     )
     return out

@@ -15,7 +15,8 @@ import tempfile
 from pathlib import Path
 
 from specdraft.errors import SpecdraftError
-from specdraft.plan.model import ChunkPlan, LaunchPlan, RankPlacement, StagePlan
+from specdraft.plan.compile import one_process_plan
+from specdraft.plan.model import LaunchPlan
 from specdraft.runs import checkpoints as files
 
 EXPORT_MARKER = "specdraft-export.json"  # an export's provenance file; also what makes a folder safe to replace
@@ -55,9 +56,9 @@ def require_draft(plan: LaunchPlan, run_dir: Path) -> None:
 
 def require_one_layer(plan: LaunchPlan) -> None:
     """EAGLE-3 as vLLM and SGLang load it has one decoder layer (`midlayer`)."""
-    if plan.spec.draft.num_layers != 1:
+    if plan.draft.num_layers != 1:
         raise ExportError(
-            f"draft.num_layers is {plan.spec.draft.num_layers}; the EAGLE-3 format vLLM and SGLang load "
+            f"draft.num_layers is {plan.draft.num_layers}; the EAGLE-3 format vLLM and SGLang load "
             "has one decoder layer (`midlayer`)",
             "export a run whose draft has one layer",
         )
@@ -94,61 +95,6 @@ def checkpoint(run_dir: Path, step: int | None, option: str = "--step") -> tuple
     )
 
 
-def single_plan(plan: LaunchPlan) -> LaunchPlan:
-    """``plan``'s model and draft on one process: tp = cp = pp = dp = 1, one stage holding every layer."""
-    n = plan.model.num_layers
-    spec = plan.spec
-    spec_parallel = dataclasses.replace(
-        spec.parallel,
-        tp=1,
-        cp=1,
-        pp=1,
-        dp=1,
-        ep=1,
-        etp=None,
-        vpp=None,
-        sequence_parallel=False,
-        first_stage_layers=None,
-        last_stage_layers=None,
-        account_for_embedding_in_pipeline_split=False,
-        account_for_loss_in_pipeline_split=False,
-        hierarchical_cp_sizes=None,
-    )
-    parallel = dataclasses.replace(
-        plan.parallel,
-        tp=1,
-        cp=1,
-        pp=1,
-        dp=1,
-        ep=1,
-        etp=1,
-        edp=1,
-        vpp=None,
-        sequence_parallel=False,
-        hierarchical_cp_sizes=None,
-        pad_multiple=2,
-    )
-    stage = StagePlan(
-        pp=0,
-        first_layer=0,
-        last_layer=n - 1,
-        num_layers=n,
-        chunks=(ChunkPlan(vpp=0, first_layer=0, last_layer=n - 1, num_layers=n),),
-    )
-    rank = RankPlacement(global_rank=0, node=0, local_rank=0, tp=0, cp=0, dp=0, pp=0, ep=0, etp=0, edp=0)
-    draft = dataclasses.replace(plan.draft, stage=0, ranks=(0,))
-    return dataclasses.replace(
-        plan,
-        spec=dataclasses.replace(spec, parallel=spec_parallel),
-        parallel=parallel,
-        world_size=1,
-        num_microbatches=1,
-        ranks=(rank,),
-        stages=(stage,),
-        draft=draft,
-    )
-
-
 @contextlib.contextmanager
 def single_process():
     """A gloo world of one (file rendezvous, no port) with megatron's model-parallel groups at size 1."""
@@ -179,7 +125,7 @@ def device_and_dtype(plan: LaunchPlan):
     import torch
 
     if torch.cuda.is_available():
-        t = plan.spec.training.dtype
+        t = plan.training.dtype
         return torch.device("cuda:0"), torch.float32 if t == "fp32" else torch.bfloat16
     return torch.device("cpu"), torch.float32
 
@@ -196,10 +142,10 @@ def load(plan: LaunchPlan, folder: Path, *, target: bool = True, draft: bool = T
     from specdraft.runtime.models.target import build_chunks, transformer_config
     from specdraft.runtime.train.checkpoint import _prefixed, _quiet_writer
 
-    one = single_plan(plan)
+    one = one_process_plan(plan)
     if device is None or dtype is None:
         device, dtype = device_and_dtype(plan)
-    seed = plan.spec.training.seed
+    seed = plan.training.seed
     template: dict = {}
     model = the_draft = None
     if target:

@@ -214,7 +214,7 @@ def save(ctx: RankContext, trainer, step: int) -> Path:
         rows = files.metrics_rows(ctx.metrics_path, step)
         (folder / files.METRICS).write_text("".join(r + "\n" for r in rows), encoding="utf-8")
         files.write_marker(folder, meta)
-        files.prune(ctx.run_dir, ctx.plan.spec.training.keep_checkpoints)
+        files.prune(ctx.run_dir, ctx.plan.training.keep_checkpoints)
     dist.barrier()  # nobody leaves (a preempted job exits next) before the marker is on disk
     if ctx.global_rank == 0:
         print(f"[specdraft] saved {folder} in {time.perf_counter() - started:.2f}s", flush=True)

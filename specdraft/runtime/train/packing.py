@@ -52,7 +52,7 @@ class PackedData:
         return cls(
             corpus,
             vocab_size=plan.model.vocab_size,
-            row_tokens=plan.spec.training.micro_batch_size * plan.model.seq_length,
+            row_tokens=plan.parallel.micro_batch_size * plan.model.seq_length,
             rows_per_step=plan.num_microbatches * plan.parallel.dp,
             length_multiple=plan.data.length_multiple,
             seed=plan.data.seed,

@@ -130,12 +130,11 @@ def test_a_run_with_a_checkpoint_says_how_to_continue_it(tmp_path, state):
     folder = _run_folder(tmp_path / "run", executor="local", job_id="local-4242", state=state)
     _checkpoint(folder, 6)
 
-    class Plan:
+    class Plan:  # what problem() reads of a plan
         world_size = 2
 
-        class spec:
-            class slurm:
-                time = "00:10:00"
+        class slurm:
+            time = "00:10:00"
 
     message = monitor.problem(folder, read_record(folder), state, Plan)
     assert (

@@ -93,7 +93,7 @@ def test_nemo_rl_passes_max_num_seqs_to_the_engine():
 
 def test_vllm_schema_catches_bad_settings():
     spec = load_layout(Path(LAYOUTS[0]).with_name("qwen3-8b.yaml"), ["rollout.num_speculative_tokens=5"])
-    settings = engine_settings(spec)
+    settings = engine_settings(compile(spec))
     assert settings.speculative_config.num_speculative_tokens == 5
     assert settings.speculative_config.method == "eagle3"
     broken = settings.__class__(**{**settings.__dict__, "gpu_memory_utilization": 1.5, "tensor_parallel_size": 0})

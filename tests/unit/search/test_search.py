@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 
 from specdraft.assemble import check, compile
 from specdraft.errors import SpecError
-from specdraft.perf.estimate import Estimator, estimate, layout_of
+from specdraft.perf.estimate import Estimator, estimate
+from specdraft.perf.layout import layout_of
 from specdraft.plan.compile import plan_memory
 from specdraft.plan.memory import peak_lower_bound
 from specdraft.search.ranking import search
 from specdraft.search.space import bases, candidate_spec, splits
-from specdraft.spec.derived import edp, resolved_dp
 from specdraft.spec.load import load_layout, spec_sha256
 from specdraft.spec.schema import ClusterSpec, LayoutSpec, ModelSpec, TrainingSpec
 from specdraft.spec.validate import divisors
@@ -65,11 +65,12 @@ def naive_order(spec: LayoutSpec) -> list[tuple[float, LayoutSpec]]:
     """Every candidate through the whole validation, estimated one spec at a time, best first."""
     out = []
     for base in bases(spec, frozenset()):
-        for split in splits(spec, base.pp, frozenset()):
-            m = spec.training.global_batch_size // (base.mbs * base.dp)
-            if split.vpp and (m < base.pp or m % base.pp):
+        d = base.dims
+        for split in splits(spec, d.pp, frozenset()):
+            m = spec.training.global_batch_size // (d.micro_batch_size * d.dp)
+            if split.vpp and (m < d.pp or m % d.pp):
                 continue
-            for stage in range(base.pp):
+            for stage in range(d.pp):
                 candidate = candidate_spec(spec, base, split, stage)
                 if not check(candidate)[0]:
                     out.append((estimate(candidate).step_time_s, candidate))
@@ -112,7 +113,7 @@ def test_fast_placements_equal_the_full_step_and_bounds_hold(spec):
     assert fast == pytest.approx(full, rel=1e-9)
     assert est.lower_bound(lay, lay.vpp) <= full * (1 + 1e-12)
     peak = max(s.total for s in plan_memory(spec))
-    assert peak_lower_bound(spec, resolved_dp(spec), edp(spec)) <= peak + 1
+    assert peak_lower_bound(spec, lay.dims) <= peak + 1
 
 
 def test_json_rows_carry_the_issue_keys_and_yaml_round_trips(tmp_path):
@@ -149,7 +150,7 @@ def test_pins_fix_fields_and_bad_pins_are_refused():
         top_k=4,
         pins=frozenset({"parallel.tp", "training.micro_batch_size"}),
     )
-    assert result.rows and all(r.layout.tp == 8 and r.layout.mbs == 1 for r in result.rows)
+    assert result.rows and all(r.layout.dims.tp == 8 and r.layout.dims.micro_batch_size == 1 for r in result.rows)
     out = run("search", str(BIG), "--pin", "parallel.tpp=8")
     assert out.returncode == 2 and "parallel.tp" in out.stderr and "Traceback" not in out.stderr
     out = run("search", str(BIG), "--pin", "model.num_layers=8")
