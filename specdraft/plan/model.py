@@ -242,7 +242,7 @@ class VllmRender:
 class Renders:
     """The plan rendered for other tools."""
 
-    megatron: tuple[str, ...]  # the exact Megatron-LM argv (plus the runtime's --specdraft-* flags)
+    megatron: tuple[str, ...]  # the exact Megatron-LM argv (Megatron-LM's own flags only)
     nemo_rl: dict  # NeMo-RL overrides, nested as its YAML configs
     vllm: VllmRender
 
