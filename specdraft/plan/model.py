@@ -15,7 +15,8 @@ from specdraft.plan.codec import PlanFormatError, decode, encode_rows, encode_va
 from specdraft.spec.derived import draft_vocab_size
 from specdraft.spec.schema import LayoutSpec, RopeScaling
 
-SCHEMA_VERSION = 4  # 3: the model section says what the model is; 4: the data section (DataPlan)
+SCHEMA_VERSION = 5  # 3: the model section says what the model is; 4: the data section (DataPlan); 5: the
+# model section records the config.json that filled it
 Tap = Union[int, str]  # a target layer index, or "embedding" / "logits"
 
 
@@ -53,6 +54,8 @@ class ModelShape:
     qk_layernorm: bool
     tie_embeddings: bool
     path: str  # checkpoint folder or hub id
+    config_sha256: Optional[str]  # the config.json that filled the model section, when one did
+    config_fields: tuple[str, ...]  # the fields it filled
 
 
 @dataclass(frozen=True, kw_only=True)
