@@ -18,6 +18,8 @@ from specdraft.spec.schema import ModelSpec
 CONFIG_NAME = "config.json"
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KB
 SUPPORTED = ("LlamaForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
+# The required model fields a config.json fills (seq_length is the layout's own).
+SHAPE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size")
 # transformers' model_type of each, for a config.json written without `architectures` (a config saved alone).
 MODEL_TYPES = {
     "llama": "LlamaForCausalLM",
@@ -94,9 +96,14 @@ def read(data: dict, source: str) -> HfConfig | None:
         raise SpecError([Problem(path="model.path", value=path, rule=rule, fix=fix)], source)
 
     if not file.exists():
+        # A folder of tokenizer files alone is fine beside a model section that is written out in full.
+        unset = [f"model.{f}" for f in SHAPE_FIELDS if f not in data["model"]]
+        if not unset:
+            return None
         fail(
-            f"is a folder without {CONFIG_NAME}",
-            "point model.path at a Hugging Face checkpoint folder (config.json, safetensors, tokenizer files)",
+            f"is a folder without {CONFIG_NAME}, and the layout leaves {', '.join(unset)} unset",
+            "point model.path at a Hugging Face checkpoint folder (config.json, safetensors, tokenizer files), "
+            "or write those fields",
         )
     from specdraft.fsutil import read_regular_file
 

@@ -87,8 +87,9 @@ class ModelSpec:
     --untie-embeddings-and-output-weights)."""
     path: str = "model"
     """Checkpoint folder or hub id of the policy, used by the renders. A folder on this machine (relative to the
-    current directory) must hold a Hugging Face config.json (LlamaForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM
-    or Qwen3MoeForCausalLM), which fills the model fields the layout leaves out; anything else is passed on as is."""
+    current directory) with a Hugging Face config.json (LlamaForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM or
+    Qwen3MoeForCausalLM) fills the model fields the layout leaves out; a folder without one needs the model fields
+    written out; anything else (a hub id) is passed on as is."""
     config_sha256: Optional[str] = None
     """sha256 of the config.json that filled this section: specdraft records it when it reads `path` (leave it
     out). The plan's spec keeps the filled values, so recompiling a plan.json never needs the folder. Launching,

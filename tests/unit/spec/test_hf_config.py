@@ -151,7 +151,7 @@ def test_the_cli_refuses_each_bad_checkpoint_with_exit_2(tmp_path, llama, specdr
     cases = {
         "gpt2": "architectures ['GPT2LMHeadModel'] is not supported; specdraft builds LlamaForCausalLM, "
         "Qwen3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM",
-        "empty": "is a folder without config.json",
+        "empty": "is a folder without config.json, and the layout leaves model.num_layers, model.hidden_size,",
         "broken": "is not JSON",
     }
     for name, needle in cases.items():
@@ -224,6 +224,11 @@ def test_a_recorded_hash_that_no_longer_matches_is_refused(llama):
         load_layout_text(_layout(llama, f"  config_sha256: {'0' * 64}"))
     [problem] = info.value.problems
     assert problem.path == "model.config_sha256" and "config changed" in problem.rule
+
+
+def test_a_folder_without_config_json_stands_beside_a_written_model_section(tmp_path):
+    (tmp_path / "tokenizer").mkdir()  # tokenizer files only
+    assert load_layout(None, [f"model.path={tmp_path / 'tokenizer'}"]).model.config_sha256 is None
 
 
 def test_the_default_placeholder_path_is_never_read(tmp_path, monkeypatch):
