@@ -74,8 +74,12 @@ def parse_plan(text: str, source: str) -> LaunchPlan:
 
 
 def read_plan(path: str | Path) -> LaunchPlan:
-    """Read, parse and verify plan.json at ``path`` (a regular file of bounded size)."""
+    """Read, parse and verify plan.json at ``path`` (a regular file of bounded size), and, where its checkpoint
+    folder is on this machine, that the checkpoint's config.json is still the one the plan was compiled from."""
     from specdraft.fsutil import read_regular_text
+    from specdraft.spec.hf_config import check_recorded
 
     text = read_regular_text(Path(path), MAX_PLAN_BYTES, "plan file")
-    return verify(parse_plan(text, str(path)), str(path))
+    plan = verify(parse_plan(text, str(path)), str(path))
+    check_recorded(plan.spec.model, str(path))
+    return plan

@@ -91,6 +91,8 @@ def model_shape(spec: LayoutSpec) -> ModelShape:
         qk_layernorm=m.qk_layernorm,
         tie_embeddings=m.tie_embeddings,
         path=m.path,
+        config_sha256=m.config_sha256,
+        config_fields=tuple(m.config_fields),
     )
 
 

@@ -29,20 +29,51 @@ def mlp_params(hidden: int, ffn: int, swiglu: bool) -> int:
     return (3 if swiglu else 2) * hidden * ffn
 
 
+def bias_and_norm_params(spec: LayoutSpec) -> tuple[int, int, int]:
+    """(TP-split, TP-replicated, expert) parameters of one target layer beyond its matrices and its two norm
+    weights: biases (QKV and fc1 split over tp like their matrices; the attention output's and fc2's whole, as
+    megatron's row-parallel layers keep them), LayerNorm's biases and the per-head QK norms."""
+    m = spec.model
+    h, d = m.hidden_size, head_dim(m)
+    per_norm = 2 if m.normalization == "LayerNorm" else 1  # weight, and LayerNorm's bias
+    split, replicated, expert = 0, (per_norm - 1) * 2 * h, 0
+    if m.add_bias_linear or m.add_qkv_bias:
+        split += (m.num_attention_heads + 2 * kv_heads(m)) * d
+    if m.add_bias_linear:
+        replicated += h  # the attention output projection
+        width = (m.moe_ffn_hidden_size or 0) if m.num_experts else m.ffn_hidden_size
+        mlp_bias = (2 if m.swiglu else 1) * width + h
+        if m.num_experts:
+            expert = m.num_experts * mlp_bias
+        else:
+            split, replicated = split + mlp_bias - h, replicated + h
+    if m.qk_layernorm:
+        replicated += 2 * d * per_norm
+    return split, replicated, expert
+
+
 def layer_params(spec: LayoutSpec) -> tuple[int, int]:
     """(dense params, expert params) of one transformer layer."""
     m = spec.model
+    split, replicated, expert_extra = bias_and_norm_params(spec)
+    extra = split + replicated
     if m.num_experts:
-        experts = m.num_experts * mlp_params(m.hidden_size, m.moe_ffn_hidden_size or 0, m.swiglu)
-        return attention_params(spec) + m.hidden_size * m.num_experts, experts
-    return attention_params(spec) + mlp_params(m.hidden_size, m.ffn_hidden_size, m.swiglu), 0
+        experts = m.num_experts * mlp_params(m.hidden_size, m.moe_ffn_hidden_size or 0, m.swiglu) + expert_extra
+        return attention_params(spec) + m.hidden_size * m.num_experts + extra, experts
+    return attention_params(spec) + mlp_params(m.hidden_size, m.ffn_hidden_size, m.swiglu) + extra, 0
 
 
 def replicated_params(spec: LayoutSpec) -> int:
-    """The part of `layer_params`' dense count that every TP rank holds whole: the layer's two norms and, in an
-    MoE layer, the router (num_experts x hidden); the other matrices are split over tp."""
+    """The part of `layer_params`' dense count that every TP rank holds whole: the layer's two norms (and QK norms,
+    LayerNorm biases, row-parallel biases) and, in an MoE layer, the router (num_experts x hidden); the other
+    matrices are split over tp."""
     m = spec.model
-    return 2 * m.hidden_size + (m.hidden_size * m.num_experts if m.num_experts else 0)
+    return 2 * m.hidden_size + bias_and_norm_params(spec)[1] + (m.hidden_size * m.num_experts if m.num_experts else 0)
+
+
+def final_norm_params(spec: LayoutSpec) -> int:
+    """The last stage's final norm: a weight, and LayerNorm's bias."""
+    return spec.model.hidden_size * (2 if spec.model.normalization == "LayerNorm" else 1)
 
 
 def draft_params(spec: LayoutSpec) -> int:
@@ -170,7 +201,7 @@ def _stage_states(
         layers * dense + (embed if first else 0) + (embed if last and (not m.tie_embeddings or p.pp > 1) else 0)
     )
     # Norms and routers are TP-replicated; the last stage also holds the final norm.
-    replicated = layers * replicated_params(spec) + (m.hidden_size if last else 0)
+    replicated = layers * replicated_params(spec) + (final_norm_params(spec) if last else 0)
     dense_local = (dense_params - layers * replicated_params(spec)) / p.tp + replicated
     expert_local = layers * expert / (p.etp * p.ep)
     opt_shard_dense = p.dp * p.cp if t.distributed_optimizer else 1

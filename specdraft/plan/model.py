@@ -19,7 +19,8 @@ from specdraft.spec.schema import LayoutSpec, RopeScaling
 # 3: the model section says what the model is (norm, biases, dropout, RoPE, QK norm, path); 4: the data section.
 # 5: `parallel` is the resolved ParallelDims (world_size and num_microbatches moved into it, the batch and layer
 # split added); cluster, training and rollout_settings sections; slurm and draft carry their settings.
-SCHEMA_VERSION = 5
+# 6: the model section records the config.json that filled it.
+SCHEMA_VERSION = 6
 Tap = Union[int, str]  # a target layer index, or "embedding" / "logits"
 
 
@@ -58,6 +59,8 @@ class ModelShape:
     qk_layernorm: bool
     tie_embeddings: bool
     path: str  # checkpoint folder or hub id
+    config_sha256: Optional[str]  # the config.json that filled the model section, when one did
+    config_fields: tuple[str, ...]  # the fields it filled
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -224,7 +227,7 @@ class VllmRender:
 class Renders:
     """The plan rendered for other tools."""
 
-    megatron: tuple[str, ...]  # the exact Megatron-LM argv (plus the runtime's --specdraft-* flags)
+    megatron: tuple[str, ...]  # the exact Megatron-LM argv (Megatron-LM's own flags only)
     nemo_rl: dict  # NeMo-RL overrides, nested as its YAML configs
     vllm: VllmRender
 

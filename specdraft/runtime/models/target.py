@@ -79,10 +79,13 @@ def transformer_config(plan: LaunchPlan, dtype: torch.dtype, device=None):
         perform_initialization=True,
         gated_linear_unit=m.swiglu,
         activation_func=F.silu if m.swiglu else F.gelu,
-        normalization="RMSNorm",
-        add_bias_linear=False,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
+        normalization=m.normalization,
+        layernorm_epsilon=m.norm_epsilon,
+        add_bias_linear=m.add_bias_linear,
+        add_qkv_bias=m.add_qkv_bias,
+        qk_layernorm=m.qk_layernorm,
+        hidden_dropout=m.hidden_dropout,
+        attention_dropout=m.attention_dropout,
         bias_activation_fusion=False,
         masked_softmax_fusion=False,
         persist_layer_norm=False,
@@ -103,13 +106,13 @@ def block_spec(device, dtype: torch.dtype, model: ModelShape, num_layers: int):
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
     from specdraft.runtime.attention.megatron_core import select_core_attention
-    from specdraft.runtime.models.norms import RMSNorm
+    from specdraft.runtime.models.norms import norm_class
 
     choice = select_core_attention(device, dtype, model.head_dim)
-    layer = choice.layer_spec(model.num_experts)
+    layer = choice.layer_spec(model.num_experts, model.normalization, model.qk_layernorm)
     if choice.name == "te":
         return layer
-    return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=RMSNorm)
+    return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=norm_class(model.normalization))
 
 
 def build_chunks(
@@ -134,6 +137,10 @@ def build_chunks(
             post_process=last,
             share_embeddings_and_output_weights=m.tie_embeddings,
             position_embedding_type="rope",
+            rotary_base=m.rotary_base,
+            # megatron-core's Llama-3.1 scaling takes only the factor; validate refuses other low/high/original.
+            rope_scaling=m.rope_scaling is not None,
+            rope_scaling_factor=m.rope_scaling.factor if m.rope_scaling is not None else 8.0,
             vp_stage=v if par.vpp else None,
         )
         model.to(device)
@@ -152,7 +159,7 @@ def global_name(name: str, offset: int) -> str:
 
 @torch.no_grad()
 def init_parameters(model: torch.nn.Module, offset: int, tp: int, seed: int, tied: bool = False) -> None:
-    """N(0, 0.02) weights from a generator seeded by the parameter's global name; norms to 1.
+    """N(0, 0.02) weights from a generator seeded by the parameter's global name; norm weights 1, biases 0.
 
     The full tensor is drawn and this TP rank's slice taken, so the values do not depend on tp, pp or vpp.
     SwiGLU's fused fc1 is [gate; up] per TP shard, so its full tensor is split as two halves. An MoE expert's
@@ -170,6 +177,9 @@ def init_parameters(model: torch.nn.Module, offset: int, tp: int, seed: int, tie
         gname = global_name(name, offset)
         if tied and gname == "output_layer.weight":
             gname = "embedding.word_embeddings.weight"
+        if gname.endswith("bias"):
+            param.zero_()  # linear and LayerNorm biases, as megatron initialises them
+            continue
         if "norm" in gname:
             param.fill_(1.0)
             continue

@@ -100,6 +100,18 @@ def config(plan: LaunchPlan, dtype: torch.dtype) -> dict:
         "torch_dtype": str(dtype).removeprefix("torch."),
         "eagle_aux_hidden_state_layer_ids": vllm_aux_ids(aux),  # vLLM: the inputs of these layers
         "eagle_config": {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": aux},  # SGLang: outputs
+        **({"rope_scaling": rope_scaling(shape.rope_scaling)} if shape.rope_scaling is not None else {}),
+    }
+
+
+def rope_scaling(scaling) -> dict:
+    """The draft's (the target's) Llama-3.1 RoPE scaling as transformers and vLLM read it from config.json."""
+    return {
+        "rope_type": "llama3",
+        "factor": scaling.factor,
+        "low_freq_factor": scaling.low_freq_factor,
+        "high_freq_factor": scaling.high_freq_factor,
+        "original_max_position_embeddings": scaling.original_max_position_embeddings,
     }
 
 
