@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from specdraft.plan.model import LaunchPlan
+from specdraft.runs.paths import PLAN
 
-PLAN_ARG = "plan.json"  # the job runs in its run folder, where launch writes plan.json
+PLAN_ARG = PLAN  # the job runs in its run folder, where launch writes plan.json
 
 
 def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
