@@ -237,6 +237,11 @@ def _check_folders(run_dir: str) -> None:
                 "folders inside a run folder",
                 "remove it (specdraft never creates one there)",
             )
+    if os.path.islink(Path(run_dir) / METRICS):  # rank 0 appends to it: a link would send the rows elsewhere
+        raise UserError(
+            f"{Path(run_dir) / METRICS} is a link; specdraft writes only regular files inside a run folder",
+            "remove it (specdraft never creates one there)",
+        )
 
 
 def _archive(run_dir: str, attempt: int, resume: bool) -> None:

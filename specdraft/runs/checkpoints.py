@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from specdraft.errors import SpecdraftError
+from specdraft.errors import SpecdraftError, echo
 from specdraft.fsutil import atomic_write_text
 from specdraft.plan.model import LaunchPlan
 from specdraft.runs import files as runfiles
@@ -119,15 +119,20 @@ def complete_checkpoints(run_dir: Path, warn: Callable[[str], None], hash_limit:
     return out
 
 
-def check_compatible(meta: dict, plan: LaunchPlan, folder: Path) -> None:
-    """Refuse a checkpoint of another model (or draft) shape, naming every field that differs."""
+def shape_differences(meta: dict, plan: LaunchPlan) -> list[str]:
+    """Every model and draft field on which the checkpoint and ``plan`` differ, as `part.field: a, b`."""
     mine = describe(plan)
-    diffs = [
-        f"{part}.{k}: checkpoint {meta[part].get(k)!r:.80}, this plan {v!r:.80}"
+    return [
+        f"{part}.{k}: checkpoint {echo(meta[part].get(k), 80)}, this plan {echo(v, 80)}"
         for part in ("model", "draft")
         for k, v in mine[part].items()
         if meta[part].get(k) != v
     ]
+
+
+def check_compatible(meta: dict, plan: LaunchPlan, folder: Path) -> None:
+    """Refuse a checkpoint of another model (or draft) shape, naming every field that differs."""
+    diffs = shape_differences(meta, plan)
     if diffs:
         raise ResumeError(
             f"checkpoint {folder} holds another model shape than this plan's, so it cannot be loaded: "

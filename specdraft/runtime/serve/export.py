@@ -32,6 +32,7 @@ def export_checkpoint(run_dir: Path, step: int | None, output: Path, plan_sha256
     offline.require_one_layer(plan)  # both refusals before torch is imported
     offline.check_export_target(output)
     folder, meta = offline.checkpoint(run_dir, step)
+    offline.require_same_model(plan, folder, meta)
     from specdraft.runtime.serve import eagle3 as eagle3_format  # torch: only once the inputs passed
 
     with offline.single_process():

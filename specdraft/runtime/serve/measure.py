@@ -109,11 +109,13 @@ def measure_run(
             f"lower --max-new-tokens to {max(1, plan.model.seq_length - prompt_length - k)}",
         )
     target_folder, target_meta = offline.checkpoint(run_dir, step, "--step")
+    offline.require_same_model(plan, target_folder, target_meta)
     target_step = int(target_meta["step"])
     if draft_step is None or draft_step == target_step:  # one checkpoint: checked (hashed) once
         draft_folder, draft_meta = target_folder, target_meta
     else:
         draft_folder, draft_meta = offline.checkpoint(run_dir, draft_step, "--draft-step")
+        offline.require_same_model(plan, draft_folder, draft_meta)
     with offline.single_process():
         device, dtype = offline.device_and_dtype(plan)
         if draft_folder == target_folder:

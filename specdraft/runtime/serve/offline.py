@@ -126,6 +126,16 @@ def checkpoint(run_dir: Path, step: int | None, option: str = "--step") -> tuple
         raise LoadError(f"checkpoint {folder} cannot be used: {why}", fix) from None
 
 
+def require_same_model(plan: LaunchPlan, folder: Path, meta: dict) -> None:
+    """The checkpoint holds this run's model and draft shape (a checkpoint copied in from another run may not)."""
+    diffs = files.shape_differences(meta, plan)
+    if diffs:
+        raise LoadError(
+            f"checkpoint {folder} holds another model shape than its run's plan: {'; '.join(diffs)}",
+            "name a checkpoint this run wrote",
+        )
+
+
 @contextlib.contextmanager
 def single_process():
     """A gloo world of one (file rendezvous, no port) with megatron's model-parallel groups at size 1."""

@@ -200,6 +200,9 @@ def test_a_checkpoint_of_another_draft_vocabulary_is_refused_naming_the_field(tm
     copy = fake_checkpoint(tmp_path / "copy" / "step-2", other, 2)
     with pytest.raises(files.ResumeError, match=f"draft.vocab_size: checkpoint 48, this plan {plan.draft.vocab_size}"):
         files.choose(tmp_path / "run", plan, "from", copy, print, 10)
+    meta = files.check_checkpoint(copy)
+    with pytest.raises(offline.LoadError, match="another model shape than its run's plan: draft.vocab_size"):
+        offline.require_same_model(plan, copy, meta)  # export and measure of a checkpoint copied in
 
 
 def test_a_manifest_may_name_only_files_of_the_checkpoint_itself(tmp_path, plan):
@@ -215,3 +218,16 @@ def test_a_manifest_may_name_only_files_of_the_checkpoint_itself(tmp_path, plan)
             files.check_checkpoint(folder)
         del marker["manifest"][name]
     assert Path(folder).is_dir()
+
+
+def test_a_launch_refuses_links_where_ranks_write(tmp_path):
+    run = tmp_path / "run"
+    claim_run_dir(run)
+    (tmp_path / "bashrc").write_text("mine\n")
+    for name in ("metrics.jsonl", "draft", "taps", "checkpoints", "results"):
+        (run / name).symlink_to(tmp_path / ("bashrc" if name == "metrics.jsonl" else "."))
+        with pytest.raises(UserError, match=f"{run / name} is a link"):
+            launch._check_folders(str(run))
+        (run / name).unlink()
+    launch._check_folders(str(run))
+    assert (tmp_path / "bashrc").read_text() == "mine\n"
