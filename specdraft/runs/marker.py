@@ -111,6 +111,17 @@ def _check_loss_scale(value: Any) -> None:
         )
 
 
+def _check_data(value: Any) -> None:
+    """A data file's position ({epoch, index, digest}: runtime/train/packing.py), or null for the built-in data."""
+    if value is None:
+        return
+    ok = isinstance(value, dict) and set(value) == {"epoch", "index", "digest"}
+    ok = ok and all(isinstance(value[k], int) and not isinstance(value[k], bool) for k in ("epoch", "index"))
+    ok = ok and 0 <= value["epoch"] <= MAX_STEP and 0 <= value["index"] <= MAX_STEP
+    if not ok or not isinstance(value["digest"], str) or not _SHA256.fullmatch(value["digest"]):
+        raise CorruptCheckpoint("its marker's data is not {epoch, index: counts, digest: a sha256} or null")
+
+
 def _check_manifest(manifest: Any) -> None:
     if not isinstance(manifest, dict) or not 0 < len(manifest) <= MAX_FILES:
         raise CorruptCheckpoint("its marker's manifest is not an object listing the checkpoint's files")
@@ -166,6 +177,7 @@ def parse_marker(text: str, folder: Path | None = None) -> dict:
     if not isinstance(meta.get("main_weights"), bool):
         raise CorruptCheckpoint("its marker's main_weights is not true or false")
     _check_loss_scale(meta.get("loss_scale"))
+    _check_data(meta.get("data"))
     _check_manifest(meta["manifest"])
     name = Path(folder).name if folder is not None else ""
     named = STEP_RE.match(name)

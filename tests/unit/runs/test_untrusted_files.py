@@ -82,7 +82,7 @@ def test_every_run_file_reader_refuses_hostile_json_cleanly(tmp_path, plan, case
 
 
 WRONG = [None, True, "7", 7.5, [], {}, -1, 10**30, "x" * 400]
-VALID = {"name": ["7"], "specdraft_version": ["7"], "loss_scale": [None], "main_weights": [True]}
+VALID = {"name": ["7"], "specdraft_version": ["7"], "loss_scale": [None], "main_weights": [True], "data": [None]}
 VALID.update({key: [{}] for key in ("model", "parallel", "draft")})  # objects: compared with the plan's later
 FIELDS = [
     "format",
@@ -98,6 +98,7 @@ FIELDS = [
     "draft_optimizer_step",
     "main_weights",
     "loss_scale",
+    "data",
     "manifest",
 ]
 
@@ -107,7 +108,7 @@ def test_every_marker_field_of_the_wrong_type_or_range_is_a_clear_refusal(tmp_pa
     folder = fake_checkpoint(tmp_path / "run" / "checkpoints" / "step-2", plan, 2)
     good = json.loads((folder / files.MARKER).read_text())
     for value in WRONG:
-        if value == good[field] or value in VALID.get(field, ()):
+        if value == good.get(field) or value in VALID.get(field, ()):
             continue
         (folder / files.MARKER).write_text(json.dumps({**good, field: value}))
         with pytest.raises(files.CorruptCheckpoint, match="its marker") as err:
