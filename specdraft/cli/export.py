@@ -30,7 +30,7 @@ def export_cmd(
     import os
 
     from specdraft.errors import UserError
-    from specdraft.execute import payload
+    from specdraft.execute import monitor, payload
     from specdraft.fsutil import lstat_or_none
     from specdraft.runs.rundir import resolve_run
 
@@ -38,9 +38,11 @@ def export_cmd(
     # A name too long or a folder on the path that is a file is refused here, before torch starts.
     if lstat_or_none(output, "write the export") is not None and not os.path.isdir(output):
         raise UserError(f"-o {output} is a file; an export is a folder", "name a new folder")
+    _, plan_sha256 = monitor.verified_plan(folder)  # the payload reads exactly these bytes
     payload.require_runtime("export")
     err = _console(stderr=True)
-    argv = [str(folder), "-o", os.path.abspath(output)] + (["--step", str(step)] if step is not None else [])
+    argv = [str(folder), "-o", os.path.abspath(output), "--plan-sha256", plan_sha256]
+    argv += ["--step", str(step)] if step is not None else []
     result = json.loads(payload.run("serve.export", argv, lambda line: err.print(plain(line), markup=False)))
     vocab = (
         f"draft vocabulary {result['draft_vocab_size']:,} of {result['vocab_size']:,} (d2t/t2d included)"

@@ -150,7 +150,7 @@ def _finish(folder, result) -> None:
     from specdraft.errors import UserError
     from specdraft.execute import monitor
     from specdraft.execute.report import read_results
-    from specdraft.runs.checkpoints import PREEMPTED_EXIT
+    from specdraft.runs.paths import PREEMPTED_EXIT
 
     plan = monitor.read_plan(folder)
     results = read_results(folder, plan.world_size)

@@ -31,7 +31,7 @@ def measure_cmd(
     import json
 
     from specdraft.errors import UserError
-    from specdraft.execute import payload
+    from specdraft.execute import monitor, payload
     from specdraft.runs.rundir import resolve_run
 
     if format not in ("text", "json"):
@@ -48,9 +48,12 @@ def measure_cmd(
         if chosen is not None and chosen < 0:
             raise UserError(f"{option} {chosen}: a checkpoint step is >= 0", f"drop {option} for the newest")
     folder, _, _ = resolve_run(run)
+    _, plan_sha256 = monitor.verified_plan(folder)  # the payload reads exactly these bytes
     payload.require_runtime("rollout measure")
     argv = [
         str(folder),
+        "--plan-sha256",
+        plan_sha256,
         "--k",
         str(k),
         "--prompts",

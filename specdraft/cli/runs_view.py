@@ -164,11 +164,14 @@ def print_status(console: Console, folder: Path, record) -> None:
         table = acceptance_table(folder)
         if table is not None:
             console.print(table)
-    newest = monitor.newest_checkpoint(folder)
+    newest, hashed, damaged = monitor.checkpoint_report(folder)
+    for why in damaged:
+        console.print(f"[red]checkpoint: {safe(why)}[/]")
     if newest is not None:
+        checked = "every file's sha256 checked" if hashed else "sizes checked here, sha256 when it is loaded"
         console.print(
             f"checkpoint: {safe(newest[0])} is the newest complete one (after step "
-            f"{safe(str(newest[1].get('step')))}); `specdraft launch ... --resume` continues from it"
+            f"{safe(str(newest[1].get('step')))}); `specdraft launch ... --resume` continues from it ({checked})"
         )
     message = monitor.problem(folder, record, state, plan)
     if message:

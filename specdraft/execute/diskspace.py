@@ -16,10 +16,10 @@ from pathlib import Path
 
 from specdraft.errors import file_error
 from specdraft.runs import files as runfiles
+from specdraft.runs.paths import RESERVE
 from specdraft.runs.record import RunRecord
 from specdraft.runs.rundir import update_record
 
-RESERVE = ".specdraft-reserve"
 RESERVE_BYTES = 256 << 10  # run.json and its temp copy (a record with 100 attempts is about 30 KB), and a lock
 FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 LOW_BYTES = 1 << 20  # free space below this after ranks failed: the disk is the likely cause

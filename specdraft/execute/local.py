@@ -24,7 +24,7 @@ from specdraft.errors import UserError
 from specdraft.execute import diskspace
 from specdraft.execute.executor import Executor, Observation, Progress, ProgressFn
 from specdraft.runs import files as runfiles
-from specdraft.runs.checkpoints import PREEMPTED_EXIT
+from specdraft.runs.paths import LOGS, PLAN, PREEMPTED_EXIT, RECORD, local_logs
 from specdraft.runs.record import LocalProcesses, RunRecord, now_iso
 from specdraft.runs.rundir import ACTIVE, lock_is_held, read_record
 
@@ -113,7 +113,7 @@ def run(
     """Start every rank, wait, stop the rest when one fails; ``on_start(pgid, pids)`` runs once all started, and
     ``on_stop(line)`` says what a stop waits for."""
     grace_s = plan.training.stop_grace_s
-    runfiles.make_dir(run_dir, "logs")
+    runfiles.make_dir(run_dir, LOGS)
     port = free_port()
     env = base_env(plan)
     procs: list[subprocess.Popen] = []
@@ -124,9 +124,10 @@ def run(
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         for rank in range(plan.world_size):
-            out = runfiles.open_append(run_dir, f"logs/rank-{rank}.out")
+            out_log, err_log = local_logs(rank)
+            out = runfiles.open_append(run_dir, out_log)
             try:
-                err = runfiles.open_append(run_dir, f"logs/rank-{rank}.err")
+                err = runfiles.open_append(run_dir, err_log)
                 try:
                     # Rank 0 starts a new process group and the others join it: `cancel` signals the group.
                     proc = subprocess.Popen(
@@ -323,22 +324,22 @@ class LocalExecutor(Executor):
 
     def observe(self, run_dir: Path, record: RunRecord, *, launching: bool = False) -> Observation:
         if record.state not in ACTIVE:
-            return Observation(record.state, "run.json")
+            return Observation(record.state, RECORD)
         # A launcher that is still running holds the launch lock; under our own lock no launcher of this run runs.
         if not launching and lock_is_held(run_dir):
-            return Observation(record.state, "run.json")
-        if record.local and group_members(record.local.pgid, str(Path(run_dir) / "plan.json")):
+            return Observation(record.state, RECORD)
+        if record.local and group_members(record.local.pgid, str(Path(run_dir) / PLAN)):
             return Observation(
-                record.state, "run.json (its launcher is gone, its ranks still run; `specdraft cancel` stops them)"
+                record.state, f"{RECORD} (its launcher is gone, its ranks still run; `specdraft cancel` stops them)"
             )
         return Observation(
-            "LOST", "run.json (its launcher is gone)", note="the launcher stopped before recording how its ranks ended"
+            "LOST", f"{RECORD} (its launcher is gone)", note="the launcher stopped before recording how its ranks ended"
         )
 
     def cancel(self, run_dir: Path, record: RunRecord) -> tuple[str, str | None]:
         """SIGTERM the ranks, wait up to the plan's training.stop_grace_s for their save, then SIGKILL."""
         pgid = record.local.pgid if record.local else None
-        killed = stop_group(pgid, str(Path(run_dir) / "plan.json"), _stop_grace(run_dir)) if pgid else 0
+        killed = stop_group(pgid, str(Path(run_dir) / PLAN), _stop_grace(run_dir)) if pgid else 0
         # A running launcher records the outcome itself; with none left, the canceller records it.
         return (
             f"cancelled the local run: stopped {killed} rank process(es) of group {pgid}",
@@ -346,7 +347,7 @@ class LocalExecutor(Executor):
         )
 
     def log_paths(self, record: RunRecord, rank: int) -> tuple[str, str]:
-        return f"logs/rank-{rank}.out", f"logs/rank-{rank}.err"
+        return local_logs(rank)
 
 
 def _stop_grace(run_dir: Path) -> float:

@@ -342,8 +342,8 @@ class LaunchPlan:
         """Parse plan.json; refuse another schema_version (naming both) or any field of the wrong shape."""
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise PlanFormatError(f"not JSON ({err})") from None
+        except (ValueError, RecursionError) as err:  # JSONDecodeError; an integer past 4,300 digits; deep nesting
+            raise PlanFormatError(f"not JSON ({str(err)[:200] or type(err).__name__})") from None
         return cls.from_dict(data)
 
     @classmethod

@@ -12,6 +12,7 @@ from functools import cache
 
 from specdraft.plan.environment import nccl_env
 from specdraft.plan.model import LaunchPlan
+from specdraft.runs.paths import PLAN, SBATCH, SUBMITIT
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -133,8 +134,8 @@ def render_sbatch(
     if problems:
         raise ValueError("; ".join(problems))
     slurm, cluster = plan.slurm, plan.cluster
-    folder = f"{run_dir}/submitit"
-    plan_path = f"{run_dir}/plan.json"
+    folder = f"{run_dir}/{SUBMITIT}"
+    plan_path = f"{run_dir}/{PLAN}"
     argv = payload_argv(python, plan_path, workload, steps, resume=resume, resume_from=resume_from)
     command = shlex.join(argv)
     srun = [
@@ -156,7 +157,7 @@ def render_sbatch(
         plan_hash=plan.plan_hash,
         run_dir=run_dir,
         plan_path=plan_path,
-        script_path=f"{run_dir}/sbatch.sh",
+        script_path=f"{run_dir}/{SBATCH}",
         job_name=plan.run_name,
         nodes=cluster.num_nodes,
         tasks_per_node=cluster.gpus_per_node,

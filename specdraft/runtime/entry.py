@@ -24,6 +24,7 @@ from specdraft.errors import SpecdraftError
 from specdraft.plan.codec import PlanFormatError
 from specdraft.plan.model import LaunchPlan
 from specdraft.runs.checkpoints import ResumeError
+from specdraft.runs.paths import MAX_PLAN_BYTES, USER_ERROR_EXIT, RunPaths
 from specdraft.runtime.context import RankContext
 from specdraft.runtime.train import preempt
 from specdraft.runtime.train.preempt import Terminated
@@ -193,15 +194,17 @@ def _device(plan: LaunchPlan, local_rank: int) -> tuple[str, str]:
 def read_plan(path: Path) -> LaunchPlan:
     """plan.json through the typed contract (schema_version checked); launch verified it against compile."""
     from specdraft.fsutil import read_regular_text
+    from specdraft.runs.files import parse_json
 
-    return LaunchPlan.from_json(read_regular_text(path, 1 << 30, "plan file"))
+    return LaunchPlan.from_dict(parse_json(read_regular_text(path, MAX_PLAN_BYTES, "plan file"), str(path)))
 
 
 def write_result(run_dir: Path, rank: int, record: dict) -> Path:
     from specdraft.fsutil import atomic_write_text
 
-    path = run_dir / "results" / f"rank-{rank:05d}.json"
-    return atomic_write_text(path, json.dumps(record, sort_keys=True) + "\n", what="result file")
+    return atomic_write_text(
+        RunPaths(run_dir).result(rank), json.dumps(record, sort_keys=True) + "\n", what="result file"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -325,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                 write_result(run_dir, rank, record)
             except OSError as werr:
                 print(f"[specdraft] could not write the result file: {werr}", file=sys.stderr, flush=True)
-        return 143 if terminated else 2 if isinstance(err, (ResumeError, DataError)) else 1
+        return 143 if terminated else USER_ERROR_EXIT if isinstance(err, (ResumeError, DataError)) else 1
 
 
 def _load_data(plan: LaunchPlan):

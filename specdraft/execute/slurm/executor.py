@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable
 from specdraft.errors import UserError
 from specdraft.execute.executor import Executor, Observation, ProgressFn
 from specdraft.execute.slurm import commands as slurmcmd
+from specdraft.runs.paths import SBATCH, SUBMITIT
 from specdraft.runs.record import RunRecord, now_iso
 from specdraft.runs.rundir import TERMINAL, update_record
 
@@ -40,7 +41,7 @@ class SlurmExecutor(Executor):
         return "python" if plan.slurm.container_image else sys.executable
 
     def intent_files(self, request) -> dict[str, tuple[str, int]]:
-        return {"sbatch.sh": (request.render.script, 0o755)}
+        return {SBATCH: (request.render.script, 0o755)}
 
     def ready(self, request, warn: Callable[[str], None]) -> None:
         """Build submitit's executor (a machine without srun fails here, with nothing written) and ask the cluster
@@ -143,7 +144,7 @@ class SlurmExecutor(Executor):
     def log_paths(self, record: RunRecord, rank: int) -> tuple[str, str]:
         # The names the rendered script gives srun (--output=RUN/submitit/%j_%t_log.out; submitit's convention).
         job = record.job_id or "none"
-        return f"submitit/{job}_{rank}_log.out", f"submitit/{job}_{rank}_log.err"
+        return f"{SUBMITIT}/{job}_{rank}_log.out", f"{SUBMITIT}/{job}_{rank}_log.err"
 
     def restarts(self, record: RunRecord) -> int | None:
         """How often Slurm restarted the job (requeues), from scontrol, else sacct; None when neither knows."""

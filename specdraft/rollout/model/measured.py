@@ -17,11 +17,12 @@ from dataclasses import dataclass, replace
 from specdraft.errors import UserError, echo, shorten
 from specdraft.fsutil import read_regular_text
 from specdraft.rollout.model.costmodel import expected_accepted
+from specdraft.runs import files as runfiles
+from specdraft.runs.paths import MAX_METRICS_BYTES, METRICS
 from specdraft.spec.bounds import INT_RANGES
 from specdraft.spec.schema import LayoutSpec
 
 MAX_JSON_BYTES = 1 << 20
-MAX_METRICS_BYTES = 64 << 20
 MAX_K = INT_RANGES["rollout.num_speculative_tokens"][1]  # the layout's own bound on draft tokens per step
 LAST_ROWS = 5  # a run's figure: the mean accept_len over its last co-training steps (one step is noisy)
 
@@ -68,7 +69,7 @@ def read(path: str) -> MeasuredDraft:
         return _from_run(path)
     text = read_regular_text(path, MAX_JSON_BYTES, "--acceptance-from file")
     fix = "pass `specdraft rollout measure RUN --format json` output, or a run folder"
-    try:
+    try:  # a file the user names, not a run file: its numbers are bounded field by field below
         data = json.loads(text)
     except (ValueError, RecursionError) as err:  # ValueError: JSONDecodeError, or an integer of 4,300+ digits
         raise UserError(
@@ -84,27 +85,27 @@ def read(path: str) -> MeasuredDraft:
 
 
 def _from_run(folder: str) -> MeasuredDraft:
-    metrics = os.path.join(folder, "metrics.jsonl")
-    if not os.path.exists(metrics):
+    text = runfiles.read_text(folder, METRICS, MAX_METRICS_BYTES)
+    if text is None:
         raise UserError(
-            f"--acceptance-from {folder}: no metrics.jsonl there",
+            f"--acceptance-from {folder}: no {METRICS} there",
             "name a run folder that trained a draft, or a `rollout measure --format json` file",
         )
     rows = []
-    for number, line in enumerate(read_regular_text(metrics, MAX_METRICS_BYTES, "metrics file").splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         try:
-            row = json.loads(line)
-        except (ValueError, RecursionError):
+            row = runfiles.parse_json(line, METRICS)
+        except runfiles.BadRunFile:
             continue  # not a step's row (a line cut short by a crash, say): as the run's own readers skip it
         if not isinstance(row, dict) or row.get("accept_len") is None or not isinstance(row.get("acceptance"), list):
             continue  # a policy warm-up step, or a row of another shape: it measures no draft
-        where = f"--acceptance-from {metrics} line {number}"
+        where = f"--acceptance-from {os.path.join(folder, METRICS)} line {number}"
         rates = _check_rates(row["acceptance"], f"{where}: acceptance")
         k = _checked_k(len(rates), f"{where}: len(acceptance) (the k it was measured with)")
         rows.append((_checked_accept_len(row["accept_len"], k, f"{where}: accept_len"), k, row.get("step")))
     if not rows:
         raise UserError(
-            f"--acceptance-from {folder}: its metrics.jsonl has no co-training step with an accept_len",
+            f"--acceptance-from {folder}: its {METRICS} has no co-training step with an accept_len",
             "let the run train its draft past training.warmup_steps",
         )
     last = rows[-LAST_ROWS:]
@@ -112,7 +113,7 @@ def _from_run(folder: str) -> MeasuredDraft:
         sum(accept_len for accept_len, _, _ in last) / len(last),
         last[-1][1],
         "training",
-        f"{folder} (metrics.jsonl, steps {echo(last[0][2])}-{echo(last[-1][2])})",
+        f"{folder} ({METRICS}, steps {echo(last[0][2])}-{echo(last[-1][2])})",
     )
 
 

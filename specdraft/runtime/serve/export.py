@@ -11,26 +11,32 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-PUBLISH_DIR = "draft"  # RUN_DIR/draft/step-N/: the versioned drafts a rollout engine reloads between RL steps
+from specdraft.runs.paths import DRAFTS, RunPaths
 
 
 def published_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / PUBLISH_DIR / f"step-{step}"
+    """RUN_DIR/draft/step-N/: the versioned drafts a rollout engine reloads between RL steps; refused (LinkOut) when
+    draft/ is a link, which would send the write out of the run folder."""
+    paths = RunPaths(run_dir)
+    paths.real_dir(DRAFTS)
+    return paths.published(step)
 
 
-def export_checkpoint(run_dir: Path, step: int | None, output: Path) -> dict:
-    """Write the draft of ``run_dir``'s checkpoint at ``step`` (the newest when None) to ``output``."""
+def export_checkpoint(run_dir: Path, step: int | None, output: Path, plan_sha256: str | None = None) -> dict:
+    """Write the draft of ``run_dir``'s checkpoint at ``step`` (the newest when None) to ``output``; with
+    ``plan_sha256``, plan.json must be the bytes the CLI verified."""
     from specdraft.runtime.serve import offline
 
-    plan = offline.read_run_plan(run_dir)
+    plan = offline.read_run_plan(run_dir, plan_sha256)
     offline.require_draft(plan, run_dir)
     offline.require_one_layer(plan)  # both refusals before torch is imported
     offline.check_export_target(output)
     folder, meta = offline.checkpoint(run_dir, step)
+    offline.require_same_model(plan, folder, meta)
     from specdraft.runtime.serve import eagle3 as eagle3_format  # torch: only once the inputs passed
 
     with offline.single_process():
-        _, draft = offline.load(plan, folder, target=False)
+        _, draft = offline.load(plan, folder, target=False, meta=meta)
         state = draft.state_dict()
         written = eagle3_format.write(
             output,
@@ -87,10 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run", type=Path, help="the run folder")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest complete one)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="the folder to write")
+    parser.add_argument("--plan-sha256", required=True, help="sha256 of the plan.json the CLI verified")
     args = parser.parse_args(argv)
     from specdraft.runtime.serve.offline import run_tool
 
-    return run_tool(lambda: export_checkpoint(args.run.absolute(), args.step, args.output.absolute()))
+    return run_tool(lambda: export_checkpoint(args.run.absolute(), args.step, args.output.absolute(), args.plan_sha256))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 
-from specdraft.runs.checkpoints import PREEMPTED_EXIT  # noqa: F401 - the exit code entry.py returns after a stop
+from specdraft.runs.paths import PREEMPTED_EXIT  # noqa: F401 - the exit code entry.py returns after a stop
 
 REQUEUE_TIMEOUT_S = 30.0
 

@@ -108,7 +108,7 @@ class CoTrainer:
                 return (-(-rows // self.tp) if self.sequence_parallel else rows, h)
             return shapes[tap]
 
-        audit = ctx.run_dir / "taps" if os.environ.get(AUDIT_ENV) == "1" else None
+        audit = ctx.paths.taps if os.environ.get(AUDIT_ENV) == "1" else None
         channel = TapChannel(
             plan,
             ctx.global_rank,
