@@ -1,5 +1,6 @@
-"""`specdraft export RUN [--step N] -o DIR`: a run's draft as an EAGLE-3 checkpoint vLLM and SGLang load (thin; the
-work is runtime/serve/export.py, run in a subprocess like launch runs the runtime)."""
+"""`specdraft export RUN [--step N] [--policy] -o DIR`: a run's draft as an EAGLE-3 checkpoint vLLM and SGLang load,
+or with --policy its policy as a Hugging Face checkpoint (thin; the work is runtime/serve/export.py, run in a
+subprocess like launch runs the runtime)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,15 @@ def export_cmd(
         help="The folder to write: config.json and "
         "model.safetensors (it appears whole; an earlier export there is replaced).",
     ),
+    policy: bool = typer.Option(
+        False,
+        "--policy",
+        help="Export the policy as a Hugging Face checkpoint (sharded safetensors, config.json, the tokenizer "
+        "files of model.path) instead of the draft.",
+    ),
 ) -> None:
-    """Write a run's draft as an EAGLE-3 checkpoint (config.json + model.safetensors) for vLLM and SGLang."""
+    """Write a run's draft as an EAGLE-3 checkpoint (config.json + model.safetensors) for vLLM and SGLang, or with
+    --policy its policy as a Hugging Face checkpoint that transformers and vLLM load."""
     import json
     import os
 
@@ -38,7 +46,18 @@ def export_cmd(
     payload.require_runtime("export")
     err = _console(stderr=True)
     argv = [str(folder), "-o", os.path.abspath(output)] + (["--step", str(step)] if step is not None else [])
-    result = json.loads(payload.run("serve.export", argv, lambda line: err.print(line, markup=False)))
+    result = json.loads(
+        payload.run("serve.export", argv + (["--policy"] if policy else []), lambda line: err.print(line, markup=False))
+    )
+    if policy:
+        files = "model.safetensors" if result["shards"] == 1 else f"{result['shards']} safetensors shards + index"
+        _console().print(
+            f"wrote {result['output']}: {result['architecture']} config.json + {files} ({result['tensors']} "
+            f"tensors, {result['bytes']:,} bytes {result['dtype']}) from {result['checkpoint']} "
+            f"(step {result['step']})",
+            markup=False,
+        )
+        return
     vocab = (
         f"draft vocabulary {result['draft_vocab_size']:,} of {result['vocab_size']:,} (d2t/t2d included)"
         if result["draft_vocab_size"] != result["vocab_size"]

@@ -235,11 +235,12 @@ def run_tool(work) -> int:
     import warnings
 
     from specdraft.errors import payload_error_line
+    from specdraft.runtime.models.hf.checkpoint import CheckpointError
 
     warnings.filterwarnings("ignore", category=UserWarning, module="megatron")  # config deprecations, TE absent
     try:
         result = work()
-    except LoadError as err:  # ExportError too
+    except (LoadError, CheckpointError) as err:  # ExportError too
         print(payload_error_line(err.message, err.fix), file=sys.stderr, flush=True)
         return 2
     print(json.dumps(result), flush=True)
