@@ -30,6 +30,9 @@ def export_cmd(
         help="Export the policy as a Hugging Face checkpoint (sharded safetensors, config.json, the tokenizer "
         "files of model.path) instead of the draft.",
     ),
+    max_shard_bytes: Optional[int] = typer.Option(
+        None, "--max-shard-bytes", min=1, help="--policy: the largest safetensors shard in bytes (default 5 GB)."
+    ),
 ) -> None:
     """Write a run's draft as an EAGLE-3 checkpoint (config.json + model.safetensors) for vLLM and SGLang, or with
     --policy its policy as a Hugging Face checkpoint that transformers and vLLM load."""
@@ -47,7 +50,9 @@ def export_cmd(
     err = _console(stderr=True)
     argv = [str(folder), "-o", os.path.abspath(output)] + (["--step", str(step)] if step is not None else [])
     result = json.loads(
-        payload.run("serve.export", argv + (["--policy"] if policy else []), lambda line: err.print(line, markup=False))
+        payload.run(
+            "serve.export", argv + _policy_argv(policy, max_shard_bytes), lambda line: err.print(line, markup=False)
+        )
     )
     if policy:
         files = "model.safetensors" if result["shards"] == 1 else f"{result['shards']} safetensors shards + index"
@@ -68,6 +73,16 @@ def export_cmd(
         f"{vocab}) from {result['checkpoint']} (step {result['step']})",
         markup=False,
     )
+
+
+def _policy_argv(policy: bool, max_shard_bytes: int | None) -> list[str]:
+    from specdraft.errors import UserError
+
+    if max_shard_bytes is not None and not policy:
+        raise UserError("--max-shard-bytes applies to --policy exports", "add --policy, or drop --max-shard-bytes")
+    if not policy:
+        return []
+    return ["--policy"] + (["--max-shard-bytes", str(max_shard_bytes)] if max_shard_bytes is not None else [])
 
 
 def register(app) -> None:

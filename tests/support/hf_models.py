@@ -27,8 +27,17 @@ COMMON = dict(
 )
 
 
-def make(kind: str, folder: Path, seed: int = 0, **changes) -> Path:
-    """Write a tiny ``kind`` (llama, mixtral, qwen3) checkpoint into ``folder``; returns it."""
+def make(
+    kind: str,
+    folder: Path,
+    seed: int = 0,
+    max_shard_size: str | None = None,
+    tokenizer: bool = False,
+    dtype: torch.dtype = torch.float32,
+    **changes,
+) -> Path:
+    """Write a tiny ``kind`` (llama, mixtral, qwen3) checkpoint into ``folder`` (sharded when ``max_shard_size`` is
+    given, with a tiny BPE tokenizer when ``tokenizer``, stored in ``dtype``); returns it."""
     import transformers
 
     torch.manual_seed(seed)
@@ -48,8 +57,28 @@ def make(kind: str, folder: Path, seed: int = 0, **changes) -> Path:
                 p.uniform_(0.5, 1.5)
             else:
                 p.normal_(0.0, 0.1)
-    model.save_pretrained(folder)
+    model.to(dtype).save_pretrained(folder, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+    if tokenizer:
+        save_tokenizer(folder)
     return folder
+
+
+def save_tokenizer(folder: Path) -> None:
+    """A byte-level BPE of at most VOCAB tokens trained on generated text, saved as transformers saves one."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    words = ["policy", "draft", "token", "layer", "rank", "shard", "vocab", "sequence"]
+    text = [" ".join(words[(i * j) % len(words)] for j in range(12)) for i in range(200)]
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB - 1, special_tokens=["<unk>", "<s>", "</s>"])
+    tok.train_from_iterator(text, trainer)
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    fast.save_pretrained(folder)
 
 
 def overrides(folder: Path, kind: str = "llama") -> list[str]:

@@ -54,11 +54,11 @@ def export_checkpoint(run_dir: Path, step: int | None, output: Path) -> dict:
     }
 
 
-def export_policy(run_dir: Path, step: int | None, output: Path) -> dict:
+def export_policy(run_dir: Path, step: int | None, output: Path, max_shard_bytes: int | None = None) -> dict:
     """Write the policy of ``run_dir``'s checkpoint at ``step`` (the newest when None) to ``output`` as a HF folder.
 
     Loaded on the CPU in the export's dtype (the input checkpoint's, else the run's), so an fp32 or bf16 import
-    round-trips exactly. When the run has a draft, the pair rule with its EAGLE-3 export is checked first."""
+    round-trips exactly; safetensors shards of at most ``max_shard_bytes`` (default 5 GB)."""
     from specdraft.runtime.serve import offline
 
     plan = offline.read_run_plan(run_dir)
@@ -69,10 +69,6 @@ def export_policy(run_dir: Path, step: int | None, output: Path) -> dict:
     from specdraft.runtime.models.hf import export as hf_export
 
     dtype = hf_export.export_dtype(plan)
-    if plan.draft.enabled and plan.spec.draft.num_layers == 1:
-        from specdraft.runtime.serve import eagle3 as eagle3_format
-
-        hf_export.check_pair(hf_export.policy_config(plan), eagle3_format.config(plan, dtype))
     with offline.single_process():
         target, _ = offline.load(plan, folder, draft=False, device=torch.device("cpu"), dtype=dtype)
         written = hf_export.write(
@@ -80,6 +76,7 @@ def export_policy(run_dir: Path, step: int | None, output: Path) -> dict:
             plan,
             target.state_dict(),
             {"source": "checkpoint", "checkpoint": str(folder), "step": int(meta["step"])},
+            max_shard_bytes=max_shard_bytes or hf_export.MAX_SHARD_BYTES,
         )
     return {"output": str(output), "step": int(meta["step"]), "checkpoint": str(folder), **written}
 
@@ -119,11 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest complete one)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="the folder to write")
     parser.add_argument("--policy", action="store_true", help="the policy as a Hugging Face checkpoint, not the draft")
+    parser.add_argument("--max-shard-bytes", type=int, default=None, help="--policy: the largest safetensors shard")
     args = parser.parse_args(argv)
     from specdraft.runtime.serve.offline import run_tool
 
-    work = export_policy if args.policy else export_checkpoint
-    return run_tool(lambda: work(args.run.absolute(), args.step, args.output.absolute()))
+    if args.policy:
+        return run_tool(
+            lambda: export_policy(args.run.absolute(), args.step, args.output.absolute(), args.max_shard_bytes)
+        )
+    return run_tool(lambda: export_checkpoint(args.run.absolute(), args.step, args.output.absolute()))
 
 
 if __name__ == "__main__":

@@ -159,8 +159,15 @@ def hf_tensors_of(plan: LaunchPlan, state: dict[str, torch.Tensor], dtype: torch
         yield hf_name, out
 
 
-def write(folder: Path, plan: LaunchPlan, state: dict[str, torch.Tensor], provenance: dict) -> dict:
-    """Write the policy export into ``folder`` (appearing whole: serve/folder.py); returns what was written."""
+def write(
+    folder: Path,
+    plan: LaunchPlan,
+    state: dict[str, torch.Tensor],
+    provenance: dict,
+    max_shard_bytes: int = MAX_SHARD_BYTES,
+) -> dict:
+    """Write the policy export into ``folder`` (appearing whole: serve/folder.py), in safetensors shards of at
+    most ``max_shard_bytes`` (a larger tensor gets a shard of its own); returns what was written."""
     from safetensors.torch import save_file
 
     from specdraft.runtime.serve.folder import write_folder, write_text
@@ -176,7 +183,7 @@ def write(folder: Path, plan: LaunchPlan, state: dict[str, torch.Tensor], proven
         temp_names = []
         for name, tensor in hf_tensors_of(plan, state, dtype):
             nbytes = tensor.numel() * tensor.element_size()
-            if shards[-1] and size + nbytes > MAX_SHARD_BYTES:
+            if shards[-1] and size + nbytes > max_shard_bytes:
                 temp_names.append(_save(save_file, shards[-1], tmp, len(temp_names)))
                 shards[-1], size = {}, 0
             shards[-1][name] = tensor
