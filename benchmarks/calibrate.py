@@ -1,6 +1,6 @@
 """Fit the step-time estimate's efficiency constants to NVIDIA's published H100 Megatron throughput, and report.
 
-    .venv/bin/python benchmarks/calibrate.py            # the table with the shipped constants (README figures)
+    .venv/bin/python benchmarks/calibrate.py            # the table with the shipped constants (docs/search.md figures)
     .venv/bin/python benchmarks/calibrate.py --fit      # refit: coordinate descent on the mean squared log error
 
 The fit is one set of constants for every point (no constant per point). gemm_bf16 is a measurement (an 8192^3
@@ -16,11 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdraft.perf.estimate import CALIBRATED, Estimator
 from specdraft.search.calibration import load_points, point_spec, published_rank, published_variants
-from tests.support.paths import REPO
 
 POINTS = Path(__file__).with_name("calibration_h100.yaml")
 # Only the two kernel efficiencies are fitted. Which TP and pipeline sends stay exposed follows megatron-core's

@@ -23,9 +23,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from tests.support.paths import REPO
 
-ROOT = REPO
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 STEPS, WARMUP, SHIFT_EVERY, INTERVAL = 150, 20, 50, 10

@@ -1,8 +1,8 @@
-"""The project's GPU check (issue 13), one command on a CUDA machine (scripts/gpu-check.sh installs what it needs):
+"""The project's GPU check, one command on a CUDA machine (scripts/gpu-check.sh installs what it needs):
 
 (a) branch attention against a dense float64 reference on the device: out, dq, dk, dv errors per dtype and
     backend, beside the same math in plain torch at that dtype;
-(b) branch attention forward+backward at the issue's shape (S=3, 8 x 4096 packed tokens, H=32, Hkv=8, D=128,
+(b) branch attention forward+backward at the benchmark shape (S=3, 8 x 4096 packed tokens, H=32, Hkv=8, D=128,
     bf16): ms and peak GiB beside the SDPA floor (S causal calls, default backend) and FlexAttention over the
     whole TTT mask, all timed in this process;
 (c) short co-training runs of layouts/one-gpu.yaml with and without the draft (`specdraft launch --executor
@@ -30,9 +30,8 @@ from plain_llama import Shape, plain_step_seconds  # this script's folder is on 
 
 from specdraft.runtime.attention import backend as attention_backend
 from specdraft.runtime.attention.branch import branch_attention
-from tests.support.paths import LAYOUTS
 
-LAYOUT = LAYOUTS / "one-gpu.yaml"
+LAYOUT = Path(__file__).resolve().parents[1] / "specdraft" / "layouts" / "one-gpu.yaml"
 # (c) on CPU: the one-GPU layout shrunk to seconds per step (8 layers: the draft's default taps must be distinct).
 SMOKE_OVERRIDES = [
     "cluster.gpu=cpu",

@@ -14,10 +14,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.memory_accuracy import memory_errors
-from tests.support.paths import REPO
 
 KEYS = ("target_loss", "draft_loss", "moe_aux_loss")
 

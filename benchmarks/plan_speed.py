@@ -13,9 +13,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from tests.support.paths import REPO
 
-ROOT = REPO
+ROOT = Path(__file__).resolve().parents[1]
 BIG = ["layouts/llama3-70b.yaml", "cluster.num_nodes=2048", "parallel.tp=8", "parallel.cp=8", "parallel.pp=16"]
 SPECDRAFT = [sys.executable, "-m", "specdraft.cli"]
 BASELINE = [

@@ -13,13 +13,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdraft.rollout.model import costmodel, trainer
 from specdraft.rollout.model.workload import LengthModel, synthetic
 from specdraft.rollout.schedule import dispatch, scheduler
 from specdraft.spec.load import builtin_layout_text, load_layout_text
-from tests.support.paths import REPO
 
 
 def timed(fn, repeats: int) -> float:

@@ -12,12 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdraft.rollout.model.workload import LENGTH_PRESETS
 from specdraft.rollout.report.compare import SimulateOptions, run
 from specdraft.spec.load import builtin_layout_text, load_layout, load_layout_text
-from tests.support.paths import REPO
 
 DEDICATED = ["rollout.colocated=false", "rollout.num_nodes=1"]
 PAT_LAYOUTS = ("layouts/llama3.1-8b-pat.yaml", "layouts/qwen3-14b-pat.yaml")

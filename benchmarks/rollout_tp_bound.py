@@ -16,14 +16,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdraft.rollout.model.profile import valid_tps
 from specdraft.rollout.model.workload import LENGTH_PRESETS, LengthModel, synthetic
 from specdraft.rollout.report.compare import SimulateOptions, cost_model, run
 from specdraft.rollout.sim.generation import GenConfig, simulate_generation
 from specdraft.spec.load import load_layout
-from tests.support.paths import REPO
 
 FRACTIONS = (0.01, 0.02, 0.035, 0.06, 0.085, 0.11, 0.17, 0.23, 0.29, 0.34, 0.46, 0.57, 0.68, 0.8, 0.91, 1.0)
 
@@ -78,7 +77,7 @@ def main() -> None:
             sigma=sigma,
             correlation=correlation,
         )
-        # `simulate --adaptive-tp` on this seed alone: the static TPs, verl and the planner, as the README reports.
+        # `simulate --adaptive-tp` on this seed alone: the static TPs, verl and the planner, as docs/rollout.md reports.
         gen = run(spec, replace(opts, first_seed=seed)).data["generation"]
         best_tp, best = gen["best_static_tp"]["tp"], gen["best_static_tp"]["makespan_s"]["mean"]
         verl, planner = gen["verl"]["makespan_s"]["mean"], gen["adaptive"]["makespan_s"]["mean"]

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdraft.rollout.model import costmodel
 from specdraft.rollout.model.workload import LengthModel, synthetic
@@ -24,7 +24,6 @@ from specdraft.rollout.schedule import verl
 from specdraft.rollout.schedule.adaptive_tp import PlannerConfig, RemainingPredictor
 from specdraft.rollout.sim.generation import GenConfig, choose_start, simulate_generation
 from specdraft.spec.load import builtin_layout_text, load_layout_text
-from tests.support.paths import REPO
 
 TPS = [1, 2, 4, 8]
 REGIMES = ((300, 4096), (500, 4096), (1000, 8192), (1000, 16384), (3000, 16384))

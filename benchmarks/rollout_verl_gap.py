@@ -16,14 +16,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdraft.rollout.model.workload import LENGTH_PRESETS, LengthModel, synthetic
 from specdraft.rollout.report.compare import SimulateOptions, cost_model, run
 from specdraft.rollout.schedule import verl
 from specdraft.rollout.sim.generation import GenConfig, simulate_generation
 from specdraft.spec.load import load_layout
-from tests.support.paths import REPO
 
 REGIMES = (
     ("layouts/qwen3-8b.yaml", "long-tail"),

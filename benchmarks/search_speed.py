@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = REPO
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specdraft.assemble import compile  # noqa: E402
@@ -27,7 +27,6 @@ from specdraft.perf.estimate import estimate  # noqa: E402
 from specdraft.search.ranking import search  # noqa: E402
 from specdraft.search.space import bases, candidate_spec, splits  # noqa: E402
 from specdraft.spec.load import load_layout  # noqa: E402
-from tests.support.paths import REPO
 
 LAYOUT = ROOT / "specdraft" / "layouts" / "llama3-70b.yaml"
 OVERRIDES = ["cluster.num_nodes=128"]  # 128 x 8 = 1,024 GPUs

@@ -21,9 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(REPO))  # for tests.support.distributed, the house harness
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.support.distributed, the house harness
 from tests.support.distributed import run_distributed
-from tests.support.paths import REPO
 
 BASE = [
     "cluster.gpus_per_node=2",

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The project's GPU check (issue 13): on a CUDA machine with torch preinstalled and no network, install the other
+# The project's GPU check: on a CUDA machine with torch preinstalled and no network, install the other
 # dependencies from a folder of wheels and the project itself into a private site folder, then run
 # benchmarks/gpu_check.py, which prints (a) branch attention vs a float64 reference on the GPU, (b) its speed and
 # memory beside the SDPA floor and FlexAttention, (c) one-GPU co-training beside a plain PyTorch step.
 #
 #   scripts/gpu-check.sh WHEELS_DIR [gpu_check.py options, e.g. --parts a b]     (or: make gpu-check WHEELS=DIR)
 #
-# WHEELS_DIR holds megatron-core, omegaconf, antlr4-python3-runtime and submitit wheels for the GPU machine's
-# Python (README, "GPU", says how to download them). PYTHON picks the interpreter (default python3), and
+# WHEELS_DIR holds megatron-core, omegaconf (>= 2.4), submitit and the other wheels for the GPU machine's Python
+# (docs/gpu.md, "The wheels", says how to download them). PYTHON picks the interpreter (default python3), and
 # SPECDRAFT_GPU_SITE the site folder (default /tmp/specdraft-site).
 set -euo pipefail
 
@@ -25,7 +25,7 @@ fi
 shopt -s nullglob
 found=("$wheels"/*.whl)
 if [ ${#found[@]} -eq 0 ]; then
-    echo "gpu-check: no .whl files in '$wheels' (see README, GPU: the wheels to download)" >&2
+    echo "gpu-check: no .whl files in '$wheels' (see docs/gpu.md, 'The wheels': what to download)" >&2
     exit 2
 fi
 
@@ -39,8 +39,8 @@ if ! "$python" -c 'import torch' 2>/dev/null; then
 fi
 # --no-deps: torch and the rest are the machine's own; --upgrade: a rerun replaces the previous install.
 "$python" -m pip install -q --no-index --no-deps --upgrade --target "$site" "${found[@]}"
-# Installed, not put on PYTHONPATH from the checkout: specdraft.layouts and specdraft.templates exist only as
-# installed packages (package-dir mapping). --no-build-isolation: no network for a build environment.
+# Installed as a user installs it (the layouts and templates as package data), not run from the checkout.
+# --no-build-isolation: no network for a build environment.
 "$python" -m pip install -q --no-index --no-deps --upgrade --no-build-isolation --target "$site" "$root"
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$site/bin:$PATH"

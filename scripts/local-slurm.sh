@@ -14,7 +14,7 @@
 # path; `down` removes it so clients fail fast); a marked line in /etc/hosts; and /run/munge (munged's
 # default socket, which auth/munge expects).
 #
-# Facts this relies on (docs: /work/shared/notes/local-slurm.md, verified on this kind of machine):
+# Facts this relies on (verified with Debian 12's Slurm 22.05 packages in a container):
 # - proctrack/cgroup fails in this container, so proctrack/linuxproc + task/none, no cgroup.conf.
 # - Debian's build has MULTIPLE_SLURMD: NodeHostname=localhost NodeAddr=127.0.0.1 Port=[...] and one
 #   `slurmd -N nX` each. The names must resolve, since torch's MASTER_ADDR will be `n1`.
@@ -274,7 +274,8 @@ start_mariadb() {
 			--auth-root-authentication-method=socket >"$LOG/mariadb-install.log" 2>&1 ||
 			{ tail_log "$LOG/mariadb-install.log"; die "mariadb-install-db failed"; }
 	fi
-	# Output goes to a shell redirect, not --log-error (see the notes); --user drops root itself.
+	# Output goes to a shell redirect, not --log-error (mariadbd dies silently when that points into a
+	# root-owned dir, see above); --user drops root itself.
 	mariadbd --no-defaults --user=mysql --datadir="$DB_DATA" --socket="$DB_SOCK" \
 		--pid-file="$DB_RUN/mariadbd.pid" --bind-address=127.0.0.1 --port="$DB_PORT" \
 		--innodb-lock-wait-timeout=900 >>"$LOG/mariadb.log" 2>&1 &

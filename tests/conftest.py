@@ -114,3 +114,23 @@ def specdraft_cli(tmp_path):
 
 
 # --------------------------------------- end of the launch section ---------------------------
+
+
+# ---------------------------------------------------------------------------------------------
+# The CLI in this process (tests/support/cli.py) for tests not about the process itself: the same
+# app and error boundary as `specdraft`, without an interpreter start per call.
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def specdraft_in_process(tmp_path):
+    """run(*args, cwd=tmp_path, env=None) -> the exit code, stdout and stderr of `specdraft ARGS`, run here."""
+    from tests.support.cli import run_cli
+
+    def run(*args, cwd=None, env=None):
+        return run_cli(*args, cwd=cwd or tmp_path, env=env)
+
+    return run
+
+
+# --------------------------------------- end of the in-process CLI section -------------------

@@ -188,6 +188,21 @@ def version() -> None:
     print(__version__)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        print(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the specdraft version and exit."
+    ),
+) -> None:
+    """Plan, validate and launch RL post-training with an online co-trained EAGLE-3 draft under TP/CP/PP."""
+
+
 def _register_optional_commands() -> None:
     """Launch/run-management, rollout, search and export commands live in their own modules (imported lazily
     inside); `rollout measure` joins the rollout sub-app."""

@@ -43,9 +43,9 @@ def measure_cmd(
     ):
         if not 1 <= value <= 1 << 16:
             raise UserError(f"{option} {value}: must be in 1..65536", f"e.g. {option} {3 if option == '--k' else 8}")
-    for option, value in (("--step", step), ("--draft-step", draft_step)):
-        if value is not None and value < 0:
-            raise UserError(f"{option} {value}: a checkpoint step is >= 0", f"drop {option} for the newest")
+    for option, chosen in (("--step", step), ("--draft-step", draft_step)):
+        if chosen is not None and chosen < 0:
+            raise UserError(f"{option} {chosen}: a checkpoint step is >= 0", f"drop {option} for the newest")
     folder, _, _ = resolve_run(run)
     payload.require_runtime("rollout measure")
     argv = [

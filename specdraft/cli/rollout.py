@@ -274,7 +274,8 @@ def profile_cmd(
     _print_profile(_console(), spec.name, rows)
     from specdraft.rollout.model.profile import calibration_rows
 
-    title = f"calibration against the shared notes' anchors ({spec.cluster.gpu}, model-based)"
+    # The published anchors: microsoft/vidur's H100 profiles, vLLM's custom all-reduce as SGLang PR #2904 measures it.
+    title = f"calibration against published figures: vidur, SGLang PR #2904 ({spec.cluster.gpu}, model-based)"
     table = _table(title, ["anchor", "published", "model"])
     for row in calibration_rows(cost):
         table.add_row(*row)

@@ -132,7 +132,7 @@ def choose(requested: str | None) -> tuple[Executor, str]:
                 f"--executor {requested!r} is not an executor", " or ".join(f"use --executor {n}" for n in REGISTRY)
             )
         return get(requested), "requested"
-    reasons = []
+    reasons: list[str] = []
     for name in REGISTRY:
         ok, why = executor_class(name).available()
         if ok:

@@ -43,11 +43,13 @@ def run(module: str, argv: list[str], on_stderr: Callable[[str], None]) -> str:
         text=True,
         errors="replace",
     )
+    stdout, stderr = proc.stdout, proc.stderr
+    assert stdout is not None and stderr is not None  # both are PIPE above; Popen types them Optional
     errors: list[UserError] = []
     tail: list[str] = []
 
     def pump() -> None:
-        for line in proc.stderr:
+        for line in stderr:
             line = line.rstrip("\n")
             found = parse_payload_error(line)
             if found is not None:
@@ -59,7 +61,7 @@ def run(module: str, argv: list[str], on_stderr: Callable[[str], None]) -> str:
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
-    out = proc.stdout.read()
+    out = stdout.read()
     code = proc.wait()
     reader.join()
     if errors:

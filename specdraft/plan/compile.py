@@ -52,6 +52,7 @@ def parallel_plan(spec: LayoutSpec) -> ParallelPlan:
 
 
 def model_shape(spec: LayoutSpec) -> ModelShape:
+    """The resolved model section: every null and default of spec.model made explicit."""
     m = spec.model
     return ModelShape(
         num_layers=m.num_layers,
@@ -62,11 +63,23 @@ def model_shape(spec: LayoutSpec) -> ModelShape:
         head_dim=derived.head_dim(m),
         vocab_size=m.vocab_size,
         seq_length=m.seq_length,
+        max_position_embeddings=m.max_position_embeddings if m.max_position_embeddings is not None else m.seq_length,
         num_experts=m.num_experts,
         moe_ffn_hidden_size=m.moe_ffn_hidden_size,
         moe_router_topk=m.moe_router_topk,
+        moe_aux_loss_coeff=m.moe_aux_loss_coeff,
         swiglu=m.swiglu,
+        normalization=m.normalization,
+        norm_epsilon=m.norm_epsilon,
+        add_bias_linear=m.add_bias_linear,
+        add_qkv_bias=m.add_qkv_bias,
+        attention_dropout=m.attention_dropout,
+        hidden_dropout=m.hidden_dropout,
+        rotary_base=m.rotary_base,
+        rope_scaling=m.rope_scaling,
+        qk_layernorm=m.qk_layernorm,
         tie_embeddings=m.tie_embeddings,
+        path=m.path,
     )
 
 

@@ -13,9 +13,9 @@ from typing import Any, Optional, Union
 
 from specdraft.plan.codec import PlanFormatError, decode, encode_rows, encode_value
 from specdraft.spec.derived import draft_vocab_size
-from specdraft.spec.schema import LayoutSpec
+from specdraft.spec.schema import LayoutSpec, RopeScaling
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: the model section says what the model is (norm, biases, dropout, RoPE, QK norm, path)
 Tap = Union[int, str]  # a target layer index, or "embedding" / "logits"
 
 
@@ -25,7 +25,8 @@ class PlanVersionError(PlanFormatError):
 
 @dataclass(frozen=True, kw_only=True)
 class ModelShape:
-    """The target's shape with every default resolved, computed once at compile time."""
+    """The target model with every default resolved, computed once at compile time: its shape and what its layers
+    are. Renders and the runtime build the model from this section alone."""
 
     num_layers: int
     hidden_size: int
@@ -35,11 +36,23 @@ class ModelShape:
     head_dim: int  # kv_channels, else hidden_size / num_attention_heads
     vocab_size: int
     seq_length: int
+    max_position_embeddings: int  # the model's trained context; seq_length when the spec leaves it null
     num_experts: Optional[int]
     moe_ffn_hidden_size: Optional[int]
     moe_router_topk: int
+    moe_aux_loss_coeff: float
     swiglu: bool
+    normalization: str  # RMSNorm | LayerNorm
+    norm_epsilon: float
+    add_bias_linear: bool
+    add_qkv_bias: bool
+    attention_dropout: float
+    hidden_dropout: float
+    rotary_base: int
+    rope_scaling: Optional[RopeScaling]
+    qk_layernorm: bool
     tie_embeddings: bool
+    path: str  # checkpoint folder or hub id
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -193,6 +193,8 @@ def choose(
     """
     found = [] if mode == "from" else complete_checkpoints(run_dir, warn)
     if mode == "from" or (mode == "auto" and not found and resume_from is not None):
+        if resume_from is None:
+            raise ResumeError('resume mode "from" needs a checkpoint folder (--resume-from)')
         folder = Path(resume_from).absolute()
         if not folder.is_dir():
             raise ResumeError(f"--resume-from {folder}: no such checkpoint folder")

@@ -211,7 +211,7 @@ class RunEntry:
 def list_runs(root: str | Path = RUNS_DIR) -> list[RunEntry]:
     """Every run folder under ``root`` (and every folder there that holds a run.json), newest first; one that
     cannot be read is listed with the reason instead of failing the whole listing."""
-    out = []
+    out: list[RunEntry] = []
     base = Path(root)
     if not base.is_dir():
         return out
@@ -244,14 +244,15 @@ def resolve_run(arg: str | None, root: str | Path = RUNS_DIR) -> tuple[Path, Run
     folder, its record, and the folders under ``root`` that could not be read (None given only)."""
     if arg is None:
         runs = list_runs(root)
-        good = [e for e in runs if e.record is not None]
+        good = [(e.folder, e.record) for e in runs if e.record is not None]
         if not good:
             broken = f" ({len(runs)} unreadable: see `specdraft runs`)" if runs else ""
             raise UserError(
                 f"no readable runs under {os.path.abspath(root)}{broken}",
                 "start one with `specdraft launch`, or name a run folder",
             )
-        return good[0].folder, good[0].record, [e for e in runs if e.record is None]
+        newest_folder, newest = good[0]
+        return newest_folder, newest, [e for e in runs if e.record is None]
     candidates = list(dict.fromkeys((Path(arg), Path(root) / arg)))  # an absolute arg is both
     for candidate in candidates:
         if candidate.is_dir() and (is_run_dir(candidate) or (candidate / RECORD).exists()):

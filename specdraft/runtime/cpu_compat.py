@@ -3,7 +3,7 @@
 `apply(device)` is a no-op for a CUDA device: on GPU nothing is patched (there megatron's own CUDA paths run:
 `tensor_parallel.model_parallel_cuda_manual_seed` is called by runtime.entry instead of (3)). For a CPU run, even
 on a machine that has CUDA, it redirects exactly these
-(file:line in megatron/core, verified in shared/notes/megatron-cpu.md):
+(file:line in megatron/core 0.16.1, each verified by reading that release's source):
 1. `torch.cuda.current_device()` -> "cpu" device. Hit by GlobalMemoryBuffer.get_tensor (utils.py:631), RoPE's
    inv_freq move (rotary_pos_embedding.py:162), the pipeline's receive buffers (p2p_communication.py:313,321) and
    dist_checkpointing's save (strategies/state_dict_saver.py:252, save_state_dict_async_finalize's failure flag).

@@ -1,9 +1,9 @@
 """Published throughput points (benchmarks/calibration_h100.yaml) and what the estimate and the search make of them.
 
-Used by benchmarks/calibrate.py (fit and report) and tests/test_search_calibration.py (the accuracy and ranking
-targets). A point fixes what its table row publishes (tp, pp, cp, vpp, ep, micro batch) and what the cited recipe
-of the run sets (recompute, sequence parallelism, expert tp, the pipeline split): its estimate is the best verified
-layout with those values, and its rank counts distinct published-field tuples in the search's order.
+Used by benchmarks/calibrate.py (fit and report) and tests/unit/search/test_search_calibration.py (the accuracy and
+ranking targets). A point fixes what its table row publishes (tp, pp, cp, vpp, ep, micro batch) and what the cited
+recipe of the run sets (recompute, sequence parallelism, expert tp, the pipeline split): its estimate is the best
+verified layout with those values, and its rank counts distinct published-field tuples in the search's order.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def published_rank(
     """(1-based rank of the published fields among the search's distinct field tuples (None below ``depth``),
     the first ``depth`` tuples, the best estimate in tokens/s/GPU).
 
-    The search runs for the point's model, GPU count, batch sizes and sequence length (issue 18's target): the
+    The search runs for the point's model, GPU count, batch sizes and sequence length (the ranking target): the
     global and the micro batch are the run's, every layout field is searched."""
     spec = point_spec(point)
     spec = dataclasses.replace(spec, parallel=dataclasses.replace(spec.parallel, vpp=None))

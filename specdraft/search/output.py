@@ -8,7 +8,7 @@ from specdraft.spec.load import spec_to_dict
 
 
 def row_json(row: Row) -> dict:
-    """One layout as the issue's JSON row, plus `layer_split` (the uneven or accounted split it uses)."""
+    """One layout as a JSON row (docs/search.md), plus `layer_split` (the uneven or accounted split it uses)."""
     spec, est = row.spec, row.estimate
     p, t = spec.parallel, spec.training
     return {

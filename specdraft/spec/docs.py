@@ -74,7 +74,15 @@ def all_fields(cls: type = schema.LayoutSpec, prefix: str = "") -> list[FieldDoc
         )
         if section:
             out += all_fields(tp, f"{path}.")
+        elif (inner := _optional_dataclass(tp)) is not None:
+            out += all_fields(inner, f"{path}.")  # e.g. model.rope_scaling.factor, documented under its field
     return out
+
+
+def _optional_dataclass(tp) -> type | None:
+    """The dataclass of an `Optional[SomeDataclass]` field (a value that may be null), else None."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if len(args) == 1 and is_dataclass(args[0]) and type(None) in typing.get_args(tp) else None
 
 
 def explain(path: str) -> list[FieldDoc]:

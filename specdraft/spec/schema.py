@@ -12,8 +12,22 @@ REQUIRED = object()  # sentinel for documentation only; required fields simply h
 
 
 @dataclass(frozen=True, kw_only=True)
+class RopeScaling:
+    """Llama-3.1's RoPE frequency scaling (HF rope_scaling with rope_type llama3)."""
+
+    factor: float = 8.0
+    """Divisor of the low frequencies (--rope-scaling-factor; HF rope_scaling.factor)."""
+    low_freq_factor: float = 1.0
+    """Wavelengths above original_max_position_embeddings / low_freq_factor are divided by factor."""
+    high_freq_factor: float = 4.0
+    """Wavelengths below original_max_position_embeddings / high_freq_factor are kept; those between blend."""
+    original_max_position_embeddings: int = 8192
+    """Context length the model was pre-trained at before the scaling."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
-    """The target model's shape (take it from the model's published config)."""
+    """The target model: its shape and what its layers are, as the model's published config says."""
 
     num_layers: int
     """Number of transformer layers (Megatron --num-layers; HF num_hidden_layers)."""
@@ -31,6 +45,9 @@ class ModelSpec:
     """Vocabulary size (padded or not; Megatron pads it to a multiple of 128*tp itself)."""
     seq_length: int
     """Training sequence length in tokens (per packed microbatch row)."""
+    max_position_embeddings: Optional[int] = None
+    """Context length the model was trained for (--max-position-embeddings; HF max_position_embeddings); null means
+    seq_length. Megatron-LM needs it >= seq_length, so the render passes the larger of the two."""
     num_experts: Optional[int] = None
     """Number of routed MoE experts; null for a dense model."""
     moe_ffn_hidden_size: Optional[int] = None
@@ -40,11 +57,32 @@ class ModelSpec:
     moe_aux_loss_coeff: float = 0.0
     """MoE router load-balancing loss coefficient (--moe-aux-loss-coeff; HF router_aux_loss_coef); 0 = off."""
     swiglu: bool = True
-    """Gated (SwiGLU) MLP with three weight matrices; false for a plain two-matrix MLP."""
+    """Gated (SwiGLU) MLP with three weight matrices (--swiglu; HF hidden_act silu); false for a plain GeLU MLP."""
+    normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
+    """Norm of every layer, the final norm and the QK norm (--normalization; Megatron-LM's default is LayerNorm)."""
+    norm_epsilon: float = 1.0e-5
+    """Epsilon of every norm (--norm-epsilon; HF rms_norm_eps)."""
+    add_bias_linear: bool = False
+    """Biases in every linear layer: QKV, attention output and MLP (Megatron-LM's default is on; off renders
+    --disable-bias-linear; HF attention_bias and mlp_bias both true)."""
+    add_qkv_bias: bool = False
+    """Biases in the QKV projection alone (--add-qkv-bias), for models without other biases."""
+    attention_dropout: float = 0.0
+    """Dropout on the attention probabilities (--attention-dropout; Megatron-LM's default is 0.1; HF
+    attention_dropout)."""
+    hidden_dropout: float = 0.0
+    """Dropout after the attention and MLP blocks (--hidden-dropout; Megatron-LM's default is 0.1)."""
+    rotary_base: int = 10000
+    """RoPE base theta (--rotary-base; HF rope_theta); positions are rotary (--position-embedding-type rope)."""
+    rope_scaling: Optional[RopeScaling] = None
+    """Llama-3.1's RoPE scaling (--use-rope-scaling, --rope-scaling-factor); null = none."""
+    qk_layernorm: bool = False
+    """Normalise each head's query and key before RoPE (--qk-layernorm; Qwen3)."""
     tie_embeddings: bool = False
-    """Share the input embedding and output layer weights."""
+    """Share the input embedding and output layer weights (HF tie_word_embeddings; untied renders
+    --untie-embeddings-and-output-weights)."""
     path: str = "model"
-    """Checkpoint path or hub id of the policy, used by the NeMo-RL and vLLM renders."""
+    """Checkpoint path or hub id of the policy, used by the Megatron-LM, NeMo-RL and vLLM renders."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,6 +14,7 @@ from specdraft.spec.bounds import check as check_bounds
 from specdraft.spec.derived import default_aux_layers, etp, kv_heads, pad_multiple, resolved_dp, world_size
 from specdraft.spec.gpus import CATALOGUE
 from specdraft.spec.schema import LayoutSpec
+from specdraft.spec.validate_model import model_rules
 from specdraft.spec.validate_run import checkpoint_rules, slurm_rules
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -101,6 +102,8 @@ def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
             "the router's load-balancing loss needs an MoE model (model.num_experts)",
             "set model.moe_aux_loss_coeff=0 or model.num_experts",
         )
+
+    model_rules(spec, err, warn)
 
     if c.num_nodes < 1:
         err("cluster.num_nodes", c.num_nodes, "must be >= 1", "set the number of nodes in the allocation")

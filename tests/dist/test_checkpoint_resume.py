@@ -11,8 +11,8 @@
   and the previous complete one gives a bit-identical continuation; a resume with nothing to resume exits 2.
 
 A stop by USR2 on one rank (all ranks agree on the step, save, exit 75) and its resume run through the CLI in
-tests/dist/test_launch_resume.py, and on Slurm in tests/slurm/test_preempt_slurm.py; the refusals of another spec or model
-shape are checked there too, by the launcher, before any rank starts (the ranks apply the same
+tests/dist/test_launch_resume.py, and on Slurm in tests/slurm/test_preempt_slurm.py; the refusals of another spec or
+model shape are checked there too, by the launcher, before any rank starts (the ranks apply the same
 runs/checkpoints.choose). One 4-rank run serves every check here, so this file starts 11 rank processes.
 """
 

@@ -1,4 +1,4 @@
-"""The runtime's CUDA-only paths, run on CPU/gloo wherever they can run there (README, "CUDA path review"):
+"""The runtime's CUDA-only paths, run on CPU/gloo wherever they can run there (docs/gpu.md, "CUDA path review"):
 
 - bf16 parameters with fp32 main weights through the real rank payload: close to the fp32 run; the distributed
   optimizer (dp = 2, whole-parameter owners) gives bit-identical metrics to the replicated one; the plan's memory
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,8 +28,8 @@ from specdraft.runtime.models.target import BATCH_P2P_ENV
 from specdraft.runtime.train.precision import NONFINITE_ENV
 from tests.support.distributed import run_distributed
 from tests.support.memory_accuracy import assert_memory_matches_plan
-from tests.support.rank_procs import RankRun, metrics, result, without_timing, write_plan
 from tests.support.paths import SHIPPED
+from tests.support.rank_procs import RankRun, metrics, result, without_timing, write_plan
 
 pytestmark = pytest.mark.dist
 MIXTRAL = SHIPPED / "mixtral-tiny-cpu.yaml"

@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+
 from tests.support.paths import REPO
 
 ROOT = REPO

@@ -14,7 +14,6 @@ through megatron's all-to-all dispatcher, forward and backward).
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slurm
 
 def _executor(folder, cluster, **params) -> submitit.AutoExecutor:
     executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
-    # timeout_min <= 2 would let submitit's default USR2@90 signal fire at once (see the notes).
+    # timeout_min <= 2 would let submitit's default USR2@90 signal fire at once (90 s before a 2-minute limit).
     executor.update_parameters(slurm_partition=cluster.partition, timeout_min=5, **params)
     return executor
 

@@ -33,7 +33,7 @@ def memory_errors(folder: Path) -> dict[int, dict[str, float]]:
 
 
 def assert_memory_matches_plan(folder: Path) -> float:
-    """Every rank within RELATIVE_BOUND; returns the largest relative error (for the figures in the README)."""
+    """Every rank within RELATIVE_BOUND; returns the largest relative error (for the figures in docs/runtime.md)."""
     errors = memory_errors(folder)
     worst = max(abs(e) for per_rank in errors.values() for e in per_rank.values())
     assert worst <= RELATIVE_BOUND, {

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from specdraft.errors import UserError
 from specdraft.execute.executor import Executor, Observation, ProgressFn
 from specdraft.execute.slurm import commands as slurmcmd
 from specdraft.runs.record import RunRecord, now_iso
 from specdraft.runs.rundir import TERMINAL, update_record
+
+if TYPE_CHECKING:  # submitit is imported only when a job is submitted
+    from specdraft.execute.slurm.submit import PlanExecutor
 
 
 class SlurmExecutor(Executor):
@@ -24,7 +27,7 @@ class SlurmExecutor(Executor):
     intent_state = "SUBMITTING"
 
     def __init__(self) -> None:
-        self._submitit = None
+        self._submitit: PlanExecutor | None = None
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -57,6 +60,8 @@ class SlurmExecutor(Executor):
         from specdraft.execute.slurm import submit
 
         run_dir = request.run_dir
+        if self._submitit is None:
+            raise RuntimeError("SlurmExecutor.start before ready: no submitit executor was built")
         try:
             job_id = submit.submit(self._submitit)
         except submit.SubmitRefused as err:

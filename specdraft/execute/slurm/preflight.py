@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Literal, overload
 
 from specdraft.errors import Problem, SpecError, UserError
 from specdraft.execute.slurm import commands as slurmcmd
@@ -267,6 +267,16 @@ def check(spec: LayoutSpec, part: Partition | None, names: list[str]) -> list[Pr
     return problems
 
 
+@overload
+def require(spec: LayoutSpec, warn: Callable[[str], None], *, strict: Literal[True], after: str = "") -> Partition: ...
+
+
+@overload
+def require(
+    spec: LayoutSpec, warn: Callable[[str], None], *, strict: bool = False, after: str = ""
+) -> Partition | None: ...
+
+
 def require(
     spec: LayoutSpec, warn: Callable[[str], None], *, strict: bool = False, after: str = ""
 ) -> Partition | None:
@@ -281,7 +291,7 @@ def require(
         warn(f"preflight skipped: {err.message}")
         return None
     problems = check(spec, part, names)
-    if problems:
+    if problems or part is None:  # check() names a missing partition as a problem
         raise SpecError(problems, f"the Slurm request (partition {part.name if part else spec.slurm.partition}){after}")
     if part.state != "UP":
         warn(f"partition {part.name} is {part.state}: the job will wait until it is UP")

@@ -1,7 +1,8 @@
 """Calibrated roofline cost model of one vLLM instance: decode/verify step time, prefill, all-reduce, KV capacity.
 
-Every constant is either from the GPU catalogue (specdraft/spec/gpus.py) or calibrated below against the public
-anchors collected in the shared notes (/work/shared/notes/field.md, "Rollout side"); docs/rollout.md has the table.
+Every constant is either from the GPU catalogue (specdraft/spec/gpus.py) or calibrated below against published
+measurements (microsoft/vidur's H100 profiles, vLLM's custom all-reduce as SGLang PR #2904 measures it); docs/rollout.md
+has the table.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from specdraft.spec.schema import LayoutSpec
 # microsoft/vidur's H100 profile of Llama-2-7B (data/profiling/compute/h100/meta-llama/Llama-2-7b-hf/mlp.csv) times
 # every token-wise op of one decoder layer: QKV and O projections, rope, both norms, the gated MLP and the residual
 # adds (vidur/profiling/mlp/mlp_impl.py::GPTBlock; only the attention kernel and the all-reduces are left out).
-# The notes quote it as "MLP per layer": ~180 us at TP1 and ~45 us at TP8 for <= 64 tokens, 375 us at TP1 for 512.
+# Its "MLP per layer" figures: ~180 us at TP1 and ~45 us at TP8 for <= 64 tokens, 375 us at TP1 for 512.
 # The layer reads 202.4M bf16 params (404.8 MB). A memory-bound layer costs W / (tp * eta_bw * BW) + floor; the two
 # <= 64-token points give eta_bw * 3.35 TB/s = 404.8 MB * 7/8 / 135 us, i.e. eta_bw = 0.783, and floor = 25.7 us.
 # The additive floor (not max(roofline, floor)) is what the profile shows in between: it predicts 103 us at TP2 and
@@ -46,7 +47,7 @@ ATTN_FLOOR_S = 12e-6
 CUSTOM_ALLREDUCE = {2: (8.7e-6, 238e9), 4: (8.7e-6, 120e9), 8: (10.0e-6, 106e9)}  # tp -> (latency s, bytes/s)
 CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20
 # NCCL (8 MiB and more, other TP sizes, the LM head's logits gather): latency + ring traffic 2 (tp-1)/tp * bytes over
-# NVLink. 1M fp16 elements then cost 34-38 us at TP2-8, inside vidur's measured 34-43 us (the notes' 30-45 us;
+# NVLink. 1M fp16 elements then cost 34-38 us at TP2-8, inside vidur's measured 34-43 us (its
 # network/h100_dgx/all_reduce.csv medians).
 NCCL_LATENCY_S = 30e-6
 # vLLM admits a request only while 1% of the KV blocks stay free (its watermark), which curbs preemption churn.

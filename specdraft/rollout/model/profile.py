@@ -50,7 +50,7 @@ ALLREDUCE_ANCHORS = (
 
 
 def calibration_rows(cost: CostModel) -> list[tuple[str, str, str]]:
-    """(anchor, published figure, this model) for the shared notes' anchors, on the layout's GPU and model.
+    """(anchor, published figure, this model) for the published anchors, on the layout's GPU and model.
 
     The vidur and all-reduce rows are H100 measurements, so they match only on an h100-80gb layout.
     """
@@ -77,7 +77,7 @@ def calibration_rows(cost: CostModel) -> list[tuple[str, str, str]]:
     ]
     for batch, ctx in ((1, 2048), (8, 4096), (64, 4096)):
         ratio = cost.decode_step(1, batch, batch * ctx, False) / cost.decode_step(8, batch, batch * ctx, False)
-        note = "1.3-2x (notes; assumes 30-45 us all-reduces)" if batch <= 8 else "(KV-bound: no anchor)"
+        note = "1.3-2x (derived from vidur; assumes 30-45 us all-reduces)" if batch <= 8 else "(KV-bound: no anchor)"
         rows.append((f"decode step tp1 / tp8, batch {batch}, context {ctx}", note, f"{ratio:.2f}x"))
     return rows
 

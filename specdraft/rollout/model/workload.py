@@ -15,15 +15,16 @@ from pathlib import Path
 
 from specdraft.errors import UserError
 
-# sigma = ln(10) / z_0.99 puts the p99 at 10x the median (shared notes, "Response lengths").
+# sigma = ln(10) / z_0.99 puts the p99 at 10x the median: the long tail reported for reasoning-RL rollouts.
 DEFAULT_SIGMA = math.log(10.0) / 2.326
 DEFAULT_MEDIAN = 3000
 # How strongly the n samples of one prompt share their length (correlation of log-lengths). An assumption:
-# the notes only say samples of a prompt correlate; 0.6 leaves a sizeable within-prompt spread.
+# the samples of one prompt correlate in length, but no published figure gives how strongly; 0.6 leaves a sizeable
+# within-prompt spread.
 DEFAULT_CORRELATION = 0.6
 # Length presets (`simulate --lengths`): (median, sigma, correlation). "deepscaler" is DeepScaleR's 8K stage: its
 # report (DeepScaleR-1.5B-Preview, agentica, Feb 2025) gives a mean response that fell from 5,500 to 3,500 tokens
-# while training at an 8K cap; with the notes' sigma (p99 = 10x the median) a median of 2,700 puts the capped mean at
+# while training at an 8K cap; with the default sigma (p99 = 10x the median) a median of 2,700 puts the capped mean at
 # 3,500 tokens and 13% of the samples at the cap (with rollout.max_response_length = 8192).
 LENGTH_PRESETS = {
     "long-tail": (DEFAULT_MEDIAN, DEFAULT_SIGMA, DEFAULT_CORRELATION),

@@ -46,6 +46,8 @@ def training_notes(spec: LayoutSpec) -> list[str]:
 def plan_overview(spec: LayoutSpec) -> dict:
     """The plan's rollout section (as compile builds it) plus the cost model's view of one instance."""
     plan = plan_rollout(spec)
+    if plan is None:
+        raise UserError("the layout's rollout section is disabled", "set rollout.enabled=true")
     r = spec.rollout
     cost = costmodel.from_spec(spec)
     train = trainer.from_spec(spec)

@@ -1,4 +1,4 @@
-"""Which branch-attention backend runs where: a fused kernel (attention_ops.py) where torch has its op, the dtype
+"""Which branch-attention backend runs where: a fused kernel (ops.py) where torch has its op, the dtype
 suits it and a probe call matches the reference on the device, else the reference. Owns the order of preference,
 the probe, the reasons for each rejection and the SPECDRAFT_ATTENTION_BACKEND override."""
 
@@ -16,9 +16,9 @@ ENV = "SPECDRAFT_ATTENTION_BACKEND"
 REFERENCE = "reference"
 _KERNELS = {k.name: k for k in (CudnnDense, FlashVarlen, CpuFlash)}
 BACKENDS = (*_KERNELS, REFERENCE)
-# Preference per device type. CUDA: cuDNN first (SDPA's default there and the fastest measured, notes/gpu.md),
-# varlen flash second. CPU: the flash-for-CPU op, 2.2x faster than the reference on the benchmark's shape
-# (README, branch-attention benchmark); fused ops take only the dtypes listed.
+# Preference per device type. CUDA: cuDNN first (SDPA's default there and the fastest measured on an H200,
+# docs/branch_attention.md "Backends"), varlen flash second. CPU: the flash-for-CPU op, 2.2x faster than the
+# reference on the benchmark's shape (docs/branch_attention.md "Benchmark"); fused ops take only the dtypes listed.
 _ORDER = {"cuda": ("fused-cudnn", "fused-flash"), "cpu": ("fused-cpu-flash",)}
 _DTYPES = {"cuda": (torch.bfloat16, torch.float16), "cpu": (torch.float64, torch.float32, torch.bfloat16)}
 # cuDNN builds an execution graph per new shape (several hundred ms: sgl-project/sglang#4650) and a dense kernel

@@ -1,6 +1,6 @@
 """Context-parallel attention for EAGLE-3 TTT drafts (one zigzag ring over the trunk K/V for all TTT steps, branch
 keys merged rank-locally): owns zigzag_shard/unshard, input validation, the ring's neighbours and byte counters,
-and branch_attention, which dispatches to the fused path (fused_attention.py) or the reference one."""
+and branch_attention, which dispatches to the fused path (fused.py) or the reference one."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The fused path of branch attention: the zigzag ring over the trunk K/V with one fused kernel call per block
-(attention_ops.py), the branch diagonal merged by log-sum-exp in bounded row chunks, and the autograd function
+(ops.py), the branch diagonal merged by log-sum-exp in bounded row chunks, and the autograd function
 whose backward runs each block's flash backward from the merged out and lse."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from specdraft.runtime.attention.ops import Layout, fold, pattern, unfold
 from specdraft.runtime.attention.reference import branch_backward, branch_forward, branch_queries, merge, pass_kv_grads
 
 # Elements of one fp32 query chunk of the branch diagonal (rows * J * H * D): bounds its temporaries, which at
-# the issue's shape (32768 tokens, H=32, D=128) would otherwise be two fp32 copies of q.
+# the GPU check's shape (32768 tokens, H=32, D=128) would otherwise be two fp32 copies of q.
 DIAGONAL_ELEMENTS = 1 << 24
 
 

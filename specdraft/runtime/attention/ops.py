@@ -46,7 +46,7 @@ class Layout:
                 self.runs[-1] = (r0, count + 1, n)
             else:
                 self.runs.append((start, 1, n))
-        self._varlen = None
+        self._varlen: dict | None = None
 
     def varlen(self) -> dict:
         """int32 cumulative lengths (whole and half sequences) and the row indices of every first/second half."""
@@ -82,7 +82,7 @@ def pattern(kind: str, half: int) -> tuple[slice, slice, bool]:
 class CpuFlash:
     """aten::_scaled_dot_product_flash_attention_for_cpu and its backward: dense (B, H, L, D), strided inputs,
     native GQA, lse natural-log (B, H, L) in fp32 (fp64 for fp64), causal top-left; verified against the reference
-    in tests/test_fused_attention.py. Not varlen, so a run of equal-length sequences is one call."""
+    in tests/unit/runtime/test_fused_attention.py. Not varlen, so a run of equal-length sequences is one call."""
 
     name, dense = "fused-cpu-flash", True
 
@@ -109,10 +109,10 @@ class CpuFlash:
 
 class CudnnDense:
     """aten::_scaled_dot_product_cudnn_attention(compute_log_sumexp=True) and ..._backward(out, logsumexp, ...):
-    SDPA's default backend on Hopper, 1.58x faster than FlashAttention-2 on the issue's shape (notes/gpu.md), so it
-    is preferred on CUDA. Dense (B, H, L, D) with strided views; lse (B, H, L, 1) fp32. The varlen
+    SDPA's default backend on Hopper, 1.58x faster than FlashAttention-2 on the benchmark shape (measured on an H200),
+    so it is preferred on CUDA. Dense (B, H, L, D) with strided views; lse (B, H, L, 1) fp32. The varlen
     aten::_cudnn_attention_forward (torch >= 2.13) is not used: torch's own varlen_attn rejects GQA on it and keeps
-    it switched off. Conventions (lse shape, philox tensors) are taken from a probe call (attention_backend.py)."""
+    it switched off. Conventions (lse shape, philox tensors) are taken from a probe call (backend.py)."""
 
     name, dense = "fused-cudnn", True
     _OPS = ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward")
@@ -168,7 +168,7 @@ class CudnnDense:
 class FlashVarlen:
     """aten::_flash_attention_forward/_backward with cu_seqlens (FlashAttention-2 in torch): one call for all packed
     sequences, native GQA, lse (Hf, total_q) fp32, causal bottom-right (only used with equal q/k lengths). 1.41x
-    the cuDNN floor on the issue's shape (notes/gpu.md): the fallback when cuDNN fails its probe."""
+    the cuDNN floor on the benchmark shape (measured on an H200): the fallback when cuDNN fails its probe."""
 
     name, dense = "fused-flash", False
     _OPS = ("_flash_attention_forward", "_flash_attention_backward")

@@ -1,6 +1,6 @@
 """The plain-torch reference kernels of branch attention: score tiles, the zigzag ring pass over the trunk K/V and
 its backward, the rank-local branch diagonal, and the autograd function that strings them together. The fused
-kernels (attention_ops.py) are tested against this path, which is itself tested against a dense float64 one."""
+kernels (ops.py) are tested against this path, which is itself tested against a dense float64 one."""
 
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ def aux_loss_coeff(plan: LaunchPlan) -> float:
     losses are normalised over the global batch), so megatron gets coeff / (cp * dp) for the same gradient.
     """
     par = plan.parallel
-    return plan.spec.model.moe_aux_loss_coeff / (par.cp * par.dp)
+    return plan.model.moe_aux_loss_coeff / (par.cp * par.dp)
 
 
 def is_expert(name: str) -> bool:

@@ -93,7 +93,7 @@ class StepMetrics:
 
     def _per_layer_and_microbatch(self, aux_sum: float) -> float | None:
         plan = self.ctx.plan
-        if not plan.model.num_experts or not plan.spec.model.moe_aux_loss_coeff:
+        if not plan.model.num_experts or not plan.model.moe_aux_loss_coeff:
             return None
         microbatches = plan.num_microbatches * plan.parallel.dp
         return aux_sum / (microbatches * plan.model.num_layers)

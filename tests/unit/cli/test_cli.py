@@ -1,4 +1,9 @@
-"""The CLI as users run it: real subprocesses, exit codes, one clear message, no traceback without debug."""
+"""The CLI as users run it: exit codes, one clear message, no traceback without debug.
+
+Most cases run in this process through the CLI's own app and error boundary (tests/support/cli.py); the ones
+about the process itself run the real interpreter: the exit status it returns, a traceback under SPECDRAFT_DEBUG,
+tables piped to a file, and output that is identical across processes (each with its own hash seed).
+"""
 
 from __future__ import annotations
 
@@ -9,13 +14,14 @@ import sys
 
 import pytest
 
+from tests.support.cli import run_cli
 from tests.support.paths import REPO
 
 ROOT = REPO
 BROKEN = ROOT / "examples" / "broken.yaml"
 
 
-def run(*args, env=None, cwd=None):
+def run_process(*args, env=None, cwd=None):
     full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
     full_env.pop("SPECDRAFT_DEBUG", None) if not (env and "SPECDRAFT_DEBUG" in env) else None
     return subprocess.run(
@@ -26,6 +32,10 @@ def run(*args, env=None, cwd=None):
         cwd=cwd or ROOT,
         timeout=120,
     )
+
+
+def run(*args):
+    return run_cli(*args, cwd=ROOT, env={"COLUMNS": "200"})
 
 
 def test_plan_default_prints_summary():
@@ -51,8 +61,8 @@ def test_tables_piped_to_a_file_are_not_cut_to_80_columns():
 
 
 def test_plan_json_is_byte_identical_and_written_atomically(tmp_path):
-    first = run("plan", "--format", "json")
-    second = run("plan", "--format", "json")
+    first = run_process("plan", "--format", "json")
+    second = run_process("plan", "--format", "json")
     assert first.returncode == 0 and first.stdout == second.stdout
     data = json.loads(first.stdout)
     for key in (
@@ -70,13 +80,13 @@ def test_plan_json_is_byte_identical_and_written_atomically(tmp_path):
     ):
         assert key in data
     target = tmp_path / "plan.json"
-    written = run("plan", "--format", "json", "-o", str(target))
+    written = run("plan", "--format", "json", "-o", str(target))  # in this process: the same bytes
     assert written.returncode == 0 and target.read_text() == first.stdout
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"], "no temp file left behind"
 
 
 def test_validate_broken_example_lists_every_problem_with_exit_2():
-    out = run("validate", str(BROKEN))
+    out = run_process("validate", str(BROKEN))
     assert out.returncode == 2
     assert "Traceback" not in out.stderr + out.stdout
     assert out.stderr.count("\n  - ") >= 5, out.stderr
@@ -85,7 +95,7 @@ def test_validate_broken_example_lists_every_problem_with_exit_2():
 
 
 def test_debug_env_shows_the_traceback():
-    out = run("validate", str(BROKEN), env={"SPECDRAFT_DEBUG": "1"})
+    out = run_process("validate", str(BROKEN), env={"SPECDRAFT_DEBUG": "1"})
     assert out.returncode != 0 and "Traceback" in out.stderr
 
 

@@ -1,6 +1,6 @@
 """User-named outputs are written only to regular files (or stdout for `-`); reads of special files never block.
 
-Every hostile target is built for real: FIFOs, symlinks, a socket, a folder, a device node. Issue 14, item 1.
+Every hostile target is built for real: FIFOs, symlinks, a socket, a folder, a device node.
 """
 
 from __future__ import annotations
@@ -11,29 +11,22 @@ import json
 import os
 import socket
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from specdraft.errors import UserError
 from specdraft.fsutil import atomic_write_text, check_output_path, read_regular_file
+from tests.support.cli import run_cli
 from tests.support.paths import REPO
 
 ROOT = REPO
 
 
 def cli(*args, cwd):
-    # A subprocess with a timeout: a write that opened the FIFO would block here rather than hang the suite.
-    return subprocess.run(
-        [sys.executable, "-m", "specdraft.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    # In this process (tests/support/cli.py); a write or read that opened a FIFO would block, and the timeout
+    # marks on the tests below turn that into a failure rather than a hung suite.
+    return run_cli(*args, cwd=cwd, env={"COLUMNS": "200"})
 
 
 def hostile_targets(folder: Path) -> dict[str, Path]:
@@ -98,6 +91,7 @@ def test_a_regular_file_is_replaced_whole_and_long_names_work(tmp_path):
         atomic_write_text(blocker / "x.json", "y")
 
 
+@pytest.mark.timeout(60)
 def test_cli_outputs_refuse_special_files_and_leave_them_alone(tmp_path):
     targets = hostile_targets(tmp_path / "t")
     commands = [
@@ -117,6 +111,7 @@ def test_cli_outputs_refuse_special_files_and_leave_them_alone(tmp_path):
             assert snapshot(target) == before, (kind, command)
 
 
+@pytest.mark.timeout(60)
 def test_dash_means_stdout_and_nothing_else_is_printed_with_it(tmp_path):
     out = cli("plan", "-o", "-", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
@@ -146,6 +141,7 @@ def test_reads_refuse_fifos_and_devices_without_blocking(tmp_path):
     assert read_regular_file(linked, 4096, "layout file") == b"#" * 2048  # a link to a regular file is fine
 
 
+@pytest.mark.timeout(60)
 def test_cli_inputs_that_are_fifos_end_with_exit_2(tmp_path):
     targets = hostile_targets(tmp_path / "t")
     for args in (

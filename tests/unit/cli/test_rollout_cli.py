@@ -3,26 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
+from tests.support.cli import run_cli
 from tests.support.paths import REPO
 
 ROOT = REPO
 
 
 def run(*args):
-    env = {**os.environ, "COLUMNS": "200"}
-    env.pop("SPECDRAFT_DEBUG", None)
-    return subprocess.run(
-        [sys.executable, "-m", "specdraft.cli", "rollout", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
-    )
+    return run_cli("rollout", *args, cwd=ROOT, env={"COLUMNS": "200"})
 
 
 def test_plan_shows_the_default_rollout_layout():
@@ -68,7 +57,7 @@ def test_simulate_json_has_every_policy_metric_and_the_generation_comparison(tmp
         assert rec["max_policy_lag"] <= 1
     gen = data["generation"]
     assert set(gen["static"]) == {"1", "2", "4", "8"} and gen["best_static_tp"]["tp"] in (1, 2, 4, 8)
-    # The issue's target keys, each with makespan_s as a mean and a spread over the seeds.
+    # The target keys (docs/rollout.md, "Targets"), each with makespan_s as a mean and a spread over the seeds.
     for rec in (gen["adaptive"], gen["verl"], gen["best_static_tp"], *gen["static"].values()):
         assert {"mean", "ci95", "std", "min", "max"} <= set(rec["makespan_s"])
     assert gen["verl"]["tp"] == 2 and gen["verl"]["max_num_seqs"] == 1024 and gen["verl"]["dispatch"] == "even"
@@ -91,7 +80,7 @@ def test_profile_csv_feeds_simulate_and_bad_rows_are_named(tmp_path):
     out = run("profile", "--csv", str(csv))
     assert out.returncode == 0, out.stderr
     assert "decode step ms at tp 8" in out.stdout
-    assert "calibration against the shared notes' anchors" in out.stdout and "180 us" in out.stdout
+    assert "calibration against published figures" in out.stdout and "180 us" in out.stdout
     assert csv.read_text().startswith("tp,batch,context,decode_s,speculative_decode_s\n")
     sim = run(
         "simulate",

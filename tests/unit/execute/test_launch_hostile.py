@@ -99,7 +99,7 @@ def _edit_record(folder: Path, **changes) -> None:
 # ------------------------------------------------------------------ a user's folder is not a run folder (item 2)
 
 
-def test_launch_into_a_users_folder_is_refused_and_nothing_there_changes(specdraft_cli, tmp_path):
+def test_launch_into_a_users_folder_is_refused_and_nothing_there_changes(specdraft_in_process, tmp_path):
     folder = tmp_path / "mine"
     folder.mkdir()
     (folder / "plan.json").write_text('{"my": "own plan"}\n')
@@ -112,14 +112,14 @@ def test_launch_into_a_users_folder_is_refused_and_nothing_there_changes(specdra
         ["logs", folder],
         ["cancel", folder],
     ):
-        proc = specdraft_cli(*argv)
+        proc = specdraft_in_process(*argv)
         assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
         assert "not a specdraft run folder" in proc.stderr or "no run folder" in proc.stderr, proc.stderr
     assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in folder.iterdir()} == before
     # The same, with a run.json of the user's: still not specdraft's (no marker), still untouched.
     (folder / "run.json").write_text(json.dumps({"state": "mine"}))
     for argv in (["status", folder], ["cancel", folder], ["launch", "--executor", "local", "--run-dir", folder]):
-        proc = specdraft_cli(*argv)
+        proc = specdraft_in_process(*argv)
         assert proc.returncode == 2 and "not a specdraft run folder" in proc.stderr, proc.stderr
     assert (folder / "run.json").read_text() == json.dumps({"state": "mine"})
     assert sorted(p.name for p in folder.iterdir()) == ["metrics.jsonl", "plan.json", "run.json"]
@@ -140,7 +140,7 @@ def test_an_empty_folder_is_adopted_and_a_marker_that_is_a_link_is_not_trusted(t
 # ------------------------------------------------------------------ job ids never become options (item 4)
 
 
-def test_an_option_as_job_id_never_reaches_slurm(specdraft_cli, tmp_path, slurm_stubs):
+def test_an_option_as_job_id_never_reaches_slurm(specdraft_in_process, tmp_path, slurm_stubs):
     folder = _run_folder(tmp_path / "run")
     for crafted, commands in (
         ("--user=root", ("cancel", "status", "logs")),
@@ -150,7 +150,7 @@ def test_an_option_as_job_id_never_reaches_slurm(specdraft_cli, tmp_path, slurm_
     ):
         _edit_record(folder, job_id=crafted)
         for command in commands:
-            proc = specdraft_cli(command, folder)
+            proc = specdraft_in_process(command, folder)
             assert proc.returncode == 2 and "job_id" in proc.stderr, (crafted, command, proc.stderr)
     assert slurm_stubs() == []
     with pytest.raises(UserError, match="not a Slurm job id"):
@@ -161,12 +161,12 @@ def test_an_option_as_job_id_never_reaches_slurm(specdraft_cli, tmp_path, slurm_
 
 
 def test_valid_job_ids_reach_slurm_bound_to_their_option_or_after_double_dash(
-    specdraft_cli, tmp_path, slurm_stubs, monkeypatch
+    specdraft_in_process, tmp_path, slurm_stubs, monkeypatch
 ):
     for job_id in ("12345", "12345_7", "12345+1"):
         folder = _run_folder(tmp_path / f"run-{job_id}", job_id=job_id)
         _behave(monkeypatch, "sacct", out=f"{job_id}|RUNNING|n1\n")
-        proc = specdraft_cli("cancel", folder, env={"PATH": os.environ["PATH"]})
+        proc = specdraft_in_process("cancel", folder, env={"PATH": os.environ["PATH"]})
         assert proc.returncode == 0 and f"cancelled Slurm job {job_id}" in proc.stdout, proc.stderr
         assert read_record(folder).state == "CANCELLED"
     calls = slurm_stubs()
@@ -195,13 +195,14 @@ def test_an_unresponsive_controller_bounds_status_and_cancel(tmp_path, slurm_stu
     assert [c[0] for c in slurm_stubs()] == ["sacct", "squeue", "sacct", "squeue", "scancel"]
 
 
-def test_follow_returns_when_slurm_no_longer_knows_the_job(specdraft_cli, tmp_path, slurm_stubs, monkeypatch):
+@pytest.mark.timeout(60)  # a follow that never stopped would fail here, not hang
+def test_follow_returns_when_slurm_no_longer_knows_the_job(specdraft_in_process, tmp_path, slurm_stubs, monkeypatch):
     folder = _run_folder(tmp_path / "run")
     (folder / "submitit").mkdir()
     (folder / "submitit" / "12345_0_log.out").write_text("rank 0 was here\n")
     _behave(monkeypatch, "sacct", out="")
     _behave(monkeypatch, "squeue", rc=1, err="slurm_load_jobs error: Invalid job id specified\n")
-    proc = specdraft_cli("logs", folder, "--rank", "0", "--follow", env={"PATH": os.environ["PATH"]}, timeout=60)
+    proc = specdraft_in_process("logs", folder, "--rank", "0", "--follow", env={"PATH": os.environ["PATH"]})
     assert proc.returncode == 0, proc.stderr
     assert "rank 0 was here" in proc.stdout and "no longer know job 12345" in proc.stderr
     # --wait (monitor.wait) stops too instead of polling until the time limit.
@@ -231,7 +232,8 @@ def plan():
     return compile(load_layout(None))
 
 
-def test_fifos_links_and_devices_in_a_run_folder_end_in_exit_2_not_a_hang(specdraft_cli, tmp_path, plan):
+@pytest.mark.timeout(60)  # a read that waited on the FIFO or device would fail here, not hang
+def test_fifos_links_and_devices_in_a_run_folder_end_in_exit_2_not_a_hang(specdraft_in_process, tmp_path, plan):
     folder = _run_folder(
         tmp_path / "run",
         executor="local",
@@ -259,7 +261,7 @@ def test_fifos_links_and_devices_in_a_run_folder_end_in_exit_2_not_a_hang(specdr
     expected = {"fifo": "is a FIFO", "zero": "symbolic link", "shadow": "symbolic link", "dir": "a directory"}
     for rel, kind, command in cases:
         _hostile(folder / rel, kind)
-        proc = specdraft_cli(command, folder, timeout=60)
+        proc = specdraft_in_process(command, folder)
         assert proc.returncode == 2, (rel, kind, proc.stdout, proc.stderr)
         assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr, proc.stderr
         assert expected[kind] in proc.stderr and rel in proc.stderr, (rel, kind, proc.stderr)
@@ -269,31 +271,32 @@ def test_fifos_links_and_devices_in_a_run_folder_end_in_exit_2_not_a_hang(specdr
             (folder / rel).write_bytes(originals[rel])
 
 
-def test_a_link_out_of_the_run_folder_is_never_followed_on_the_way_in(specdraft_cli, tmp_path):
+def test_a_link_out_of_the_run_folder_is_never_followed_on_the_way_in(specdraft_in_process, tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "12345_0_log.out").write_text("SECRET\n")
     folder = _run_folder(tmp_path / "run", state="COMPLETED")
     (folder / "submitit").symlink_to(outside)
-    proc = specdraft_cli("logs", folder, "--rank", "0", env={"PATH": "/nonexistent"})
+    proc = specdraft_in_process("logs", folder, "--rank", "0", env={"PATH": "/nonexistent"})
     assert proc.returncode == 2 and "SECRET" not in proc.stdout and "a link or not a folder" in proc.stderr
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a device node needs root")
-def test_a_device_node_as_a_log_is_refused(specdraft_cli, tmp_path):
+@pytest.mark.timeout(60)  # a read that waited on the FIFO or device would fail here, not hang
+def test_a_device_node_as_a_log_is_refused(specdraft_in_process, tmp_path):
     folder = _run_folder(tmp_path / "run", executor="local", job_id="local-4242", state="COMPLETED")
     (folder / "logs").mkdir()
     os.mknod(folder / "logs" / "rank-0.out", stat.S_IFCHR | 0o600, os.makedev(1, 5))  # /dev/zero's numbers
-    proc = specdraft_cli("logs", folder, "--rank", "0", timeout=60)
+    proc = specdraft_in_process("logs", folder, "--rank", "0")
     assert proc.returncode == 2 and "character device" in proc.stderr, proc.stderr
 
 
-def test_locks_that_are_links_are_refused_and_their_targets_untouched(specdraft_cli, tmp_path):
+def test_locks_that_are_links_are_refused_and_their_targets_untouched(specdraft_in_process, tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
     folder = _run_folder(tmp_path / "run", executor="local", job_id="local-4242", state="FAILED")
     (folder / ".launch.lock").symlink_to(victim)
-    proc = specdraft_cli("launch", "--executor", "local", "--run-dir", folder, "--force")
+    proc = specdraft_in_process("launch", "--executor", "local", "--run-dir", folder, "--force")
     assert proc.returncode == 2 and "symbolic link" in proc.stderr, proc.stderr
     assert victim.read_text() == "precious\n"
 
@@ -301,7 +304,7 @@ def test_locks_that_are_links_are_refused_and_their_targets_untouched(specdraft_
 # ------------------------------------------------------------------ one broken record breaks nothing else (item 10)
 
 
-def test_a_corrupt_record_is_a_broken_row_and_status_picks_the_newest_readable_run(specdraft_cli, tmp_path):
+def test_a_corrupt_record_is_a_broken_row_and_status_picks_the_newest_readable_run(specdraft_in_process, tmp_path):
     from specdraft.assemble import compile
     from specdraft.spec.load import load_layout
 
@@ -316,10 +319,10 @@ def test_a_corrupt_record_is_a_broken_row_and_status_picks_the_newest_readable_r
             text
         )
     _hostile(_run_folder(runs / "fifo", executor="local", job_id="local-4242") / "run.json", "fifo")
-    listing = specdraft_cli("runs", timeout=60)
+    listing = specdraft_in_process("runs")
     assert listing.returncode == 0, listing.stderr
     assert listing.stdout.count("unreadable") == 4 and "good" in listing.stdout and "COMPLETED" in listing.stdout
-    status = specdraft_cli("status", timeout=60)
+    status = specdraft_in_process("status")
     assert status.returncode == 0, status.stderr
     assert "run good" in status.stdout and "state COMPLETED" in status.stdout
     assert "4 other folder(s) under runs/ could not be read" in status.stderr

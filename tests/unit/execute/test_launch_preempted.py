@@ -49,9 +49,7 @@ def _checkpoint(folder: Path, step: int, complete: bool = True) -> Path:
     return path
 
 
-def test_a_slurm_job_that_failed_only_by_stopping_at_a_checkpoint_is_preempted(
-    tmp_path, slurm_stubs, monkeypatch, specdraft_cli
-):
+def test_a_slurm_job_that_failed_only_by_stopping_at_a_checkpoint_is_preempted(tmp_path, slurm_stubs, monkeypatch):
     folder = _run_folder(tmp_path / "run")
     _checkpoint(folder, 8)
     stopped = {

@@ -17,9 +17,8 @@ from specdraft.errors import UserError
 from specdraft.plan.codec import PlanFormatError
 from specdraft.plan.model import SCHEMA_VERSION, LaunchPlan, PlanVersionError
 from specdraft.spec.load import load_layout
+from tests.support.cli import run_cli
 from tests.support.layouts import valid_layouts
-
-SPECDRAFT = str(Path(sys.executable).parent / "specdraft")
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -99,9 +98,7 @@ def _old_plan(tmp_path: Path) -> Path:
 
 
 def _cli(*args, cwd=None):
-    env = {**os.environ, "COLUMNS": "200"}
-    env.pop("SPECDRAFT_DEBUG", None)
-    return subprocess.run([SPECDRAFT, *map(str, args)], capture_output=True, text=True, timeout=120, cwd=cwd, env=env)
+    return run_cli(*args, cwd=cwd, env={"COLUMNS": "200"})
 
 
 def test_launch_render_and_status_refuse_another_schema_version(tmp_path):

@@ -18,6 +18,7 @@ from specdraft.spec.load import load_layout
 mpl_image = pytest.importorskip("matplotlib.image")
 from matplotlib.colors import to_rgb  # noqa: E402
 
+from tests.support.cli import run_cli  # noqa: E402
 from tests.support.paths import REPO  # noqa: E402
 
 ROOT = REPO
@@ -62,20 +63,22 @@ def test_more_than_64_ranks_draw_one_tile_per_node_and_svg_works():
     assert "<svg" in svg and "TapChannel" in svg
 
 
-def run(*args, code=None):
+def run(*args, code):
+    """``code`` in a fresh interpreter with ARGS: the one case here that needs a process of its own."""
     env = {**os.environ, "COLUMNS": "200"}
     env.pop("SPECDRAFT_DEBUG", None)
-    cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "specdraft.cli", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120
+    )
 
 
 def test_cli_writes_the_picture_and_refuses_other_suffixes(tmp_path):
     target = tmp_path / "plan.png"
-    out = run("plan", "--picture", str(target))
+    out = run_cli("plan", "--picture", target, cwd=ROOT, env={"COLUMNS": "200"})
     assert out.returncode == 0, out.stderr
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["plan.png"]
-    out = run("plan", "--picture", str(tmp_path / "plan.jpg"))
+    out = run_cli("plan", "--picture", tmp_path / "plan.jpg", cwd=ROOT, env={"COLUMNS": "200"})
     assert out.returncode == 2 and ".png or .svg" in out.stderr
 
 

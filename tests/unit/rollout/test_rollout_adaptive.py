@@ -222,8 +222,8 @@ def _targets(path: str, lengths: str, seeds: int) -> dict:
 
 
 def test_targets_on_the_default_workload():
-    """Seeds 0-3 of the default workload. Over 20 seeds (README) adaptive is 0.796x the verl baseline and 0.939x
-    the best static TP (targets 0.80x and 0.95x); these 4 seeds hold the best-static target and 0.85x verl (the
+    """Seeds 0-3 of the default workload. Over 20 seeds (docs/rollout.md) adaptive is 0.796x the verl baseline and
+    0.939x the best static TP (targets 0.80x and 0.95x); these 4 seeds hold the best-static target and 0.85x verl (the
     verl ratio varies 0.71-0.88x per seed: VeRL's even split is sometimes lucky)."""
     gen = _targets("qwen3-8b.yaml", "long-tail", 4)
     ad = gen["adaptive"]
@@ -234,7 +234,7 @@ def test_targets_on_the_default_workload():
 
 def test_targets_on_the_paper_like_qwen3_14b_regime():
     """Seeds 0-4 of qwen3-14b-pat with DeepScaleR-like lengths: at most 0.75x the verl baseline and never more than
-    1.01x the best static TP (20 seeds: 0.688x and 0.996x, README; per seed 0.59-0.78x verl)."""
+    1.01x the best static TP (20 seeds: 0.688x and 0.996x, docs/rollout.md; per seed 0.59-0.78x verl)."""
     ad = _targets("qwen3-14b-pat.yaml", "deepscaler", 5)["adaptive"]
     assert ad["x_verl"] <= 0.75, ad
     assert ad["x_best_static"] <= 1.01, ad

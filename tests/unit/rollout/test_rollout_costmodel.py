@@ -30,8 +30,8 @@ def test_expected_accepted_tokens_closed_form():
 
 @pytest.mark.parametrize("tp, tokens, measured_us", [(1, 1, 180), (1, 64, 180), (8, 1, 45), (8, 64, 45), (1, 512, 375)])
 def test_layer_reproduces_the_vidur_anchor(tp, tokens, measured_us):
-    """vidur's H100 per-layer profile of Llama-2-7B (every token-wise op: projections, norms, rope, MLP, adds; the
-    notes' "MLP per layer"): ~180 us at TP1 and ~45 us at TP8 for <= 64 tokens, 375 us at TP1 for 512 tokens."""
+    """vidur's H100 per-layer profile of Llama-2-7B (every token-wise op: projections, norms, rope, MLP, adds; its
+    "MLP per layer" profile): ~180 us at TP1 and ~45 us at TP8 for <= 64 tokens, 375 us at TP1 for 512 tokens."""
     assert COST.layer_s(LLAMA2_7B, tokens, tp) * 1e6 == pytest.approx(measured_us, rel=0.05)
 
 
@@ -83,8 +83,8 @@ def test_allreduce_grows_with_the_message_and_never_beats_physics(tp, small, fac
 def test_tp8_decode_against_tp1_at_small_batch(batch, context):
     """An 8B model at small batch and a few K of context: TP8 on 8x the GPUs is 2.3-3x faster than TP1. vidur's
     token-wise ops scale 4x (180 -> 45 us) and the attention floor and LM head do not shrink; the ~10 us all-reduces
-    (73 per step) cost 0.7 ms. The notes' "1.3-2x" assumed 30-45 us all-reduces, which PR #2904 measures at 2 MB,
-    not at a decode step's 8-64 KB."""
+    (73 per step) cost 0.7 ms. The "1.3-2x" derived from vidur's figures assumed 30-45 us all-reduces, which PR #2904
+    measures at 2 MB, not at a decode step's 8-64 KB."""
     ratio = COST.decode_step(1, batch, batch * context, False) / COST.decode_step(8, batch, batch * context, False)
     assert 2.3 <= ratio <= 3.0, ratio
 

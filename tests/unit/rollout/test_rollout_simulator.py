@@ -140,7 +140,7 @@ def test_asp_targets_on_the_default_long_tail_workload(overrides):
     assert _mean(it["asp"]) <= 0.85 * _mean(it["fifo"]), it
     assert all(a <= s for a, s in zip(it["asp"], it["sorted"])), it
     assert all(a <= 1.10 * o for a, o in zip(it["asp"], it["oracle"])), it
-    # Issue 17: within 0.03 of the oracle (both as a fraction of fifo's iteration time); 20 seeds: 0.020 / 0.017.
+    # The target: within 0.03 of the oracle (both as a fraction of fifo's iteration time); 20 seeds: 0.020 / 0.017.
     assert (_mean(it["asp"]) - _mean(it["oracle"])) / _mean(it["fifo"]) <= 0.03, it
 
 

@@ -101,12 +101,12 @@ def test_any_json_is_a_record_or_a_user_error(value):
     assert isinstance(record, RunRecord)
 
 
-def test_a_corrupt_record_is_exit_2_for_status_logs_and_cancel(tmp_path, specdraft_cli):
+def test_a_corrupt_record_is_exit_2_for_status_logs_and_cancel(tmp_path, specdraft_in_process):
     folder = tmp_path / "runs" / "x"
     _valid(folder)
     (folder / "run.json").write_text(json.dumps({**json.loads((folder / "run.json").read_text()), "world_size": 1e9}))
     for command in ("status", "logs", "cancel"):
-        proc = specdraft_cli(command, folder)
+        proc = specdraft_in_process(command, folder)
         assert proc.returncode == 2, (command, proc.stdout, proc.stderr)
         assert "world_size: expected int" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 

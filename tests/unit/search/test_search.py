@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,6 +18,7 @@ from specdraft.search.space import bases, candidate_spec, splits
 from specdraft.spec.derived import edp, resolved_dp
 from specdraft.spec.load import load_layout, spec_sha256
 from specdraft.spec.schema import ClusterSpec, LayoutSpec, ModelSpec, TrainingSpec
+from tests.support.cli import run_cli
 from tests.support.layouts import valid_layouts
 from tests.support.paths import REPO
 
@@ -39,11 +37,7 @@ ISSUE_KEYS = {
 
 
 def run(*args):
-    env = {**os.environ, "COLUMNS": "200"}
-    env.pop("SPECDRAFT_DEBUG", None)
-    return subprocess.run(
-        [sys.executable, "-m", "specdraft.cli", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120
-    )
+    return run_cli(*args, cwd=ROOT, env={"COLUMNS": "200"})
 
 
 def small_spec(**training) -> LayoutSpec:

@@ -3,7 +3,7 @@
 point's model, GPU count, batch sizes (global and micro) and sequence length.
 
 The ranking target is met for the points below that are not marked; the strict xfails record, point by point, the
-layout the search prefers, by how much and which term separates them (README, "Calibration"). No constant is
+layout the search prefers, by how much and which term separates them (docs/search.md, "Calibration"). No constant is
 fitted per point.
 """
 

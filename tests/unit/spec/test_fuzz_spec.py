@@ -1,6 +1,6 @@
 """Fuzzing the loader, the validator and compile: any input ends in a LayoutSpec (and a plan, or the problems
 `validate` lists) or a SpecError/UserError, within a per-example deadline; never another exception. The CLI's
-`validate`, `plan` and rollout commands turn exactly those into exit 0 or exit 2. Issue 14, the fuzz test.
+`validate`, `plan` and rollout commands turn exactly those into exit 0 or exit 2.
 """
 
 from __future__ import annotations

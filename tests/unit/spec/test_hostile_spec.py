@@ -1,7 +1,7 @@
 """Hostile and absurd layouts end in a SpecError naming the field (exit 2 at the CLI), never an internal error.
 
-Each class of issue 14 (items 7-10) is tested over every field it applies to, found from the schema's types, not
-over the one example the issue gave.
+Each class of hostile value (non-finite floats, absurd integers, 0 for null, control characters, the missing
+marker) is tested over every field it applies to, found from the schema's types, not over one example.
 """
 
 from __future__ import annotations

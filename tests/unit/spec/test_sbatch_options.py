@@ -2,7 +2,7 @@
 
 The test models sbatch's reading of a script (its #SBATCH tokenizer, then getopt_long's prefix matching and short
 option clusters, as Slurm's src/sbatch/opt.c and src/common/slurm_opt.c document them) and checks rendered scripts
-against that model, for the issue's examples and for hypothesis-drawn arguments. Issue 14, item 6.
+against that model, for known abbreviation and cluster tricks and for hypothesis-drawn arguments.
 """
 
 from __future__ import annotations

@@ -56,6 +56,23 @@ def test_shipped_layouts_are_valid_and_fit(layout):
         (["parallel.cp_comm_type=a2a"], "parallel.cp_comm_type", "p2p"),
         (["model.num_layers=6"], "draft.aux_layers", "distinct"),
         (["name=bad name"], "name", "letters"),
+        (["model.hidden_dropout=1.0"], "model.hidden_dropout", "[0, 1)"),
+        (["model.attention_dropout=-0.1"], "model.attention_dropout", "[0, 1)"),
+        (["model.attention_dropout=0.1"], "model.attention_dropout", "runtime cannot build it"),
+        (["model.norm_epsilon=0"], "model.norm_epsilon", "(0, 1)"),
+        (["model.rotary_base=1"], "model.rotary_base", ">= 2"),
+        (["model.max_position_embeddings=0"], "model.max_position_embeddings", ">= 1"),
+        (["model.rope_scaling={factor: 0.5}"], "model.rope_scaling.factor", ">= 1"),
+        (
+            ["model.rope_scaling={factor: 8, high_freq_factor: 2}"],
+            "model.rope_scaling.high_freq_factor",
+            "only the factor is a setting",
+        ),
+        (
+            ["model.rope_scaling={original_max_position_embeddings: 4096}"],
+            "model.rope_scaling.original_max_position_embeddings",
+            "builds only Llama-3.1's",
+        ),
         (["slurm.partition=x;rm"], "slurm.partition", "plain Slurm name"),
         (
             ["cluster.num_nodes=2", "training.global_batch_size=3"],
@@ -80,6 +97,20 @@ def test_moe_rules_name_the_field_value_rule_and_fix():
     assert sp.fix == "set parallel.sequence_parallel=true"
     [coeff] = found["model.moe_aux_loss_coeff"]
     assert coeff.value == -0.1 and ">= 0" in coeff.rule and "router_aux_loss_coef" in coeff.fix
+
+
+def test_moe_biases_need_etp_1():
+    moe = SHIPPED / "mixtral-tiny-cpu.yaml"
+    found = errors_for(["model.add_bias_linear=true", "parallel.etp=2"], layout=moe)
+    [bias] = found["model.add_bias_linear"]
+    assert "parallel.etp is 2" in bias.rule and bias.fix == "set parallel.etp=1"
+    assert "model.add_bias_linear" not in errors_for(["model.add_bias_linear=true"], layout=moe)
+
+
+def test_a_sequence_longer_than_the_trained_context_is_a_warning():
+    _, warnings = check(load_layout(SHIPPED / "qwen3-8b-256k.yaml"))
+    [long] = [w for w in warnings if w.path == "model.seq_length"]
+    assert long.value == 262144 and "max_position_embeddings 40960" in long.rule
 
 
 def test_tp_fix_lists_valid_sizes():
