@@ -82,7 +82,9 @@ def all_fields(cls: type = schema.LayoutSpec, prefix: str = "") -> list[FieldDoc
 def _optional_dataclass(tp) -> type | None:
     """The dataclass of an `Optional[SomeDataclass]` field (a value that may be null), else None."""
     args = [a for a in typing.get_args(tp) if a is not type(None)]
-    return args[0] if len(args) == 1 and is_dataclass(args[0]) and type(None) in typing.get_args(tp) else None
+    if len(args) == 1 and isinstance(args[0], type) and is_dataclass(args[0]) and type(None) in typing.get_args(tp):
+        return args[0]
+    return None
 
 
 def explain(path: str) -> list[FieldDoc]:
