@@ -126,7 +126,7 @@ def check_checkpoint(plan: LaunchPlan) -> dict | None:
     from specdraft.execute import payload
     from specdraft.plan.codec import encode_value
 
-    path = plan.spec.model.path
+    path = plan.model.path
     if not os.path.isdir(os.path.expanduser(path)):
         return None
     if not os.path.isabs(os.path.expanduser(path)):

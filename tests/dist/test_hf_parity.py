@@ -63,7 +63,7 @@ def _logits(rank: int, plan, ids: torch.Tensor):
         torch.device("cpu"),
         torch.float32,
         0,
-        checkpoint=open_checkpoint(plan.model, folder_of(plan.spec.model.path)),
+        checkpoint=open_checkpoint(plan.model, folder_of(plan.model.path)),
     )
     row = hf_models.row(ids)
     mb = make_microbatch(0, row, cp=par.cp, cp_rank=me.cp, steps=1, device="cpu")

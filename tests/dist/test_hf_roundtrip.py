@@ -37,21 +37,15 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return proc
 
 
-def _launch_and_export(root: Path, name: str, overrides: list[str], *export_args: str) -> dict:
+def _launch(root: Path, name: str, overrides: list[str]) -> Path:
     run = root / f"run-{name}"
-    _run(
-        "launch",
-        *overrides,
-        "--workload",
-        "cotrain",
-        "--steps",
-        "1",
-        "--executor",
-        "local",
-        "--run-dir",
-        str(run),
-        cwd=root,
-    )
+    steps = ["--workload", "cotrain", "--steps", "1", "--executor", "local", "--run-dir", str(run)]
+    _run("launch", *overrides, *steps, cwd=root)
+    return run
+
+
+def _launch_and_export(root: Path, name: str, overrides: list[str], *export_args: str) -> dict:
+    run = _launch(root, name, overrides)
     out = {"run": run, "policy": root / f"policy-{name}", "draft": root / f"draft-{name}"}
     _run("export", str(run), "--policy", "-o", str(out["policy"]), *export_args, cwd=root)
     _run("export", str(run), "-o", str(out["draft"]), cwd=root)
@@ -63,7 +57,16 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("roundtrip")
     llama = hf_models.make("llama", root / "llama", max_shard_size="200KB", tokenizer=True)
     mixtral = hf_models.make("mixtral", root / "mixtral", dtype=torch.bfloat16)
+    llama_runs = {
+        f"tp{tp}-{vocab}": _launch(
+            root,
+            f"llama-tp{tp}-{vocab}",
+            hf_models.overrides(llama) + TRAIN + ONE + [f"parallel.tp={tp}", f"draft.vocab_size={vocab}"],
+        )
+        for tp, vocab in ((1, "null"), (1, 64), (2, 64))
+    }
     return {
+        "layouts": llama_runs,
         "llama": {
             "input": llama,
             **_launch_and_export(
@@ -105,6 +108,19 @@ def test_import_then_export_is_bit_identical(runs, kind):
         assert torch.equal(got[name].view(torch.uint8), value.view(torch.uint8)), name
     result = json.loads((runs[kind]["run"] / "results" / "rank-00000.json").read_text())
     assert result["policy_init"] == str(runs[kind]["input"]), "the policy started from the checkpoint"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("vocab", ["null", "64"])
+def test_the_padded_vocabulary_changes_no_loss(runs, vocab):
+    """The same model and data at tp1 (vocabulary 257) and tp2 (258 rows, one of them padding): the target's
+    cross-entropy and the draft's KL (over the full vocabulary, or a reduced one of 64) are the same."""
+    from tests.support.rank_procs import metrics
+
+    tp2 = runs["llama"]["run"] if vocab == "null" else runs["layouts"]["tp2-64"]
+    (one,), (two,) = metrics(runs["layouts"][f"tp1-{vocab}"]), metrics(tp2)
+    for key in ("target_loss", "draft_loss"):
+        assert two[key] == pytest.approx(one[key], rel=2e-5), key
 
 
 @pytest.mark.timeout(900)

@@ -239,9 +239,10 @@ class CoTrainer:
         """The draft vocabulary's restriction of the policy's logits, built from the draft's own t2d once a
         checkpoint (whose mapping the head was trained with) had its chance to load."""
         if self._restriction is None:
-            t2d = self.draft.vocab.t2d  # over the target's vocabulary; its padding to a tp multiple is never kept
-            t2d = torch.cat([t2d, t2d.new_zeros(padded_vocab(t2d.numel(), self.tp) - t2d.numel())])
-            self._restriction = Restriction(t2d, self.tp_group)
+            # t2d covers the target's vocabulary; its padding to a tp multiple is never kept
+            self._restriction = Restriction(
+                self.draft.vocab.t2d, self.tp_group, padded_vocab(self.plan.model.vocab_size, self.tp)
+            )
         return self._restriction
 
     def _gather_sp(self, x: torch.Tensor, dim: int) -> torch.Tensor:

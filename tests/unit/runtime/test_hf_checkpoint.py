@@ -176,7 +176,7 @@ def _rewrite(folder: Path, change) -> None:
 
 def test_a_checkpoint_is_checked_before_anything_loads_with_every_problem_named(llama, tmp_path):
     plan = _plan(llama)
-    assert open_checkpoint(plan.model, folder_of(plan.spec.model.path)).architecture == "LlamaForCausalLM"
+    assert open_checkpoint(plan.model, folder_of(plan.model.path)).architecture == "LlamaForCausalLM"
 
     broken = _copy(llama, tmp_path / "broken")
 

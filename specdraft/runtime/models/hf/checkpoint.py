@@ -72,10 +72,15 @@ class HFCheckpoint:
     @property
     def dtype(self) -> str:
         """The safetensors dtype most of the weights are stored in (an export writes the same)."""
-        counts: dict[str, int] = {}
-        for info in self.tensors.values():
-            counts[info.dtype] = counts.get(info.dtype, 0) + 1
-        return max(counts, key=counts.get) if counts else "F32"
+        return stored_dtype(self.tensors)
+
+
+def stored_dtype(tensors: dict[str, TensorInfo]) -> str:
+    """The safetensors dtype most of ``tensors`` are stored in."""
+    counts: dict[str, int] = {}
+    for info in tensors.values():
+        counts[info.dtype] = counts.get(info.dtype, 0) + 1
+    return max(counts, key=lambda k: counts[k]) if counts else "F32"
 
 
 def folder_of(model_path: str) -> Path | None:
@@ -95,7 +100,7 @@ def folder_of(model_path: str) -> Path | None:
 
 def plan_checkpoint(plan: LaunchPlan) -> HFCheckpoint | None:
     """The checked HF checkpoint ``plan``'s policy starts from, or None for random weights."""
-    folder = folder_of(plan.spec.model.path)
+    folder = folder_of(plan.model.path)
     return None if folder is None else open_checkpoint(plan.model, folder)
 
 
@@ -203,7 +208,7 @@ def read_tensors(folder: Path) -> dict[str, TensorInfo]:
 
 
 def geometry(model: ModelShape, family: Family) -> Geometry:
-    return Geometry(shape=model, family=family, qk_norm=bool(getattr(model, "qk_layernorm", False)))
+    return Geometry(shape=model, family=family, qk_norm=model.qk_layernorm)
 
 
 def open_checkpoint(model: ModelShape, folder: Path) -> HFCheckpoint:
@@ -218,13 +223,22 @@ def open_checkpoint(model: ModelShape, folder: Path) -> HFCheckpoint:
             f"{folder / CONFIG}: {arch} is {'an MoE' if family.moe else 'a dense'} model but the plan's model has "
             f"num_experts {m.num_experts}"
         )
-    if family.qk_norm and not getattr(m, "qk_layernorm", False):
+    if family.qk_norm and not m.qk_layernorm:
         problems.append(
             f"{folder / CONFIG}: {arch} normalises q and k per head (q_norm/k_norm), which the plan's model does "
             "not build (model.qk_layernorm)"
         )
     if not m.swiglu:
         problems.append(f"{folder / CONFIG}: {arch} has a gated MLP but the plan's model.swiglu is false")
+    if m.add_bias_linear or m.add_qkv_bias:
+        problems.append(
+            f"{folder / CONFIG}: {arch} has no linear biases but the plan's model has them "
+            f"(model.add_bias_linear {m.add_bias_linear}, model.add_qkv_bias {m.add_qkv_bias})"
+        )
+    if m.normalization != "RMSNorm":
+        problems.append(
+            f"{folder / CONFIG}: {arch} uses RMSNorm but the plan's model.normalization is {m.normalization}"
+        )
     tensors = read_tensors(folder)
     if not problems:
         problems += tensor_problems(tensors, geometry(model, family))

@@ -23,6 +23,7 @@ from specdraft.runtime.models.hf.checkpoint import (
     geometry,
     read_config,
     read_tensors,
+    stored_dtype,
     tokenizer_files,
 )
 from specdraft.runtime.serve.offline import ExportError
@@ -35,23 +36,19 @@ TRAINING_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.
 
 def policy_architecture(plan: LaunchPlan) -> str:
     """The input checkpoint's architecture, else the family that the plan's model is."""
-    folder = folder_of(plan.spec.model.path)
+    folder = folder_of(plan.model.path)
     if folder is not None:
         return architecture(read_config(folder), folder)
     if plan.model.num_experts:
         return "MixtralForCausalLM"
-    return "Qwen3ForCausalLM" if getattr(plan.model, "qk_layernorm", False) else "LlamaForCausalLM"
+    return "Qwen3ForCausalLM" if plan.model.qk_layernorm else "LlamaForCausalLM"
 
 
 def export_dtype(plan: LaunchPlan) -> torch.dtype:
     """The input checkpoint's dtype (so an import and export round trip is exact), else the run's."""
-    folder = folder_of(plan.spec.model.path)
+    folder = folder_of(plan.model.path)
     if folder is not None:
-        tensors = read_tensors(folder)
-        counts: dict[str, int] = {}
-        for info in tensors.values():
-            counts[info.dtype] = counts.get(info.dtype, 0) + 1
-        stored = max(counts, key=counts.get)
+        stored = stored_dtype(read_tensors(folder))
         if stored in SAFETENSORS_DTYPES:
             return SAFETENSORS_DTYPES[stored]
     return TRAINING_DTYPES[plan.spec.training.dtype]
@@ -60,7 +57,7 @@ def export_dtype(plan: LaunchPlan) -> torch.dtype:
 def policy_config(plan: LaunchPlan, dtype: torch.dtype | None = None) -> dict:
     """config.json of the policy export: the input's own (transformers reads it as it did), else one made from the
     plan's model in the family's terms."""
-    folder = folder_of(plan.spec.model.path)
+    folder = folder_of(plan.model.path)
     if folder is not None:
         config = dict(read_config(folder))
     else:
@@ -90,15 +87,15 @@ def _made_config(plan: LaunchPlan) -> dict:
         "head_dim": m.head_dim,
         "num_hidden_layers": m.num_layers,
         "vocab_size": m.vocab_size,
-        "max_position_embeddings": getattr(m, "max_position_embeddings", None) or m.seq_length,
+        "max_position_embeddings": m.max_position_embeddings,
         # megatron's defaults where the plan does not say (what the runtime builds): eps 1e-5, RoPE base 10000
-        "rms_norm_eps": getattr(m, "norm_epsilon", 1e-5),
-        "rope_theta": float(getattr(m, "rotary_base", 10000)),
+        "rms_norm_eps": m.norm_epsilon,
+        "rope_theta": float(m.rotary_base),
         "tie_word_embeddings": m.tie_embeddings,
         "hidden_act": "silu",
         "attention_bias": False,
     }
-    scaling = getattr(m, "rope_scaling", None)
+    scaling = m.rope_scaling
     if scaling is not None:
         config["rope_scaling"] = {
             "rope_type": "llama3",
@@ -113,7 +110,7 @@ def _made_config(plan: LaunchPlan) -> dict:
         config.update(
             num_local_experts=m.num_experts,
             num_experts_per_tok=m.moe_router_topk,
-            router_aux_loss_coef=plan.spec.model.moe_aux_loss_coeff,
+            router_aux_loss_coef=m.moe_aux_loss_coeff,
             sliding_window=None,
         )
     return config
@@ -174,13 +171,13 @@ def write(
 
     dtype = export_dtype(plan)
     config = policy_config(plan, dtype)
-    source = folder_of(plan.spec.model.path)
+    source = folder_of(plan.model.path)
     written: dict = {"shards": 0, "tensors": 0, "bytes": 0}
 
     def fill(tmp: Path) -> None:
         shards: list[dict[str, torch.Tensor]] = [{}]
         size = 0
-        temp_names = []
+        temp_names: list[tuple[str, list[str]]] = []
         for name, tensor in hf_tensors_of(plan, state, dtype):
             nbytes = tensor.numel() * tensor.element_size()
             if shards[-1] and size + nbytes > max_shard_bytes:
@@ -237,9 +234,9 @@ def check_pair(policy: dict, draft: dict) -> None:
     ):
         if key in draft and draft[key] != policy.get(other):
             problems.append(f"the draft's {key} is {draft[key]} but the policy's {other} is {policy.get(other)}")
-    layers = policy.get("num_hidden_layers")
+    layers = int(policy.get("num_hidden_layers") or 0)
     ids = list(draft.get("eagle_aux_hidden_state_layer_ids", []))
-    outside = [i for i in ids if not (isinstance(layers, int) and 1 <= i <= layers - 1)]
+    outside = [i for i in ids if not 1 <= i <= layers - 1]
     if outside:
         problems.append(
             f"the draft's eagle_aux_hidden_state_layer_ids {ids} (layer inputs) include {outside}, which the "

@@ -113,9 +113,9 @@ def hf_tensors(g: Geometry) -> dict[str, tuple[int, ...]]:
             out[p + "self_attn.q_norm.weight"] = (d,)
             out[p + "self_attn.k_norm.weight"] = (d,)
         if g.family.moe:
-            f = m.moe_ffn_hidden_size
-            out[p + "block_sparse_moe.gate.weight"] = (m.num_experts, h)
-            for e in range(m.num_experts):
+            f, experts = m.moe_ffn_hidden_size or 0, m.num_experts or 0
+            out[p + "block_sparse_moe.gate.weight"] = (experts, h)
+            for e in range(experts):
                 q = f"{p}block_sparse_moe.experts.{e}."
                 out[q + "w1.weight"] = (f, h)
                 out[q + "w3.weight"] = (f, h)
@@ -174,7 +174,7 @@ def source(name: str, g: Geometry, tp: Shard, etp: Shard, tied_output: bool = Fa
         return Source((Piece(prefix + "mlp.down_proj.weight", cols=tp.range(m.ffn_hidden_size)),))
     expert = _EXPERT.match(local) if g.family.moe else None
     if expert is not None:
-        q, f = f"{prefix}block_sparse_moe.experts.{expert.group(1)}.", m.moe_ffn_hidden_size
+        q, f = f"{prefix}block_sparse_moe.experts.{expert.group(1)}.", m.moe_ffn_hidden_size or 0
         if expert.group(2) == "linear_fc1":
             return _gate_up(q + "w1.weight", q + "w3.weight", f, etp)
         return Source((Piece(q + "w2.weight", cols=etp.range(f)),))

@@ -88,7 +88,7 @@ class Reader:
             n = min(rows_per_block, r1 - r0 - b0)
             target = dest.narrow(0, b0, n)
             buf = target if direct else torch.empty(n * width // size, dtype=dtype)
-            raw = memoryview(buf.view(torch.uint8).numpy()).cast("B")
+            raw = buf.view(torch.uint8).numpy().data.cast("B")
             start = info.begin + (r0 + b0) * row_elems * size + c0 * inner * size
             if piece.cols is None or c1 - c0 == full[1]:
                 self._pread(fd, raw, start, info.file)
