@@ -116,8 +116,11 @@ def read_config(folder: Path) -> dict:
 
 
 def architecture(config: dict, where: Path) -> str:
+    """config.json's `architectures[0]`; a config without one (a bare config class's save) goes by model_type."""
     names = config.get("architectures")
     name = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else None
+    if not names:
+        name = next((a for a, f in FAMILIES.items() if config.get("model_type") in f.model_types), None)
     if name not in FAMILIES:
         supported = ", ".join(f"{k} ({f.name})" for k, f in FAMILIES.items())
         raise CheckpointError(
