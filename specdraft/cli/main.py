@@ -104,6 +104,18 @@ def validate(
     print_warnings(console, warnings)
     if errors:
         raise SpecError(errors, path or "the built-in default layout")
+    if spec.data.path is not None:
+        from specdraft.datafile import check_file
+
+        fmt, rows = check_file(spec.data.path, spec.data.format, spec.model.path)
+        console.print(
+            f"data: {spec.data.path}: "
+            + (
+                f"{rows:,} rows of {fmt}"
+                if rows is not None
+                else "parquet (pyarrow is not installed here: the ranks check its rows)"
+            )
+        )
     console.print(
         f"[green]valid:[/] {spec.name} ({spec.cluster.num_nodes * spec.cluster.gpus_per_node} GPUs, "
         f"{len(warnings)} warning{'s' if len(warnings) != 1 else ''})"

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from specdraft.datafile import check_file
 from specdraft.errors import UserError
 from specdraft.execute import executor as executors
 from specdraft.execute import monitor
@@ -85,6 +86,10 @@ def prepare(
         )
     if workload == "cotrain":
         check_checkpoint(plan)
+    if workload == "cotrain" and plan.data.path is not None:
+        # The file's structure before any allocation; its token lengths need the tokenizer: every rank checks them
+        # before its first collective (runtime/train/corpus.py).
+        check_file(plan.data.path, plan.data.format, plan.data.tokenizer)
     chosen, why = executors.choose(executor)
     folder = run_dir_for(plan, run_dir)
     source = os.path.abspath(resume_from) if resume_from is not None else None

@@ -11,6 +11,7 @@ from specdraft.plan.grid import RankGrid
 from specdraft.plan.memory import draft_params, stage_memory
 from specdraft.plan.model import (
     SCHEMA_VERSION,
+    DataPlan,
     DraftPlan,
     LaunchPlan,
     ModelShape,
@@ -80,6 +81,21 @@ def model_shape(spec: LayoutSpec) -> ModelShape:
         qk_layernorm=m.qk_layernorm,
         tie_embeddings=m.tie_embeddings,
         path=m.path,
+    )
+
+
+def data_plan(spec: LayoutSpec) -> DataPlan:
+    """The data section resolved: the file (and the tokenizer folder) or the Markov chain, the seed, the multiple."""
+    d, t = spec.data, spec.training
+    return DataPlan(
+        path=d.path,
+        format=d.format,
+        tokenizer=spec.model.path if d.path is not None else None,
+        shuffle=d.shuffle,
+        seed=d.seed if d.path is not None and d.seed is not None else t.seed,
+        length_multiple=derived.length_multiple(spec.parallel),
+        drift_interval=t.data_drift_interval,
+        drift_fraction=t.data_drift_fraction,
     )
 
 
@@ -228,6 +244,7 @@ def compile_core(spec: LayoutSpec, extra_errors: list[Problem] = (), extra_warni
         parallel=parallel,
         slurm=SlurmPlan(time_limit_s=limit, signal_delay_s=derived.signal_delay_s(limit)),
         num_microbatches=m,
+        data=data_plan(spec),
         ranks=grid.ranks(),
         stages=stage_records(spec),
         memory=memory,

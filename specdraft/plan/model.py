@@ -15,7 +15,7 @@ from specdraft.plan.codec import PlanFormatError, decode, encode_rows, encode_va
 from specdraft.spec.derived import draft_vocab_size
 from specdraft.spec.schema import LayoutSpec, RopeScaling
 
-SCHEMA_VERSION = 3  # 3: the model section says what the model is (norm, biases, dropout, RoPE, QK norm, path)
+SCHEMA_VERSION = 4  # 3: the model section says what the model is; 4: the data section (DataPlan)
 Tap = Union[int, str]  # a target layer index, or "embedding" / "logits"
 
 
@@ -85,6 +85,21 @@ class SlurmPlan:
 
     time_limit_s: int  # slurm.time in seconds
     signal_delay_s: int  # the preemption warning's lead before the limit
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataPlan:
+    """The training data with its defaults resolved: a local file (tokenised on every rank, docs/data.md) or, with
+    ``path`` None, the built-in seeded Markov chain."""
+
+    path: Optional[str]  # absolute .jsonl or .parquet file; None = the Markov chain
+    format: str  # auto | messages | prompt_response | text (auto: the first row's fields decide)
+    tokenizer: Optional[str]  # the folder AutoTokenizer reads (model.path); None for the Markov chain
+    shuffle: bool
+    seed: int  # data.seed, else training.seed: the sample order (and the Markov chain's rows)
+    length_multiple: int  # every packed sequence's length is a multiple: lcm(16, parallel.pad_multiple)
+    drift_interval: int  # the Markov chain's drift (training.data_drift_*); 0 for a file
+    drift_fraction: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -285,6 +300,7 @@ class LaunchPlan:
     parallel: ParallelPlan
     slurm: SlurmPlan
     num_microbatches: int
+    data: DataPlan
     ranks: tuple[RankPlacement, ...]
     stages: tuple[StagePlan, ...]
     memory: tuple[StageMemory, ...]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from specdraft.plan.model import LaunchPlan, RankPlacement
 
@@ -44,6 +44,9 @@ class RankContext:
     (--resume-from): the checkpoint folder `resume_from`; "auto" (a requeued Slurm job): the newest, else step 0."""
     resume_from: Optional[Path] = None
     """The checkpoint folder of --resume-from (any run, any layout of the same model shape)."""
+    data: Optional[Any] = None
+    """The plan's data file tokenised (runtime.train.corpus.Corpus), read by entry before any collective; None for
+    the built-in Markov chain."""
 
     @property
     def coords(self) -> RankPlacement:

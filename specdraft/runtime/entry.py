@@ -2,8 +2,8 @@
 [--resume | --resume-from CHECKPOINT]`.
 
 Env -> checks against the plan -> torch.distributed + megatron groups -> workload -> results/rank-NNNNN.json.
-Exit codes: 0 ok, 1 failed, 2 a refused resume (the user's to fix), 75 preempted after saving (preempt.py),
-143 terminated by a signal.
+Exit codes: 0 ok, 1 failed, 2 a refused resume or a bad data file (the user's to fix), 75 preempted after saving
+(preempt.py), 143 terminated by a signal.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import traceback
 from importlib import import_module
 from pathlib import Path
 
+from specdraft.datafile import DataError
 from specdraft.errors import SpecdraftError
 from specdraft.plan.codec import PlanFormatError
 from specdraft.plan.model import LaunchPlan
@@ -248,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
             from specdraft.runtime.models.hf.checkpoint import plan_checkpoint
 
             plan_checkpoint(plan)
+        # The data file is read and tokenised before any collective: a bad file stops every rank with one message.
+        data = _load_data(plan) if args.workload == "cotrain" else None
         device, backend = _device(plan, local_rank)
         record.update(device=device, backend=backend)
         # torchrun's names, for code that reads them (MASTER_ADDR/MASTER_PORT come from the launcher).
@@ -273,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             workload=args.workload,
             resume=mode,
             resume_from=args.resume_from,
+            data=data,
         )
         fault = os.environ.get(FAULT_ENV)
         if fault is not None and fault.strip() == str(rank):
@@ -302,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         # A plan this version cannot read is the user's to fix: one line, no traceback.
         tail = (
             [str(err)]
-            if isinstance(err, ResumeError)
+            if isinstance(err, (ResumeError, DataError))
             else [f"{plan_path}: {err}"]
             if isinstance(err, (PlanFormatError, SpecdraftError))
             else traceback.format_exc().splitlines()[-30:]
@@ -318,12 +322,22 @@ def main(argv: list[str] | None = None) -> int:
             finished_at=time.time(),
         )
         print("\n".join(tail), file=sys.stderr, flush=True)
+        if isinstance(err, DataError):  # a rank's one-line summaries show the last line: make it the problem
+            record["error"] += "\n" + err.headline
         if rank is not None and rank >= 0:
             try:
                 write_result(run_dir, rank, record)
             except OSError as werr:
                 print(f"[specdraft] could not write the result file: {werr}", file=sys.stderr, flush=True)
-        return 143 if terminated else 2 if isinstance(err, ResumeError) else 1
+        return 143 if terminated else 2 if isinstance(err, (ResumeError, DataError)) else 1
+
+
+def _load_data(plan: LaunchPlan):
+    if plan.data.path is None:
+        return None
+    from specdraft.runtime.train.corpus import load_corpus
+
+    return load_corpus(plan)
 
 
 def _teardown() -> None:

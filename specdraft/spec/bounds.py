@@ -81,6 +81,7 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "training.warmup_steps": (FLOOR, 10**9),
     "training.seed": (0, MAX_SEED),
     "training.data_drift_interval": (FLOOR, 10**9),
+    "data.seed": (0, MAX_SEED),
     "slurm.cpus_per_task": (FLOOR, 4096),
     "rollout.num_nodes": (FLOOR, MAX_WORLD_SIZE),
     "rollout.tp": (FLOOR, 1024),

@@ -5,6 +5,7 @@ Validation, the compiler and the renders all call these; everything after compil
 
 from __future__ import annotations
 
+import math
 import re
 
 from specdraft.spec.schema import LayoutSpec, ModelSpec, ParallelSpec
@@ -119,3 +120,13 @@ def signal_delay_s(time_limit_s: int) -> int:
     a tenth keeps the warning proportionate, 90 s is submitit's own ceiling.
     """
     return max(10, min(90, time_limit_s // 10))
+
+
+# Packed sequences are padded to a multiple of this and of the layout's pad_multiple: one packing for every layout
+# whose pad_multiple divides it, so the same data gives the same rows (and losses) under tp, cp, pp and sp.
+LENGTH_QUANTUM = 16
+
+
+def length_multiple(parallel: ParallelSpec) -> int:
+    """The per-sequence length multiple of the runtime's packed rows: lcm(LENGTH_QUANTUM, pad_multiple)."""
+    return math.lcm(LENGTH_QUANTUM, pad_multiple(parallel))

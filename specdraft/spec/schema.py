@@ -197,7 +197,7 @@ class TrainingSpec:
     clip_grad: float = 1.0
     """Gradient-norm clip of the policy; 0 disables it."""
     seed: int = 1234
-    """Seed for initialisation and the synthetic data the runtime generates."""
+    """Seed for initialisation, the synthetic data the runtime generates, and the data file's sample order."""
     save_interval: int = 0
     """Steps between checkpoints in RUN_DIR/checkpoints (and after the last step); 0 = off. USR2/SIGTERM save too."""
     keep_checkpoints: int = 2
@@ -206,6 +206,23 @@ class TrainingSpec:
     """Steps between shifts of the synthetic data's Markov transitions (a drifting policy's data); 0 = no drift."""
     data_drift_fraction: float = 0.5
     """Fraction of tokens whose successors are redrawn (seeded) at each data drift shift."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSpec:
+    """The training data: a local jsonl or parquet file tokenised with the model's tokenizer (docs/data.md), or,
+    without one, the built-in seeded Markov chain (the demo's and the parity tests' data)."""
+
+    path: Optional[str] = None
+    """Absolute path of a local .jsonl or .parquet file; null = the built-in Markov chain. Its tokenizer and chat
+    template are read from the model.path folder (transformers' AutoTokenizer, local files only)."""
+    format: Literal["auto", "messages", "prompt_response", "text"] = "auto"
+    """What a row holds: chat `messages` ([{role, content}]), `prompt` and `response`, or `text`; auto = decided by
+    the first row's fields. Loss falls on the assistant (response) tokens only; on every token of `text`."""
+    shuffle: bool = True
+    """Shuffle the samples anew each epoch (seeded); false keeps the file's order."""
+    seed: Optional[int] = None
+    """Seed of the sample order; null = training.seed."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -272,7 +289,7 @@ class RolloutSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class LayoutSpec:
-    """A whole layout: model, cluster, parallelism, draft, training, Slurm and rollout."""
+    """A whole layout: model, cluster, parallelism, draft, training, data, Slurm and rollout."""
 
     name: str
     """Layout name; used in job names and run folders (letters, digits, '.', '_' and '-')."""
@@ -286,6 +303,8 @@ class LayoutSpec:
     """The co-trained EAGLE-3 draft."""
     training: TrainingSpec = field(default_factory=TrainingSpec)
     """Batching, precision, optimizer."""
+    data: DataSpec = field(default_factory=DataSpec)
+    """The training data (a jsonl or parquet file, or the built-in Markov chain)."""
     slurm: SlurmSpec = field(default_factory=SlurmSpec)
     """Slurm submission settings."""
     rollout: RolloutSpec = field(default_factory=RolloutSpec)

@@ -14,6 +14,7 @@ from specdraft.spec.bounds import check as check_bounds
 from specdraft.spec.derived import default_aux_layers, etp, kv_heads, pad_multiple, resolved_dp, world_size
 from specdraft.spec.gpus import CATALOGUE
 from specdraft.spec.schema import LayoutSpec
+from specdraft.spec.validate_data import data_rules
 from specdraft.spec.validate_model import model_rules
 from specdraft.spec.validate_run import checkpoint_rules, slurm_rules
 
@@ -192,6 +193,7 @@ def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
 
     slurm_rules(spec, err)
     checkpoint_rules(spec, err)
+    data_rules(spec, err, warn)
     return errors, warnings
 
 

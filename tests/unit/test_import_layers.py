@@ -3,8 +3,8 @@
 Layers, lowest first: the base modules (errors, file helpers), spec, plan, runs (the run-folder protocol), perf
 (the step-time model), rollout, render, assemble, search, execute, cli.
 `runtime` (the job) reads only the plan and the run folder: it may import the base, plan, runs and itself. No
-layer but runtime and execute imports torch, megatron or submitit (execute only submitit); a CLI run in a fresh
-process proves none is loaded.
+layer but runtime and execute imports torch, megatron, submitit, transformers or tokenizers (execute only submitit);
+a CLI run in a fresh process proves none is loaded.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from tests.support.paths import REPO
 
 ROOT = REPO / "specdraft"
-HEAVY = ("torch", "megatron", "submitit")
+HEAVY = ("torch", "megatron", "submitit", "transformers", "tokenizers")
 RANK = {
     "base": 0,
     "spec": 1,
@@ -33,7 +33,7 @@ RANK = {
     "cli": 10,
 }
 BASE = {"specdraft", "specdraft.errors", "specdraft.fsutil"}
-LIGHT = {"spec", "plan", "runs", "perf", "rollout", "render", "assemble", "search", "cli"}
+LIGHT = {"base", "spec", "plan", "runs", "perf", "rollout", "render", "assemble", "search", "cli"}
 
 
 def layer(module: str) -> str:
@@ -149,6 +149,7 @@ def test_the_checker_sees_function_level_and_relative_imports(tmp_path):
 PROBE = textwrap.dedent("""
     import importlib, pkgutil, sys
     import specdraft
+    import specdraft.datafile
     for layer in ("spec", "plan", "runs", "perf", "render", "rollout", "search"):
         package = importlib.import_module(f"specdraft.{layer}")
         for info in pkgutil.walk_packages(package.__path__, prefix=f"specdraft.{layer}."):

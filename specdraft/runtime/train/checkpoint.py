@@ -5,7 +5,8 @@ global layer and parameter name, with TP partition info), the draft (Eagle3Draft
 optimizers (exp_avg, exp_avg_sq and, for bf16/fp16 parameters, the fp32 main weight as ShardedTensors keyed and
 partitioned exactly like their parameter, so they reshard with it; under the distributed optimizer each is written
 by the rank that owns it; the step count, shared by every parameter, and the fp16 loss scale in the common part),
-the data position (the step index: data.py derives every batch from it) and every RNG state (torch CPU; on a CUDA
+the data position (the step index: data.py derives every batch from it; for a data file also the next sample's
+epoch and index, packing.py, restored on resume) and every RNG state (torch CPU; on a CUDA
 device also CUDA's and megatron's CUDA RNG tracker; per global rank, restored only under the same layout). The
 learning rate is constant (no schedule to save). On-disk layout, markers and the choice of checkpoint:
 runs/checkpoints.py.
@@ -197,6 +198,7 @@ def save(ctx: RankContext, trainer, step: int) -> Path:
         "draft_optimizer_step": draft_step,
         "main_weights": trainer.precision.main_weights,
         "loss_scale": trainer.loss_scaler.state() if trainer.loss_scaler is not None else None,
+        "data": trainer.data.position(step),
     }
     if ctx.global_rank == 0:
         if folder.exists():  # a leftover of an abandoned future (a resume from an older step): replace it
@@ -308,6 +310,9 @@ def restore(ctx: RankContext, trainer) -> tuple[int, dict]:
         dist.barrier()
         return 0, {"resumed_from": None}
     step = int(meta["step"])
+    note = trainer.data.restore(step, meta.get("data"))
+    if note and ctx.global_rank == 0:
+        _warn(note)
     if ctx.global_rank == 0:
         files.rewrite_metrics(ctx.run_dir, files.metrics_rows(folder / files.METRICS, step))
         print(

@@ -64,14 +64,13 @@ class MarkovData:
     @classmethod
     def for_plan(cls, plan) -> "MarkovData":
         """The data of ``plan``'s run: every rank, and every tool that reads the run afterwards, builds the same."""
-        t = plan.spec.training
         return cls(
             vocab_size=plan.model.vocab_size,
-            row_tokens=t.micro_batch_size * plan.model.seq_length,
+            row_tokens=plan.spec.training.micro_batch_size * plan.model.seq_length,
             pad_multiple=plan.parallel.pad_multiple,
-            seed=t.seed,
-            drift_interval=t.data_drift_interval,
-            drift_fraction=t.data_drift_fraction,
+            seed=plan.data.seed,
+            drift_interval=plan.data.drift_interval,
+            drift_fraction=plan.data.drift_fraction,
         )
 
     def epoch(self, step: int) -> int:
@@ -126,6 +125,16 @@ class MarkovData:
 
     def step_rows(self, step: int, num_rows: int) -> list[Row]:
         return [self.row(step, i) for i in range(num_rows)]
+
+    # The data position (packing.PackedData has the same three): every row derives from the step alone.
+    def position(self, step: int) -> None:
+        return None
+
+    def restore(self, step: int, saved: dict | None) -> None:
+        return None
+
+    def summary(self) -> dict:
+        return {}
 
     def prompt(self, step: int, index: int, length: int) -> torch.Tensor:
         """(length,) a held-out sequence drawn as the training rows of ``step`` are (a fresh uniform first token,

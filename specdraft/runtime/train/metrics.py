@@ -67,6 +67,9 @@ class StepMetrics:
             "attention": t.attention,
             **self._optimizer_fields(),
         }
+        position = t.data.position(step + 1)  # a data file's next sample after this step; None for the Markov chain
+        if position is not None:
+            record["data"] = position
         self.last = record
         if self.ctx.global_rank == 0:
             with open(self.ctx.metrics_path, "a", encoding="utf-8") as handle:

@@ -20,9 +20,9 @@ from specdraft.runtime.models.vocab.parallel import accept_length, head_kl_and_m
 from specdraft.runtime.models.vocab.reduced import Restriction, draft_vocabulary
 from specdraft.runtime.train import precision
 from specdraft.runtime.train.batches import global_counts, make_microbatch
-from specdraft.runtime.train.data import MarkovData
 from specdraft.runtime.train.devicetime import DeviceTimer
 from specdraft.runtime.train.grads import TargetParams
+from specdraft.runtime.train.packing import data_for
 from specdraft.runtime.train.tapchannel import TapChannel
 
 BLOCKING_ENV = "SPECDRAFT_TAPS_BLOCKING"  # benchmark baseline: blocking send/recv of the taps inside the hooks
@@ -73,7 +73,7 @@ class CoTrainer:
         for chunk in self.chunks:  # megatron's schedule scales the last stage's loss before backward with it
             chunk.config.grad_scale_func = self.loss_scaler.scale_loss if self.loss_scaler else None
         self.step_report: dict = {}
-        self.data = MarkovData.for_plan(plan)
+        self.data = data_for(ctx)  # the data file's packed rows, or the built-in Markov chain
         self.loss_weight, self.clip, self.draft_clip = d.loss_weight, t.clip_grad, d.clip_grad
         self.warmup_steps = t.warmup_steps
         self.cotraining = False

@@ -2,10 +2,11 @@
 target distribution restricted to them for the KL.
 
 Counting follows SpecForge (`generate_vocab_mapping_file` / `process_token_dict_to_mappings`): the tokens that carry
-loss (here a row's labels where its loss mask is 1) are counted over the data the draft trains on, the seeded rows
-of steps [training.warmup_steps, training.train_iters); the Vd most frequent are kept, ties going to the smaller id,
-and when fewer than Vd distinct tokens occur the smallest unseen ids fill up (SpecForge pads the same way). The kept
-ids, sorted, are the draft vocabulary: draft id i is target id i + d2t[i]; t2d[v] is True for a kept target id v.
+loss (here a row's labels where its loss mask is 1) are counted over the data the draft trains on: the seeded rows
+of steps [training.warmup_steps, training.train_iters), or each sample of a data file once (SpecForge counts its
+dataset). The Vd most frequent are kept, ties going to the smaller id, and when fewer than Vd distinct tokens occur
+the smallest unseen ids fill up (SpecForge pads the same way). The kept ids, sorted, are the draft vocabulary: draft
+id i is target id i + d2t[i]; t2d[v] is True for a kept target id v.
 
 Restriction, as SpecForge's `_compute_target_p`: the target's logits at the kept columns, softmax over those only
 (renormalised: p'(v) = p(v) / sum over kept u of p(u)); a position whose target top-1 is not kept is masked out of
@@ -43,9 +44,12 @@ def mapping(counts: torch.Tensor, draft_vocab: int) -> tuple[torch.Tensor, torch
     return kept - torch.arange(draft_vocab), t2d
 
 
-def draft_vocabulary(data: MarkovData, plan: LaunchPlan) -> tuple[torch.Tensor, torch.Tensor]:
-    """(d2t, t2d) of ``plan``'s run: the same on every rank (a function of the spec and the seeded data only)."""
+def draft_vocabulary(data, plan: LaunchPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d2t, t2d) of ``plan``'s run: the same on every rank (a function of the spec and the seeded data only).
+    A data file (packing.PackedData) counts each of its samples once, as SpecForge counts its dataset."""
     t = plan.spec.training
+    if not isinstance(data, MarkovData):
+        return mapping(data.label_counts(), plan.draft_vocab_size)
     counts = count_tokens(data, range(t.warmup_steps, t.train_iters), plan.num_microbatches * plan.parallel.dp)
     return mapping(counts, plan.draft_vocab_size)
 
