@@ -1,5 +1,6 @@
-"""`specdraft export RUN [--step N] -o DIR`: a run's draft as an EAGLE-3 checkpoint vLLM and SGLang load (thin; the
-work is runtime/serve/export.py, run in a subprocess like launch runs the runtime)."""
+"""`specdraft export RUN [--step N] [--policy] -o DIR`: a run's draft as an EAGLE-3 checkpoint vLLM and SGLang load,
+or with --policy its policy as a Hugging Face checkpoint (thin; the work is runtime/serve/export.py, run in a
+subprocess like launch runs the runtime)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,18 @@ def export_cmd(
         help="The folder to write: config.json and "
         "model.safetensors (it appears whole; an earlier export there is replaced).",
     ),
+    policy: bool = typer.Option(
+        False,
+        "--policy",
+        help="Export the policy as a Hugging Face checkpoint (sharded safetensors, config.json, the tokenizer "
+        "files of model.path) instead of the draft.",
+    ),
+    max_shard_bytes: Optional[int] = typer.Option(
+        None, "--max-shard-bytes", min=1, help="--policy: the largest safetensors shard in bytes (default 5 GB)."
+    ),
 ) -> None:
-    """Write a run's draft as an EAGLE-3 checkpoint (config.json + model.safetensors) for vLLM and SGLang."""
+    """Write a run's draft as an EAGLE-3 checkpoint (config.json + model.safetensors) for vLLM and SGLang, or with
+    --policy its policy as a Hugging Face checkpoint that transformers and vLLM load."""
     import json
     import os
 
@@ -43,7 +54,17 @@ def export_cmd(
     err = _console(stderr=True)
     argv = [str(folder), "-o", os.path.abspath(output), "--plan-sha256", plan_sha256]
     argv += ["--step", str(step)] if step is not None else []
+    argv += _policy_argv(policy, max_shard_bytes)
     result = json.loads(payload.run("serve.export", argv, lambda line: err.print(plain(line), markup=False)))
+    if policy:
+        files = "model.safetensors" if result["shards"] == 1 else f"{result['shards']} safetensors shards + index"
+        _console().print(
+            f"wrote {result['output']}: {result['architecture']} config.json + {files} ({result['tensors']} "
+            f"tensors, {result['bytes']:,} bytes {result['dtype']}) from {result['checkpoint']} "
+            f"(step {result['step']})",
+            markup=False,
+        )
+        return
     vocab = (
         f"draft vocabulary {result['draft_vocab_size']:,} of {result['vocab_size']:,} (d2t/t2d included)"
         if result["draft_vocab_size"] != result["vocab_size"]
@@ -56,6 +77,16 @@ def export_cmd(
         ),
         markup=False,
     )
+
+
+def _policy_argv(policy: bool, max_shard_bytes: int | None) -> list[str]:
+    from specdraft.errors import UserError
+
+    if max_shard_bytes is not None and not policy:
+        raise UserError("--max-shard-bytes applies to --policy exports", "add --policy, or drop --max-shard-bytes")
+    if not policy:
+        return []
+    return ["--policy"] + (["--max-shard-bytes", str(max_shard_bytes)] if max_shard_bytes is not None else [])
 
 
 def register(app) -> None:

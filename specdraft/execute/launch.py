@@ -85,6 +85,8 @@ def prepare(
             "launch with training.dtype=bf16; an fp8 layout still "
             "plans and renders for Megatron-LM (`specdraft render --to megatron`)",
         )
+    if workload == "cotrain":
+        check_checkpoint(plan)
     if workload == "cotrain" and plan.data.path is not None:
         # The file's structure before any allocation; its token lengths need the tokenizer: every rank checks them
         # before its first collective (runtime/train/corpus.py).
@@ -120,6 +122,28 @@ def prepare(
         waits=wait or chosen.runs_in_launcher,
         render=render,
     )
+
+
+def check_checkpoint(plan: LaunchPlan) -> dict | None:
+    """When model.path names a local folder, the HF checkpoint the policy starts from, checked against the plan's
+    model (config.json and the safetensors headers, by the runtime's check payload: no torch) before anything is
+    written or submitted; None when the policy starts from random weights."""
+    import json
+
+    from specdraft.execute import payload
+    from specdraft.plan.codec import encode_value
+
+    path = plan.model.path
+    if not os.path.isdir(os.path.expanduser(path)):
+        return None
+    if not os.path.isabs(os.path.expanduser(path)):
+        raise UserError(
+            f"model.path {path!r} is a relative path, but the ranks run in the run folder, where it names "
+            "something else",
+            f"give the checkpoint folder as an absolute path: model.path={os.path.abspath(path)}",
+        )
+    argv = ["--model", json.dumps(encode_value(plan.model)), "--path", path]
+    return json.loads(payload.run("models.hf.check", argv, lambda line: None))
 
 
 def check_resume(

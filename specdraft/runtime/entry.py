@@ -248,6 +248,11 @@ def main(argv: list[str] | None = None) -> int:
             record["coords"] = {k: getattr(me, k) for k in ("tp", "cp", "dp", "pp", "ep", "etp", "edp")}
         check_placement(plan, rank, local_rank, world_size, node)
         workload = load_workload(args.workload)
+        if args.workload == "cotrain":
+            # A HF checkpoint that cannot make the plan's policy fails every rank alike, before any collective.
+            from specdraft.runtime.models.hf.checkpoint import plan_checkpoint
+
+            plan_checkpoint(plan)
         # The data file is read and tokenised before any collective: a bad file stops every rank with one message.
         data = _load_data(plan) if args.workload == "cotrain" else None
         device, backend = _device(plan, local_rank)

@@ -24,6 +24,8 @@ from torch import nn
 
 from specdraft.plan.model import LaunchPlan, RopeScaling
 from specdraft.runtime.attention.branch import branch_attention
+from specdraft.runtime.models.hf.mapping import padded_vocab
+from specdraft.runtime.models.vocab.parallel import mask_padding
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,7 +189,9 @@ class Eagle3Draft(nn.Module):
         self.fc = nn.Linear(shape.num_taps * shape.hidden, shape.hidden, bias=False)
         self.layers = nn.ModuleList(DraftLayer(shape, config, first=i == 0) for i in range(shape.num_layers))
         self.norm = RMSNorm(shape.hidden, shape.norm_eps)
-        self.lm_head = _column(config, shape.hidden, shape.vocab)
+        # padded to a tp multiple like the target's output layer; the padding's logits are masked in `head`
+        self.lm_head = _column(config, shape.hidden, padded_vocab(shape.vocab, shape.tp))
+        self.tp_rank = _tp_rank(shape.tp)
         self.vocab = VocabMap(shape.vocab, shape.target_vocab) if shape.reduced_vocab else None
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
@@ -210,11 +214,14 @@ class Eagle3Draft(nn.Module):
         out: dict = {}
         for name, module in children:
             out.update(sharded_state_dict_default(module, f"{prefix}{name}.", sharded_offsets, metadata, tp_group))
+        # The head's rows are padded to a multiple of tp, so its global shape depends on tp: like megatron's own
+        # vocab-parallel weights, a checkpoint of another tp loads the common rows (the rest stay zero).
+        out[f"{prefix}lm_head.weight"].allow_shape_mismatch = True
         return out
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(rows, h) -> (rows, vocab/tp) vocab-parallel logits."""
-        return self.lm_head(self.norm(hidden))[0]
+        """(rows, h) -> (rows, vocab/tp) vocab-parallel logits (the vocabulary's padding masked)."""
+        return mask_padding(self.lm_head(self.norm(hidden))[0], self.shape.vocab, self.tp_rank)
 
     def ttt(
         self, aux: torch.Tensor, emb: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, cp_group=None
@@ -244,6 +251,12 @@ class Eagle3Draft(nn.Module):
             hidden = x
             outputs.append(hidden)
         return outputs
+
+
+def _tp_rank(tp: int) -> int:
+    from megatron.core import parallel_state as ps
+
+    return ps.get_tensor_model_parallel_rank() if tp > 1 else 0
 
 
 def draft_shape(plan: LaunchPlan, tp: int | None = None) -> DraftShape:

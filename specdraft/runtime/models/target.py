@@ -14,10 +14,13 @@ import torch
 import torch.nn.functional as F
 
 from specdraft.plan.model import LaunchPlan, ModelShape
+from specdraft.runtime.models.hf.mapping import global_name, padded_vocab
 
 INIT_STD = 0.02
 # tests: megatron's batched pipeline P2P (the CUDA path) on gloo too; refused with vpp, where gloo can reorder it.
 BATCH_P2P_ENV = "SPECDRAFT_BATCH_P2P"
+# vocab-parallel weights (the target's embedding and output layer, the draft's LM head): padded to a tp multiple
+VOCAB_PARAMETERS = ("embedding.word_embeddings.weight", "output_layer.weight", "lm_head.weight")
 
 
 def _recompute_kwargs(recompute: str) -> dict:
@@ -116,14 +119,25 @@ def block_spec(device, dtype: torch.dtype, model: ModelShape, num_layers: int):
 
 
 def build_chunks(
-    plan: LaunchPlan, pp_rank: int, device: torch.device, dtype: torch.dtype, seed: int, config=None
+    plan: LaunchPlan, pp_rank: int, device: torch.device, dtype: torch.dtype, seed: int, config=None, checkpoint=None
 ) -> list:
-    """This pipeline rank's GPTModel chunks (one per virtual stage), initialised deterministically. ``config``
-    (default: transformer_config for ``device``) lets a CPU test build through megatron's GPU init path."""
+    """This pipeline rank's GPTModel chunks (one per virtual stage), initialised deterministically, or from the HF
+    ``checkpoint`` (hf.checkpoint.HFCheckpoint) when given. ``config`` (default: transformer_config for ``device``)
+    lets a CPU test build through megatron's GPU init path.
+
+    The vocabulary is padded to a multiple of tp (hf.mapping.padded_vocab); the padded rows are zero and their
+    logits are masked out of every loss and argmax (vocab.parallel.mask_padding).
+    """
+    import dataclasses
+
     from megatron.core.models.gpt import GPTModel
 
     par, m = plan.parallel, plan.model
     config = config or transformer_config(plan, dtype, device)
+    if checkpoint is not None and config.use_cpu_initialization:
+        # The CPU init path draws every weight whole before slicing it; the checkpoint overwrites it anyway, so
+        # each rank only initialises its own shards (megatron's device path; cpu_compat redirects it on CPU).
+        config = dataclasses.replace(config, use_cpu_initialization=False)
     chunks = []
     for v, chunk in enumerate(plan.stages[pp_rank].chunks):
         first = pp_rank == 0 and v == 0
@@ -131,7 +145,7 @@ def build_chunks(
         model = GPTModel(
             config=config,
             transformer_layer_spec=block_spec(device, dtype, m, chunk.num_layers),
-            vocab_size=m.vocab_size,
+            vocab_size=padded_vocab(m.vocab_size, par.tp),
             max_sequence_length=m.seq_length,
             pre_process=first,
             post_process=last,
@@ -144,21 +158,20 @@ def build_chunks(
             vp_stage=v if par.vpp else None,
         )
         model.to(device)
-        init_parameters(model, chunk.first_layer, par.tp, seed, tied=m.tie_embeddings)
+        if checkpoint is None:
+            init_parameters(model, chunk.first_layer, par.tp, seed, tied=m.tie_embeddings, vocab=m.vocab_size)
         chunks.append(model)
+    if checkpoint is not None:
+        from specdraft.runtime.models.hf.load import load_chunks
+
+        load_chunks(chunks, plan, pp_rank, checkpoint)
     return chunks
 
 
-def global_name(name: str, offset: int) -> str:
-    """`decoder.layers.3.mlp...` on a stage whose first layer is 16 -> `decoder.layers.19.mlp...`."""
-    parts = name.split(".")
-    if len(parts) > 2 and parts[0] == "decoder" and parts[1] == "layers":
-        parts[2] = str(int(parts[2]) + offset)
-    return ".".join(parts)
-
-
 @torch.no_grad()
-def init_parameters(model: torch.nn.Module, offset: int, tp: int, seed: int, tied: bool = False) -> None:
+def init_parameters(
+    model: torch.nn.Module, offset: int, tp: int, seed: int, tied: bool = False, vocab: int | None = None
+) -> None:
     """N(0, 0.02) weights from a generator seeded by the parameter's global name; norm weights 1, biases 0.
 
     The full tensor is drawn and this TP rank's slice taken, so the values do not depend on tp, pp or vpp.
@@ -166,6 +179,8 @@ def init_parameters(model: torch.nn.Module, offset: int, tp: int, seed: int, tie
     parameter is named by its global expert index and split over etp instead (moe.expert_parameter). With
     ``tied`` embeddings the last stage's copy of the output layer (pp > 1) is drawn as the word embedding, so both
     copies start equal (megatron's start-up all-reduce of the copy is overwritten here, and skipped on CPU).
+    Rows of a vocab-parallel weight past ``vocab`` (the padding to a tp multiple) are zero, and the real rows are
+    drawn as from an unpadded tensor, so they too are the same at every tp.
     """
     from megatron.core import parallel_state as ps
 
@@ -191,8 +206,12 @@ def init_parameters(model: torch.nn.Module, offset: int, tp: int, seed: int, tie
         shape = list(param.shape)
         if sharded:
             shape[dim] *= shards
+        pad = shape[0] - vocab if vocab is not None and gname in VOCAB_PARAMETERS and shape[0] > vocab else 0
+        shape[0] -= pad
         g = torch.Generator().manual_seed(seed ^ zlib.crc32(gname.encode()))
         full = torch.randn(shape, generator=g) * INIT_STD
+        if pad:
+            full = torch.cat([full, full.new_zeros(pad, *shape[1:])])
         if sharded and shards > 1:
             if gname.endswith("linear_fc1.weight") and param.shape[0] * shards == shape[0] and _gated(model):
                 gate, up = full.chunk(2, dim=0)

@@ -9,20 +9,15 @@ the residual stream entering layer j = the output of layer j-1), so the top-leve
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import re
-import shutil
 from pathlib import Path
 
 import torch
 
-from specdraft.errors import file_error
-from specdraft.fsutil import make_temp_dir, umask_mode
 from specdraft.plan.model import LaunchPlan
-from specdraft.runtime.serve.offline import EXPORT_MARKER as MARKER
-from specdraft.runtime.serve.offline import ExportError, check_export_target, require_one_layer
+from specdraft.runtime.models.hf.export import check_pair, policy_config, policy_max_positions
+from specdraft.runtime.serve.folder import save_safetensors, write_folder, write_text
+from specdraft.runtime.serve.offline import ExportError, require_one_layer
 
 FORMAT_VERSION = 1
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -63,6 +58,8 @@ def tensors(state: dict[str, torch.Tensor], plan: LaunchPlan) -> dict[str, torch
         if key is None:
             raise ExportError(f"draft tensor {name!r} has no EAGLE-3 name", "this is a bug in specdraft; report it")
         out[key] = value.detach().cpu().contiguous()
+    # The head's rows past the draft vocabulary pad it to a tp multiple (a live draft gathered at tp > 1).
+    out["lm_head.weight"] = out["lm_head.weight"][: plan.draft.vocab_size].contiguous()
     aux = list(plan.draft.aux_layers)
     order = sorted(range(len(aux)), key=aux.__getitem__)
     if order != list(range(len(aux))):
@@ -90,7 +87,8 @@ def config(plan: LaunchPlan, dtype: torch.dtype) -> dict:
         "draft_vocab_size": plan.draft.vocab_size,
         "rms_norm_eps": shape.norm_eps,
         "rope_theta": shape.rope_base,
-        "max_position_embeddings": m.seq_length,
+        # the policy's: vLLM serves the two as a pair (a draft limited to a shorter context loses acceptance past it)
+        "max_position_embeddings": policy_max_positions(plan),
         "target_hidden_size": m.hidden_size,
         "hidden_act": "silu",
         "attention_bias": False,
@@ -116,72 +114,28 @@ def rope_scaling(scaling) -> dict:
 
 
 def write(folder: Path, plan: LaunchPlan, state: dict[str, torch.Tensor], provenance: dict) -> Path:
-    """Write config.json, model.safetensors and the provenance marker into ``folder``, which appears whole: files
-    go to a temp folder beside it, fsynced, then one rename. An earlier specdraft export there is replaced (moved
-    aside first, deleted after); anything else there is refused. What a user or a filesystem causes (a read-only
-    folder, a full disk, a name too long) is a FileError naming ``folder``."""
-    folder = Path(folder).absolute()
-    try:
-        return _write(folder, plan, state, provenance)
-    except OSError as err:
-        user = file_error(err, folder, "write the export")
-        if user is None:
-            raise
-        raise user from None
-
-
-def _save_safetensors(named: dict, path: Path) -> None:
-    """safetensors' save_file, whose I/O errors (a Rust SafetensorError) become the OSError they report."""
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
-
-    try:
-        save_file(named, str(path), metadata={"format": "pt"})
-    except SafetensorError as err:
-        found = re.search(r"\(os error (\d+)\)", str(err))
-        if found is None:
-            raise
-        code = int(found.group(1))
-        raise OSError(code, os.strerror(code), str(path)) from None
-
-
-def _write(folder: Path, plan: LaunchPlan, state: dict[str, torch.Tensor], provenance: dict) -> Path:
+    """Write config.json, model.safetensors and the provenance marker into ``folder``, which appears whole
+    (folder.write_folder); an earlier specdraft export there is replaced, anything else refused. Refuses a draft
+    whose config does not pair with the run's policy export (hf.export.check_pair)."""
     named = tensors(state, plan)
     dtype = named["fc.weight"].dtype
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    check_export_target(folder)
-    # The folder and its files get what the umask allows, like any the user creates: the serving job of a colleague
-    # or a group reads the draft it is meant to load (mkdtemp's 0o700 and safetensors' 0o600 would keep it out).
-    tmp = make_temp_dir(folder.parent, f".{folder.name[:100]}.", ".tmp")
-    try:
-        _save_safetensors(named, tmp / "model.safetensors")
-        os.chmod(tmp / "model.safetensors", umask_mode(0o666))
-        _fsync_file(tmp / "model.safetensors")
-        _write_text(tmp / "config.json", json.dumps(config(plan, dtype), indent=2) + "\n")
-        record = {
-            "format_version": FORMAT_VERSION,
-            "architecture": ARCHITECTURE,
-            "run": plan.run_name,
-            "spec_sha256": plan.spec_sha256,
-            "specdraft_version": plan.specdraft_version,
-            "aux_layers_outputs": sorted(plan.draft.aux_layers),
-            **provenance,
-            "files": {p.name: _sha256(p) for p in sorted(tmp.iterdir())},
-        }
-        _write_text(tmp / MARKER, json.dumps(record, indent=1, sort_keys=True) + "\n")
-        _fsync_dir(tmp)
-        old = None
-        if folder.exists():
-            old = make_temp_dir(folder.parent, f".{folder.name[:100]}.", ".old")
-            os.rename(folder, old / "export")
-        os.rename(tmp, folder)
-        _fsync_dir(folder.parent)
-        if old is not None:
-            shutil.rmtree(old)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return folder
+    draft_config = config(plan, dtype)
+    check_pair(policy_config(plan), draft_config)
+
+    def fill(tmp: Path) -> None:
+        save_safetensors(named, tmp / "model.safetensors")
+        write_text(tmp / "config.json", json.dumps(draft_config, indent=2) + "\n")
+
+    record = {
+        "format_version": FORMAT_VERSION,
+        "architecture": ARCHITECTURE,
+        "run": plan.run_name,
+        "spec_sha256": plan.spec_sha256,
+        "specdraft_version": plan.specdraft_version,
+        "aux_layers_outputs": sorted(plan.draft.aux_layers),
+        **provenance,
+    }
+    return write_folder(folder, fill, record)
 
 
 def num_tensors(folder: Path) -> int:
@@ -190,31 +144,3 @@ def num_tensors(folder: Path) -> int:
 
     with safe_open(str(Path(folder) / "model.safetensors"), framework="pt") as handle:
         return len(list(handle.keys()))
-
-
-def _write_text(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -1,5 +1,6 @@
 """The draft as an EAGLE-3 checkpoint for vLLM and SGLang: from a run's checkpoint (`specdraft export`, this module's
 `python -m` payload), or published from the live draft every draft.export_interval steps into RUN_DIR/draft/step-N/.
+With --policy, the policy instead, as a Hugging Face checkpoint (models/hf/export.py).
 
 From a checkpoint, dist_checkpointing loads the draft's TP shards into an unsharded template on one process
 (offline.py). While training, the draft ranks of data/context rank 0 all-gather their TP shards and the tp-rank-0
@@ -59,6 +60,36 @@ def export_checkpoint(run_dir: Path, step: int | None, output: Path, plan_sha256
     }
 
 
+def export_policy(
+    run_dir: Path, step: int | None, output: Path, max_shard_bytes: int | None = None, plan_sha256: str | None = None
+) -> dict:
+    """Write the policy of ``run_dir``'s checkpoint at ``step`` (the newest when None) to ``output`` as a HF folder.
+
+    Loaded on the CPU in the export's dtype (the input checkpoint's, else the run's), so an fp32 or bf16 import
+    round-trips exactly; safetensors shards of at most ``max_shard_bytes`` (default 5 GB). With ``plan_sha256``,
+    plan.json must be the bytes the CLI verified."""
+    from specdraft.runtime.serve import offline
+
+    plan = offline.read_run_plan(run_dir, plan_sha256)
+    offline.check_export_target(output)
+    folder, meta = offline.checkpoint(run_dir, step)
+    import torch
+
+    from specdraft.runtime.models.hf import export as hf_export
+
+    dtype = hf_export.export_dtype(plan)
+    with offline.single_process():
+        target, _ = offline.load(plan, folder, draft=False, device=torch.device("cpu"), dtype=dtype)
+        written = hf_export.write(
+            output,
+            plan,
+            target.state_dict(),
+            {"source": "checkpoint", "checkpoint": str(folder), "step": int(meta["step"])},
+            max_shard_bytes=max_shard_bytes or hf_export.MAX_SHARD_BYTES,
+        )
+    return {"output": str(output), "step": int(meta["step"]), "checkpoint": str(folder), **written}
+
+
 def publish(ctx, trainer, step: int) -> Path | None:
     """Every draft rank: gather the draft's TP shards on the (dp, cp) = 0 ranks; tp rank 0 writes
     RUN_DIR/draft/step-<step>/. Returns the folder on the writing rank, else None."""
@@ -94,9 +125,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest complete one)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="the folder to write")
     parser.add_argument("--plan-sha256", required=True, help="sha256 of the plan.json the CLI verified")
+    parser.add_argument("--policy", action="store_true", help="the policy as a Hugging Face checkpoint, not the draft")
+    parser.add_argument("--max-shard-bytes", type=int, default=None, help="--policy: the largest safetensors shard")
     args = parser.parse_args(argv)
     from specdraft.runtime.serve.offline import run_tool
 
+    if args.policy:
+        return run_tool(
+            lambda: export_policy(
+                args.run.absolute(), args.step, args.output.absolute(), args.max_shard_bytes, args.plan_sha256
+            )
+        )
     return run_tool(lambda: export_checkpoint(args.run.absolute(), args.step, args.output.absolute(), args.plan_sha256))
 
 

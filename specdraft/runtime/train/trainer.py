@@ -13,8 +13,10 @@ from specdraft.runtime.attention.halo import gather_shifted, shift_rows
 from specdraft.runtime.attention.megatron_core import attention_summary
 from specdraft.runtime.context import RankContext
 from specdraft.runtime.models.draft import Eagle3Draft, draft_shape
+from specdraft.runtime.models.hf.checkpoint import plan_checkpoint
+from specdraft.runtime.models.hf.mapping import padded_vocab
 from specdraft.runtime.models.target import build_chunks, init_parameters, transformer_config
-from specdraft.runtime.models.vocab.parallel import accept_length, head_kl_and_matches, log_softmax
+from specdraft.runtime.models.vocab.parallel import accept_length, head_kl_and_matches, log_softmax, mask_padding
 from specdraft.runtime.models.vocab.reduced import Restriction, draft_vocabulary
 from specdraft.runtime.train import precision
 from specdraft.runtime.train.batches import global_counts, make_microbatch
@@ -51,7 +53,10 @@ class CoTrainer:
         self.steps_ttt = d.ttt_steps
         self.seed = t.seed
         torch.manual_seed(self.seed)
-        self.chunks = build_chunks(plan, self.pp_rank, self.device, self.dtype, self.seed)
+        # model.path naming a HF folder: the policy starts from its weights (a checkpoint restored later wins).
+        checkpoint = plan_checkpoint(plan)
+        self.policy_init = str(checkpoint.folder) if checkpoint is not None else "random"
+        self.chunks = build_chunks(plan, self.pp_rank, self.device, self.dtype, self.seed, checkpoint=checkpoint)
         # which attention kernels run (for metrics.jsonl); the draft shares the target's head_dim
         self.attention = attention_summary(self.device, self.dtype, m.head_dim, plan.draft.enabled)
         self.is_last = self.pp_rank == par.pp - 1
@@ -79,7 +84,7 @@ class CoTrainer:
             # The draft's layers never see sequence-parallel activations (taps are gathered over tp first).
             config = dataclasses.replace(transformer_config(plan, self.dtype, self.device), sequence_parallel=False)
             self.draft = Eagle3Draft(draft_shape(plan), config).to(self.device, self.dtype)
-            init_parameters(self.draft, 0, self.tp, self.seed ^ 0x5EED)
+            init_parameters(self.draft, 0, self.tp, self.seed ^ 0x5EED, vocab=self.draft.shape.vocab)
             if self.draft.vocab is not None:  # a checkpoint's mapping, if one is loaded, replaces this one
                 self.draft.vocab.set(*(x.to(self.device) for x in draft_vocabulary(self.data, plan)))
             self.draft_optimizer = precision.MainOptimizer(
@@ -99,7 +104,7 @@ class CoTrainer:
         tokens = self.row_tokens // self.cp
         sp_tokens = tokens // self.tp if plan.parallel.sequence_parallel else tokens
         h = m.hidden_size
-        shapes = {"logits": (tokens, m.vocab_size // self.tp)}
+        shapes = {"logits": (tokens, padded_vocab(m.vocab_size, self.tp) // self.tp)}
         shapes.update({layer: (sp_tokens, h) for layer in plan.draft.aux_layers})
 
         def shape(tap, m_index):
@@ -172,6 +177,8 @@ class CoTrainer:
         from megatron.core import tensor_parallel
 
         logits = output.transpose(0, 1).float()  # (1, t, V/tp) -> (t, 1, V/tp)
+        # The vocabulary's padding to a tp multiple takes no part in the loss, the draft's targets or an argmax.
+        logits = mask_padding(logits, self.plan.model.vocab_size, self.ps.get_tensor_model_parallel_rank())
         # A detached copy first: megatron's vocab-parallel cross-entropy exponentiates its input in place.
         local = logits.detach().squeeze(1).clone()  # (t, V/tp)
         ce = tensor_parallel.vocab_parallel_cross_entropy(logits.contiguous(), mb.labels[:, None])
@@ -232,7 +239,10 @@ class CoTrainer:
         """The draft vocabulary's restriction of the policy's logits, built from the draft's own t2d once a
         checkpoint (whose mapping the head was trained with) had its chance to load."""
         if self._restriction is None:
-            self._restriction = Restriction(self.draft.vocab.t2d, self.tp_group)
+            # t2d covers the target's vocabulary; its padding to a tp multiple is never kept
+            self._restriction = Restriction(
+                self.draft.vocab.t2d, self.tp_group, padded_vocab(self.plan.model.vocab_size, self.tp)
+            )
         return self._restriction
 
     def _gather_sp(self, x: torch.Tensor, dim: int) -> torch.Tensor:

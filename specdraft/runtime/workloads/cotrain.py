@@ -64,6 +64,7 @@ def run(ctx: RankContext) -> dict:
         **resumed,
         "checkpoint": str(saved) if saved else None,
         "memory": trainer.state_bytes(),
+        "policy_init": trainer.policy_init,
         **trainer.data.summary(),
     }
 

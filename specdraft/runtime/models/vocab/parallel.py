@@ -13,6 +13,19 @@ import torch.distributed as dist
 from specdraft.plan.memory import HEAD_CHUNK_TOKENS  # rows per checkpointed LM-head + KL chunk: one constant
 
 
+def mask_padding(logits: torch.Tensor, vocab_size: int, rank: int = 0) -> torch.Tensor:
+    """(..., Vp/tp) vocab-parallel logits of tp rank ``rank`` with the columns past ``vocab_size`` (the padding of
+    the vocabulary to a tp multiple) set to the dtype's lowest value: a finite floor, so softmaxes give them
+    probability 0 exactly, argmax never picks them, and a KL term p * (log p - log q) there is 0 * finite = 0
+    (with -inf it would be 0 * nan). Out of place, so autograd gives those columns a zero gradient."""
+    width = logits.shape[-1]
+    real = min(max(vocab_size - rank * width, 0), width)
+    if real == width:
+        return logits
+    padded = torch.arange(width, device=logits.device) >= real
+    return logits.masked_fill(padded, torch.finfo(logits.dtype).min)
+
+
 def _single(group) -> bool:
     return group is None or dist.get_world_size(group) == 1
 

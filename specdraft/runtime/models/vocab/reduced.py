@@ -63,10 +63,12 @@ class Restriction:
     shards keep different counts, so each is padded to the largest), and each rank keeps its draft slice.
     """
 
-    def __init__(self, t2d: torch.Tensor, group=None):
+    def __init__(self, t2d: torch.Tensor, group=None, padded: int | None = None):
         self.group = group
         self.tp = 1 if group is None else dist.get_world_size(group)
         self.rank = 0 if group is None else dist.get_rank(group)
+        if padded is not None and padded > t2d.numel():  # the target vocabulary's padding to a tp multiple: never kept
+            t2d = torch.cat([t2d, t2d.new_zeros(padded - t2d.numel())])
         self.t2d = t2d
         per = t2d.numel() // self.tp
         shards = t2d.view(self.tp, per)
