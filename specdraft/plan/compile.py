@@ -31,7 +31,8 @@ from specdraft.plan.taps import pipeline_activation_bytes_per_step, tap_routes
 from specdraft.spec import derived
 from specdraft.spec.load import spec_sha256
 from specdraft.spec.schema import LayoutSpec, ParallelSpec
-from specdraft.spec.validate import stage_layer_counts, validate_fields
+from specdraft.spec.validate import validate_fields
+from specdraft.spec.validate_parallel import stage_layer_counts
 
 CP_ATTENTION_MODE = "zigzag_ring_branch_merge"
 

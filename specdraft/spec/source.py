@@ -15,16 +15,13 @@ from typing import Any, Sequence
 from specdraft.errors import Problem, SpecError, shorten
 from specdraft.spec.bounds import (
     MAX_INTERPOLATED_NODES,
-    MAX_INTERPOLATIONS,
     MAX_LAYOUT_BYTES,
-    MAX_LIST_ITEMS,
     MAX_OVERRIDE_YAML_NODES,
     MAX_OVERRIDES,
-    MAX_STRING_CHARS,
     MAX_YAML_NODES,
 )
+from specdraft.spec.source_checks import first_line, interpolation_targets, markers
 
-MISSING_MARKER = "???"
 # YAML 1.1 reads `1:30:00` as the base-60 integer 5400, so `slurm.time: 1:30:00` became 5400 minutes. YAML 1.2
 # (and every reader's intuition) keeps it text; so does specdraft, in files and in overrides.
 SEXAGESIMAL = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")
@@ -35,7 +32,7 @@ def to_plain_dict(text: str, overrides: Sequence[str], source: str) -> dict:
     """Parse ``text`` (YAML) and merge ``overrides``; return plain data with interpolations resolved."""
     _check_overrides(overrides, source)
     base = _parse(text, source)
-    problems, interpolated, nodes = _markers(base, "")
+    problems, interpolated, nodes = markers(base, "")
     layers, errs, interpolated_too = _parse_overrides(overrides)
     problems += errs
     if problems:
@@ -152,11 +149,11 @@ def _parse(text: str, source: str) -> dict:
             source,
             getattr(err, "full_key", None) or "<yaml>",
             "(unreadable)",
-            f"cannot read the layout: {_first_line(err)}",
+            f"cannot read the layout: {first_line(err)}",
             "fix the value",
         )
     except ValueError as err:  # e.g. an integer of more than 4,300 digits (Python's int/str conversion bound)
-        _fail(source, "<yaml>", None, f"cannot read a value: {_first_line(err)}", "use a realistic value")
+        _fail(source, "<yaml>", None, f"cannot read a value: {first_line(err)}", "use a realistic value")
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -192,7 +189,7 @@ def _parse_overrides(overrides: Sequence[str]) -> tuple[list[tuple[str, dict]], 
                 if isinstance(err, yaml.YAMLError)
                 else f"malformed key path {key!r} (write a.b.c, or a.b[0] for a list item)"
                 if isinstance(err, IndexError)
-                else _first_line(err)
+                else first_line(err)
             )
             problems.append(
                 Problem(
@@ -203,7 +200,7 @@ def _parse_overrides(overrides: Sequence[str]) -> tuple[list[tuple[str, dict]], 
                 )
             )
             continue
-        found, uses, _ = _markers(layer, "")
+        found, uses, _ = markers(layer, "")
         problems += found
         interpolated = interpolated or uses
         layers.append((item, layer))
@@ -248,7 +245,7 @@ def _resolve_with_omegaconf(base: dict, layers: list[tuple[str, dict]], source: 
             source,
             getattr(err, "full_key", None) or "<yaml>",
             "(unreadable)",
-            f"cannot read the layout: {_first_line(err)}",
+            f"cannot read the layout: {first_line(err)}",
             "fix the value",
         )
     problems = []
@@ -261,172 +258,14 @@ def _resolve_with_omegaconf(base: dict, layers: list[tuple[str, dict]], source: 
                 Problem(
                     path=key,
                     value=value,
-                    rule=f"cannot apply override: {_first_line(err)}",
+                    rule=f"cannot apply override: {first_line(err)}",
                     fix="check the key path and the value's YAML syntax",
                 )
             )
-    problems = problems or _interpolation_targets(merged)
+    problems = problems or interpolation_targets(merged)
     if problems:
         raise SpecError(problems, source)
     return _resolve(merged, source)
-
-
-def _markers(data: Any, path: str) -> tuple[list[Problem], bool, int]:
-    """(`???` values, over-long strings and lists, interpolations that are not plain references; whether any
-    value interpolates; how many values there are) in raw data."""
-    problems: list[Problem] = []
-    interpolated = False
-    nodes = 0
-    stack = [(path, data)]
-    while stack:  # iterative: nesting depth is the YAML parser's to bound, not Python's recursion limit
-        where, value = stack.pop()
-        nodes += 1
-        if isinstance(value, dict):
-            stack += [(f"{where}.{k}" if where else str(k), v) for k, v in reversed(list(value.items()))]
-        elif isinstance(value, list):
-            if len(value) > MAX_LIST_ITEMS:  # refused before anything walks or copies it item by item
-                problems.append(
-                    Problem(
-                        path=where,
-                        value=value,
-                        rule=f"has {len(value):,} items; the bound is {MAX_LIST_ITEMS:,}",
-                        fix="list fewer (typical values suffice)",
-                    )
-                )
-                continue
-            stack += [(f"{where}[{i}]", v) for i, v in reversed(list(enumerate(value)))]
-        elif isinstance(value, str):
-            interpolated = interpolated or "${" in value
-            problem = _string_marker(where or "<root>", value)
-            if problem:
-                problems.append(problem)
-    return problems, interpolated, nodes
-
-
-def _string_marker(path: str, value: str) -> Problem | None:
-    if value == MISSING_MARKER:
-        return Problem(
-            path=path,
-            value=value,
-            rule="is OmegaConf's missing-value marker, which would leave the "
-            "field unset (an override of ??? is otherwise silently ignored)",
-            fix="give a value, or drop the key to use the default",
-        )
-    if len(value) > MAX_STRING_CHARS:
-        return Problem(
-            path=path,
-            value=value,
-            rule=f"is {len(value):,} characters; the bound is {MAX_STRING_CHARS:,}",
-            fix="shorten it",
-        )
-    if "${" not in value:
-        return None
-    from omegaconf import grammar_parser
-    from omegaconf.errors import GrammarParseError
-    from omegaconf.grammar.gen.OmegaConfGrammarParser import OmegaConfGrammarParser as G
-
-    try:
-        tree = grammar_parser.parse(value)
-    except GrammarParseError as err:
-        return Problem(
-            path=path,
-            value=value,
-            rule=f"is not a valid interpolation: {_first_line(err)}",
-            fix="close the ${...}, or escape a literal as \\${",
-        )
-    nodes, resolvers = 0, 0
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        nodes += isinstance(node, G.InterpolationNodeContext)
-        resolvers += isinstance(node, G.InterpolationResolverContext)
-        stack += list(node.getChildren()) if hasattr(node, "getChildren") else []
-    if resolvers:
-        return Problem(
-            path=path,
-            value=value,
-            rule="resolvers (${name:...}, e.g. ${oc.env:VAR}) are not allowed: "
-            "they would copy the environment or run code into plan.json and the job scripts",
-            fix="write the value itself; plain references such as ${model.path} are allowed",
-        )
-    if nodes > 1:
-        return Problem(
-            path=path,
-            value=value,
-            rule="holds more than one ${...} reference (or a nested one)",
-            fix="use at most one plain reference per value, e.g. ${name}-ckpt",
-        )
-    return None
-
-
-def _interpolation_targets(merged) -> list[Problem]:
-    """Each interpolation must point at one value (not a section or list) and there are at most a bounded number.
-
-    Resolving a reference to a section copies the whole section; chains of such copies grow exponentially.
-    """
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    found: list[tuple[str, Any, Any]] = []
-    stack = [("", merged)]
-    while stack:
-        where, cfg = stack.pop()
-        keys = list(cfg.keys()) if OmegaConf.is_dict(cfg) else list(range(len(cfg)))
-        for key in keys:
-            sub = (f"{where}.{key}" if where else str(key)) if OmegaConf.is_dict(cfg) else f"{where}[{key}]"
-            if OmegaConf.is_interpolation(cfg, key):
-                found.append((sub, cfg, key))
-            elif OmegaConf.is_config(child := cfg[key]):  # not an interpolation: nothing is resolved here
-                stack.append((sub, child))
-    if len(found) > MAX_INTERPOLATIONS:
-        return [
-            Problem(
-                path=found[MAX_INTERPOLATIONS][0],
-                value=f"{len(found)} interpolations",
-                rule=f"more ${{...}} interpolations than the bound of {MAX_INTERPOLATIONS}",
-                fix="write values out",
-            )
-        ]
-    problems = []
-    for sub, cfg, key in found:
-        try:
-            target = cfg[key]  # resolves this one reference: a section comes back as a node, not a copy
-        except (OmegaConfBaseException, RecursionError) as err:
-            problems.append(
-                Problem(
-                    path=sub,
-                    value=_raw(cfg, key),
-                    rule=f"cannot resolve: {_first_line(err)}",
-                    fix="fix the ${...} interpolation or replace it by a literal value",
-                )
-            )
-            continue
-        if OmegaConf.is_config(target):
-            problems.append(
-                Problem(
-                    path=sub,
-                    value=_raw(cfg, key),
-                    rule="points at a whole section or list",
-                    fix="reference a single value",
-                )
-            )
-        elif isinstance(target, str) and len(target) > MAX_STRING_CHARS:
-            problems.append(
-                Problem(
-                    path=sub,
-                    value=target,
-                    rule=f"resolves to {len(target):,} characters; the bound is {MAX_STRING_CHARS:,}",
-                    fix="shorten it",
-                )
-            )
-    return problems
-
-
-def _raw(cfg, key) -> Any:
-    """The unresolved text of one value (`${...}` as written)."""
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(cfg, resolve=False)[key]
 
 
 def _resolve(merged, source: str) -> dict:
@@ -440,13 +279,13 @@ def _resolve(merged, source: str) -> dict:
             source,
             getattr(err, "full_key", None) or "<interpolation>",
             None,
-            f"cannot resolve: {_first_line(err)}",
+            f"cannot resolve: {first_line(err)}",
             "fix the ${...} interpolation or replace it by a literal value",
         )
 
 
 def _yaml_reason(err, limit: int) -> str:
-    reason = getattr(err, "problem", None) or _first_line(err)
+    reason = getattr(err, "problem", None) or first_line(err)
     if "node expansion exceeds" in reason or "aliases expand" in reason:
         # OmegaConf's own text blames alias expansion and suggests an environment variable; say what happened.
         return (
@@ -454,10 +293,6 @@ def _yaml_reason(err, limit: int) -> str:
             f"{limit:,} (a list of 12,000 sequence lengths is fine in a layout file)"
         )
     return shorten(reason, 300)
-
-
-def _first_line(err: BaseException) -> str:
-    return shorten((str(err).splitlines() or [type(err).__name__])[0], 300)
 
 
 def _not_a_mapping(source: str, what: str) -> None:
