@@ -94,7 +94,7 @@ def make_model_folder(folder: Path, template: str | None = LLAMA3) -> Path:
     assert len(fast) == VOCAB_SIZE, len(fast)
     folder.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(folder)
-    LlamaConfig(
+    config = LlamaConfig(
         vocab_size=VOCAB_SIZE,
         hidden_size=64,
         intermediate_size=256,
@@ -104,7 +104,13 @@ def make_model_folder(folder: Path, template: str | None = LLAMA3) -> Path:
         max_position_embeddings=256,
         bos_token_id=bos,
         eos_token_id=tok.token_to_id("<|end_of_text|>"),
-    ).save_pretrained(folder)
+    )
+    # A whole checkpoint (random weights): a folder with config.json is imported, and must hold its weights.
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
     return folder
 
 
