@@ -36,11 +36,11 @@ def all_candidates(spec):
     """Every (base, split, draft stage) a search enumerates, in its order."""
     out = []
     for base in bases(spec, frozenset()):
-        m = spec.training.global_batch_size // (base.mbs * base.dp)
-        for split in splits(spec, base.pp, frozenset()):
-            if split.vpp and (m < base.pp or m % base.pp):
+        d = base.dims
+        for split in splits(spec, d.pp, frozenset()):
+            if split.vpp and (d.num_microbatches < d.pp or d.num_microbatches % d.pp):
                 continue
-            out += [(base, split, stage) for stage in range(base.pp)]
+            out += [(base, split, stage) for stage in range(d.pp)]
     return out
 
 
@@ -107,8 +107,8 @@ def main() -> None:
     print(f"ratio: search is {naive / fast:,.0f}x faster than naive enumeration")
     print(f"whole process `specdraft search ... --format json`, median of 3: {cli_seconds():.3f} s")
     print(
-        f"best: tp{best.layout.tp} cp{best.layout.cp} pp{best.layout.pp} vpp{best.layout.vpp} "
-        f"dp{best.layout.dp}, {best.estimate.step_time_s:.3f} s/step"
+        f"best: tp{best.layout.dims.tp} cp{best.layout.dims.cp} pp{best.layout.dims.pp} vpp{best.layout.vpp} "
+        f"dp{best.layout.dims.dp}, {best.estimate.step_time_s:.3f} s/step"
     )
 
 

@@ -19,9 +19,9 @@ from specdraft.render.megatron import megatron_argv
 from specdraft.render.nemo_rl import nemo_rl_overrides
 from specdraft.render.vllm import vllm_settings
 from specdraft.rollout.model.instances import check_rollout, plan_rollout
+from specdraft.runs.files import parse_json
+from specdraft.runs.paths import MAX_PLAN_BYTES
 from specdraft.spec.schema import LayoutSpec
-
-MAX_PLAN_BYTES = 256 * 2**20  # a 131,072-GPU plan is about 25 MB; anything far larger is not a plan
 
 
 def check(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
@@ -60,22 +60,33 @@ def verify(plan: LaunchPlan, source: str) -> LaunchPlan:
     return plan
 
 
-def parse_plan(text: str, source: str) -> LaunchPlan:
-    """plan.json text -> LaunchPlan, refusing another schema_version or a malformed plan by name."""
+def parse_plan(text: str | bytes, source: str) -> LaunchPlan:
+    """plan.json text -> LaunchPlan, refusing JSON no plan holds, another schema_version or a malformed plan by
+    name."""
+    return plan_from_data(parse_json(text, source, "recompile it with `specdraft plan`"), source)
+
+
+def plan_from_data(data: object, source: str) -> LaunchPlan:
+    """plan.json's parsed JSON -> LaunchPlan, refusing another schema_version or a malformed plan by name."""
     try:
-        return LaunchPlan.from_json(text)
+        return LaunchPlan.from_dict(data)
     except PlanVersionError as err:
         raise UserError(
             f"{source}: {err}",
             "recompile it with this specdraft: `specdraft plan LAYOUT -o plan.json`, or launch the layout itself",
         ) from None
-    except PlanFormatError as err:
-        raise UserError(f"{source} is not a specdraft plan: {err}", "recompile it with `specdraft plan`") from None
+    except (PlanFormatError, RecursionError) as err:
+        why = "nested too deeply" if isinstance(err, RecursionError) else err
+        raise UserError(f"{source} is not a specdraft plan: {why}", "recompile it with `specdraft plan`") from None
 
 
 def read_plan(path: str | Path) -> LaunchPlan:
-    """Read, parse and verify plan.json at ``path`` (a regular file of bounded size)."""
+    """Read, parse and verify plan.json at ``path`` (a regular file of bounded size), and, where its checkpoint
+    folder is on this machine, that the checkpoint's config.json is still the one the plan was compiled from."""
     from specdraft.fsutil import read_regular_text
+    from specdraft.spec.hf_config import check_recorded
 
     text = read_regular_text(Path(path), MAX_PLAN_BYTES, "plan file")
-    return verify(parse_plan(text, str(path)), str(path))
+    plan = verify(parse_plan(text, str(path)), str(path))
+    check_recorded(plan.spec.model, str(path))
+    return plan

@@ -5,6 +5,8 @@ The CLI's single error boundary (specdraft.cli.boundary) turns these into one cl
 
 from __future__ import annotations
 
+import errno
+import os
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -90,6 +92,76 @@ class UserError(SpecdraftError):
         self.message = message
         self.fix = fix
         super().__init__(f"{message}\n  fix: {fix}" if fix else message)
+
+
+# The OSErrors a user or a filesystem causes (a path too long, a read-only or full disk, a missing permission), with
+# what each means and the fix; any other errno (EBADF, EINVAL, ...) is a bug in specdraft and stays an internal error.
+_PERMISSION = "check the permissions of the path and of the folders above it, or pick another path"
+FILESYSTEM_ERRNOS: dict[int, tuple[str, str]] = {
+    errno.ENOENT: ("", "check the path"),
+    errno.ENOTDIR: ("a folder on the path is a file", "check the path"),
+    errno.EISDIR: ("", "name a file, not a folder"),
+    errno.EACCES: ("", _PERMISSION),
+    errno.EPERM: ("", _PERMISSION),
+    errno.ENAMETOOLONG: (
+        "a name on the path is longer than NAME_MAX (255 bytes), or the whole path longer than PATH_MAX (4,096)",
+        "use a shorter path",
+    ),
+    errno.EROFS: ("the filesystem is mounted read-only", "pick a folder on a writable filesystem"),
+    errno.ENOSPC: ("the disk is full", "free space on that disk, or pick a folder on another one"),
+    errno.EDQUOT: ("the disk quota is used up", "free space within your quota, or pick a folder on another disk"),
+    errno.EFBIG: ("the file is larger than the filesystem allows", "pick a folder on another filesystem"),
+    errno.ELOOP: ("a symbolic link on the path loops, or there are too many", "check the links on the path"),
+    errno.EEXIST: ("", "remove it, or pick another path"),
+    errno.ENOTEMPTY: ("", "empty the folder, or pick another path"),
+    errno.EXDEV: ("the two paths are on different filesystems", "keep them on one filesystem"),
+    errno.EMLINK: ("the folder has too many entries or links", "pick another folder"),
+    errno.EIO: ("the disk or network filesystem failed to read or write", "check the filesystem, then try again"),
+    errno.EBUSY: ("it is in use", "try again once it is free, or pick another path"),
+    errno.ETXTBSY: ("it is a program that is running", "pick another path"),
+    errno.ESTALE: ("a network filesystem handle went stale", "try again"),
+    errno.ENXIO: ("it is a device or FIFO nobody serves", "name a regular file"),
+    errno.ENODEV: ("the filesystem does not allow this", "pick a folder on another filesystem"),
+    errno.EMFILE: ("this process has too many files open", "raise `ulimit -n`, then try again"),
+    errno.ENFILE: ("the system has too many files open", "try again later"),
+}
+
+
+class FileError(UserError, OSError):
+    """An OSError a user or a filesystem caused, told as a UserError that names the path. It stays the OSError it
+    was (errno, strerror, filename), so code that handles OSError (a rank writing its result) still handles it."""
+
+    def __init__(self, err: OSError, path: str | os.PathLike | None = None, action: str = "use"):
+        target = path if path is not None else err.filename
+        meaning, fix = FILESYSTEM_ERRNOS.get(err.errno or 0, ("", "check the path"))
+        reason = err.strerror or str(err)
+        if meaning:
+            reason += f" ({meaning})"
+        other = f" -> {_shown(err.filename2)}" if err.filename2 is not None else ""
+        where = f" {_shown(target)}{other}" if target is not None else ""
+        super().__init__(f"cannot {action}{where}: {reason}", fix)
+        self.errno, self.strerror, self.filename, self.filename2 = err.errno, err.strerror, target, err.filename2
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  fix: {self.fix}" if self.fix else self.message
+
+
+PATH_CHARS = 600  # a path in a message: PATH_MAX is 4,096 bytes, and one past it is what the user sees here
+
+
+def _shown(path) -> str:
+    text = os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else str(path)
+    return shorten(text, PATH_CHARS)
+
+
+def file_error(err: BaseException, path: str | os.PathLike | None = None, action: str = "use") -> FileError | None:
+    """``err`` as a FileError when a user or a filesystem can cause it (its errno is one of FILESYSTEM_ERRNOS),
+    else None: the caller re-raises it, an internal error."""
+    if isinstance(err, FileError):
+        return err
+    if isinstance(err, OSError) and err.errno in FILESYSTEM_ERRNOS:
+        return FileError(err, path, action)
+    return None
 
 
 # A `python -m specdraft.runtime.*` payload the CLI runs in a subprocess (export, rollout measure) reports a user

@@ -7,13 +7,14 @@ since os.replace would silently turn it into a regular file (as root, `-o /dev/n
 
 from __future__ import annotations
 
+import errno
 import os
+import secrets
 import stat
 import sys
-import tempfile
 from pathlib import Path
 
-from specdraft.errors import UserError
+from specdraft.errors import UserError, file_error
 
 STDOUT = "-"  # the output name that means standard output, where a command offers it
 
@@ -38,6 +39,20 @@ def file_kind(mode: int) -> str:
     return "a special file"
 
 
+def lstat_or_none(path: str | os.PathLike, action: str = "use") -> os.stat_result | None:
+    """``os.lstat(path)``, or None when nothing is there; a name too long, a permission missing and the like are a
+    FileError naming ``path`` (a UserError), any other OSError propagates."""
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        user = file_error(err, path, action)
+        if user is None:
+            raise
+        raise user from None
+
+
 def check_output_path(path: str | os.PathLike, what: str = "output") -> Path:
     """Refuse (UserError) a target that exists and is not a regular file, or whose folder is not a folder.
 
@@ -48,15 +63,10 @@ def check_output_path(path: str | os.PathLike, what: str = "output") -> Path:
     if str(path) == "":
         raise UserError(f"the {what} path is empty", "name a file")
     try:
-        mode = os.lstat(target).st_mode
-    except FileNotFoundError:
-        mode = None
-    except NotADirectoryError:
-        raise UserError(f"cannot write {what} {target}: a folder on its path is a file", "pick another path") from None
-    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
-        raise UserError(
-            f"cannot write {what} {target}: {getattr(err, 'strerror', None) or err}", "pick another path"
-        ) from None
+        found = lstat_or_none(target, f"write {what}")  # a FileError names a name too long, a file on the path
+    except ValueError:
+        raise UserError(f"cannot write {what} {target}: the path holds a NUL byte", "pick another path") from None
+    mode = None if found is None else found.st_mode
     if mode is not None and not stat.S_ISREG(mode):
         raise UserError(
             f"refusing to write {what} {target}: it is {file_kind(mode)}, not a regular file",
@@ -69,33 +79,92 @@ def check_output_path(path: str | os.PathLike, what: str = "output") -> Path:
     return target
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> Path:
+def current_umask() -> int:
+    """This process's umask, read without changing it (Linux's /proc), else by setting and restoring it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def umask_mode(mode: int = 0o666) -> int:
+    """``mode`` as a file created now gets it: what the umask allows (0o666 -> 0o644 under umask 022)."""
+    return mode & ~current_umask() & 0o7777
+
+
+def _temp_name(parent: Path, prefix: str, suffix: str) -> Path:
+    return parent / f"{prefix}{secrets.token_hex(8)}{suffix}"
+
+
+def make_temp_dir(parent: str | os.PathLike, prefix: str, suffix: str) -> Path:
+    """A new, uniquely named folder in ``parent`` whose mode is 0o777 less the umask (mkdtemp's is 0o700 whatever
+    the umask, so a folder that is renamed into place would keep out the group the umask lets in)."""
+    for _ in range(100):
+        path = _temp_name(Path(parent), prefix, suffix)
+        try:
+            os.mkdir(path, 0o777)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(errno.EEXIST, "no unused temporary name", str(parent))
+
+
+def _create_temp_file(parent: Path, prefix: str, suffix: str, mode: int) -> tuple[int, Path]:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        path = _temp_name(parent, prefix, suffix)
+        try:
+            return os.open(path, flags, mode), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary name", str(parent))
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o666, what: str = "output") -> Path:
     """Write ``data`` to ``path`` so readers see either the old file or the whole new one.
 
-    Raises UserError when something other than a regular file is at ``path`` (see ``check_output_path``).
+    The file's mode is ``mode`` less the umask, as for any file created (0o644 under umask 022, 0o600 under 077):
+    a plan holding slurm.env secrets stays private where the user's umask says so. Raises UserError when
+    something other than a regular file is at ``path`` (see ``check_output_path``), and a FileError (a UserError
+    that is still the OSError) naming ``path`` for what a user or a filesystem causes: a read-only folder, a full
+    disk, a missing permission, a name too long.
     """
-    target = check_output_path(path)
+    target = check_output_path(path, what)
+    try:
+        return _atomic_write(target, data, mode, what)
+    except OSError as err:
+        user = file_error(err, target, f"write {what}")
+        if user is None:
+            raise
+        raise user from None
+
+
+def _atomic_write(target: Path, data: bytes, mode: int, what: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     # The temp name stays under NAME_MAX (255) whatever the target's name is.
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:100]}.", suffix=".tmp", dir=target.parent)
+    fd, tmp = _create_temp_file(target.parent, f".{target.name[:100]}.", ".tmp", mode)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        check_output_path(target)  # again, right before the replace: narrows the window for a swap to a FIFO
+        check_output_path(target, what)  # again, right before the replace: narrows the window for a swap to a FIFO
         os.replace(tmp, target)
     except BaseException:
         # Leave no temp file behind; the original exception still propagates.
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return target
 
 
-def atomic_write_text(path: str | os.PathLike, text: str, mode: int = 0o644) -> Path:
+def atomic_write_text(path: str | os.PathLike, text: str, mode: int = 0o666, what: str = "output") -> Path:
     """Text flavour of :func:`atomic_write_bytes` (UTF-8)."""
-    return atomic_write_bytes(path, text.encode("utf-8"), mode)
+    return atomic_write_bytes(path, text.encode("utf-8"), mode, what)
 
 
 def write_output(path: str, data: str | bytes, what: str = "output") -> None:
@@ -111,13 +180,7 @@ def write_output(path: str, data: str | bytes, what: str = "output") -> None:
         else:
             sys.stdout.write(data)
         return
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    try:
-        atomic_write_bytes(path, payload)
-    except OSError as err:
-        raise UserError(
-            f"cannot write {what} {path}: {err.strerror or err}", "check the folder and its permissions"
-        ) from None
+    atomic_write_bytes(path, data.encode("utf-8") if isinstance(data, str) else data, what=what)
 
 
 def read_regular_file(path: str | os.PathLike, max_bytes: int, what: str = "file") -> bytes:

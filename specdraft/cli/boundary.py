@@ -1,6 +1,8 @@
 """The CLI's one error boundary: an exception-to-message table, exit code 2 for the user's errors.
 
-No traceback unless SPECDRAFT_DEBUG=1. Unknown exceptions are internal errors (exit 1) and say so.
+No traceback unless SPECDRAFT_DEBUG=1. An OSError a user or a filesystem can cause (errors.FILESYSTEM_ERRNOS: a
+path too long, a read-only or full disk, a missing permission) is the user's too, naming the path; unknown
+exceptions, any other OSError included, are internal errors (exit 1) and say so.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import os
 import sys
 from typing import Callable
 
-from specdraft.errors import SpecError, UserError
+from specdraft.errors import SpecError, UserError, file_error
 
 PIPED_WIDTH = 160  # columns of a table printed to a file or a pipe: the widest (search's) fits
 
@@ -27,16 +29,18 @@ def _user_error(err: UserError) -> str:
 
 
 def _os_error(err: OSError) -> str:
-    return f"{err.strerror or err}: {err.filename}" if getattr(err, "filename", None) else str(err)
+    return str(file_error(err))
 
 
-# Exception type -> (message, exit code). Order matters: the first matching type wins.
-TABLE: list[tuple[type, Callable[[BaseException], str], int]] = [
-    (SpecError, _spec_error, 2),
-    (UserError, _user_error, 2),
-    (FileNotFoundError, _os_error, 2),
-    (PermissionError, _os_error, 2),
-    (IsADirectoryError, _os_error, 2),
+def _filesystem(err: BaseException) -> bool:
+    return file_error(err) is not None
+
+
+# (Which exceptions, message, exit code). Order matters: the first that matches wins.
+TABLE: list[tuple[Callable[[BaseException], bool], Callable[[BaseException], str], int]] = [
+    (lambda err: isinstance(err, SpecError), _spec_error, 2),
+    (lambda err: isinstance(err, UserError), _user_error, 2),
+    (_filesystem, _os_error, 2),
 ]
 
 
@@ -70,8 +74,8 @@ def run(entry: Callable[[], int | None]) -> int:
             raise
         if debug():
             raise
-        for kind, render, code in TABLE:
-            if isinstance(err, kind):
+        for matches, render, code in TABLE:
+            if matches(err):
                 _print_error(render(err))
                 return code
         _print_error(
@@ -93,10 +97,12 @@ def console(stderr: bool = False):
 
 
 def _print_error(message: str) -> None:
-    from rich.markup import escape
+    """One message on stderr; it may quote run files (a rank's stderr tail, a result's error), so it is printed
+    without their escape sequences and control characters, and its '[' opens no markup."""
+    from specdraft.cli.terminal import plain, safe
 
     err = console(stderr=True)
     first, _, rest = message.partition("\n")
-    err.print(f"[bold red]error:[/] {escape(first)}")
+    err.print(f"[bold red]error:[/] {safe(first)}")
     if rest:
-        err.print(escape(rest))
+        err.print(plain(rest), markup=False)

@@ -7,6 +7,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from specdraft.cli.terminal import plain
 from specdraft.errors import UserError
 from specdraft.execute.monitor import read_metrics
 
@@ -41,7 +42,7 @@ class ProgressBar:
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
-            TextColumn("{task.fields[info]}"),
+            TextColumn("{task.fields[info]}", markup=False),  # metrics.jsonl's words are no markup
             console=console,
             transient=False,
         )
@@ -59,7 +60,7 @@ class ProgressBar:
         try:
             rows = read_metrics(self.folder)
         except UserError as err:  # a display only: a refused metrics.jsonl must not stop the run it shows
-            self.progress.update(self.task, info=f"metrics.jsonl unreadable: {err.message[:80]}")
+            self.progress.update(self.task, info=f"metrics.jsonl unreadable: {plain(err.message, one_line=True)[:80]}")
             return
         if not rows:
             return

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from specdraft.cli.boundary import console as _console
+from specdraft.cli.terminal import plain
 
 
 def export_cmd(
@@ -40,20 +41,21 @@ def export_cmd(
     import os
 
     from specdraft.errors import UserError
-    from specdraft.execute import payload
+    from specdraft.execute import monitor, payload
+    from specdraft.fsutil import lstat_or_none
     from specdraft.runs.rundir import resolve_run
 
     folder, _, _ = resolve_run(run)
-    if os.path.exists(output) and not os.path.isdir(output):
+    # A name too long or a folder on the path that is a file is refused here, before torch starts.
+    if lstat_or_none(output, "write the export") is not None and not os.path.isdir(output):
         raise UserError(f"-o {output} is a file; an export is a folder", "name a new folder")
+    _, plan_sha256 = monitor.verified_plan(folder)  # the payload reads exactly these bytes
     payload.require_runtime("export")
     err = _console(stderr=True)
-    argv = [str(folder), "-o", os.path.abspath(output)] + (["--step", str(step)] if step is not None else [])
-    result = json.loads(
-        payload.run(
-            "serve.export", argv + _policy_argv(policy, max_shard_bytes), lambda line: err.print(line, markup=False)
-        )
-    )
+    argv = [str(folder), "-o", os.path.abspath(output), "--plan-sha256", plan_sha256]
+    argv += ["--step", str(step)] if step is not None else []
+    argv += _policy_argv(policy, max_shard_bytes)
+    result = json.loads(payload.run("serve.export", argv, lambda line: err.print(plain(line), markup=False)))
     if policy:
         files = "model.safetensors" if result["shards"] == 1 else f"{result['shards']} safetensors shards + index"
         _console().print(
@@ -69,8 +71,10 @@ def export_cmd(
         else f"vocabulary {result['vocab_size']:,}"
     )
     _console().print(
-        f"wrote {result['output']}: config.json + model.safetensors ({result['tensors']} tensors, "
-        f"{vocab}) from {result['checkpoint']} (step {result['step']})",
+        plain(
+            f"wrote {result['output']}: config.json + model.safetensors ({result['tensors']} tensors, "
+            f"{vocab}) from {result['checkpoint']} (step {result['step']})"
+        ),
         markup=False,
     )
 

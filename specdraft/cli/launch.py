@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from specdraft.cli.boundary import console as _console
+from specdraft.cli.terminal import plain, safe
 
 TargetArgs = typer.Argument(
     None,
@@ -83,37 +84,37 @@ def launch(
     )
     err = _console(stderr=True)
     for note in request.notes:
-        err.print(f"warning: {note}", markup=False)
+        err.print(f"warning: {plain(note)}", markup=False)
     if dry_run:
         _print_dry_run(request, err)
         return
     err.print(f"executor: {request.executor} ({request.executor_why})", markup=False)
-    err.print(f"run folder: {request.run_dir}", markup=False)
+    err.print(f"run folder: {plain(request.run_dir)}", markup=False)
     if request.checkpoint:
-        err.print(f"resuming from: {request.checkpoint}", markup=False)
+        err.print(f"resuming from: {plain(request.checkpoint)}", markup=False)
     out = _console()
     bar = None
     if workload == "cotrain" and request.waits:
         from specdraft.cli.cotrain_view import ProgressBar
 
-        bar = ProgressBar(err, request.run_dir, steps or plan.spec.training.train_iters)
+        bar = ProgressBar(err, request.run_dir, steps or plan.training.train_iters)
 
     def on_progress(progress) -> None:
         if bar is not None:
             bar.update()
             if not progress.heartbeat:
-                bar.progress.console.print(f"[{progress.executor}] {progress.summary}", markup=False)
+                bar.progress.console.print(f"[{progress.executor}] {plain(progress.summary)}", markup=False)
         else:
-            err.print(f"[{progress.executor}] {progress.elapsed_s:5.1f} s  {progress.summary}", markup=False)
+            err.print(f"[{progress.executor}] {progress.elapsed_s:5.1f} s  {plain(progress.summary)}", markup=False)
 
     def warn(message: str) -> None:
-        err.print(f"warning: {message}", markup=False)
+        err.print(f"warning: {plain(message)}", markup=False)
 
     if bar is not None:
         with bar:
-            result = use_case.launch(request, lambda line: out.print(line, markup=False), on_progress, warn)
+            result = use_case.launch(request, lambda line: out.print(plain(line), markup=False), on_progress, warn)
     else:
-        result = use_case.launch(request, lambda line: out.print(line, markup=False), on_progress, warn)
+        result = use_case.launch(request, lambda line: out.print(plain(line), markup=False), on_progress, warn)
     if not result.ended:
         folder = request.run_dir
         out.print(
@@ -134,9 +135,9 @@ def _print_dry_run(request, err) -> None:
         f"# dry run: nothing written, nothing submitted. executor: {request.executor} ({request.executor_why})",
         markup=False,
     )
-    err.print(f"# run folder: {request.run_dir}", markup=False)
+    err.print(f"# run folder: {plain(request.run_dir)}", markup=False)
     if request.checkpoint:
-        err.print(f"# resumes from: {request.checkpoint} (every rank gets the same flag)", markup=False)
+        err.print(f"# resumes from: {plain(request.checkpoint)} (every rank gets the same flag)", markup=False)
     err.print(f"# srun line: {request.render.srun_line}", markup=False)
     err.print(f"# per-rank command: {shlex.join(request.render.payload_argv)}", markup=False)
     for note in dry_run_notes(request):
@@ -149,7 +150,7 @@ def _finish(folder, result) -> None:
     from specdraft.errors import UserError
     from specdraft.execute import monitor
     from specdraft.execute.report import read_results
-    from specdraft.runs.checkpoints import PREEMPTED_EXIT
+    from specdraft.runs.paths import PREEMPTED_EXIT
 
     plan = monitor.read_plan(folder)
     results = read_results(folder, plan.world_size)
@@ -157,7 +158,7 @@ def _finish(folder, result) -> None:
     out.print(rank_table(plan, results, result.state))
     if result.problem and result.state != "CANCELLED" and monitor.stopped_at(results, plan.world_size) is not None:
         # Not a failure: every rank saved and stopped (EX_TEMPFAIL, the ranks' own exit code): run it again.
-        _console(stderr=True).print(f"{result.state}: {result.problem}", markup=False)
+        _console(stderr=True).print(f"{plain(result.state)}: {plain(result.problem)}", markup=False)
         raise typer.Exit(PREEMPTED_EXIT)
     if result.problem:
         raise UserError(result.problem, f"the logs: specdraft logs {folder} --rank N")
@@ -168,7 +169,7 @@ def _finish(folder, result) -> None:
         table = acceptance_table(folder)
         if table is not None:
             out.print(table)
-    out.print(f"[green]{result.state}[/]: all {passed} ranks passed {result.record.workload}")
+    out.print(f"[green]{safe(result.state)}[/]: all {passed} ranks passed {safe(result.record.workload)}")
 
 
 def runs(root: str = typer.Option("runs", "--root", help="Folder holding run folders.")) -> None:
@@ -215,7 +216,7 @@ def cancel(run: Optional[str] = RunArg) -> None:
     from specdraft.runs.rundir import resolve_run
 
     folder, record, _ = resolve_run(run)
-    _console().print(monitor.cancel(folder, record), markup=False)
+    _console().print(plain(monitor.cancel(folder, record)), markup=False)
 
 
 def register(app) -> None:

@@ -77,7 +77,7 @@ def _write_picture(launch_plan, path: str) -> None:
         raise UserError("--picture needs matplotlib, which is not installed", "pip install 'specdraft[plot]'") from None
     from specdraft.render.picture import picture_bytes
 
-    atomic_write_bytes(path, picture_bytes(launch_plan, path.lower().rsplit(".", 1)[1]))
+    atomic_write_bytes(path, picture_bytes(launch_plan, path.lower().rsplit(".", 1)[1]), what="picture")
 
 
 @app.command()

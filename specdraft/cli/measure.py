@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from specdraft.cli.boundary import console as _console
+from specdraft.cli.terminal import plain, safe
 
 
 def measure_cmd(
@@ -30,7 +31,7 @@ def measure_cmd(
     import json
 
     from specdraft.errors import UserError
-    from specdraft.execute import payload
+    from specdraft.execute import monitor, payload
     from specdraft.runs.rundir import resolve_run
 
     if format not in ("text", "json"):
@@ -47,9 +48,12 @@ def measure_cmd(
         if chosen is not None and chosen < 0:
             raise UserError(f"{option} {chosen}: a checkpoint step is >= 0", f"drop {option} for the newest")
     folder, _, _ = resolve_run(run)
+    _, plan_sha256 = monitor.verified_plan(folder)  # the payload reads exactly these bytes
     payload.require_runtime("rollout measure")
     argv = [
         str(folder),
+        "--plan-sha256",
+        plan_sha256,
         "--k",
         str(k),
         "--prompts",
@@ -62,7 +66,7 @@ def measure_cmd(
     argv += ["--step", str(step)] if step is not None else []
     argv += ["--draft-step", str(draft_step)] if draft_step is not None else []
     err = _console(stderr=True)
-    result = json.loads(payload.run("serve.measure", argv, lambda line: err.print(line, markup=False)))
+    result = json.loads(payload.run("serve.measure", argv, lambda line: err.print(plain(line), markup=False)))
     if format == "json":
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
         return
@@ -73,9 +77,9 @@ def _print(r: dict) -> None:
     from rich.table import Table
 
     table = Table(
-        title=f"speculative decoding, measured: {r['run']} (policy step {r['target_step']}, draft step "
-        f"{r['draft_step']}, k {r['k']}, {r['prompts']} prompts x {r['max_new_tokens']} tokens, "
-        f"{r['device']})"
+        title=f"speculative decoding, measured: {safe(r['run'])} (policy step {safe(r['target_step'])}, draft step "
+        f"{safe(r['draft_step'])}, k {r['k']}, {r['prompts']} prompts x {r['max_new_tokens']} tokens, "
+        f"{safe(r['device'])})"
     )
     table.add_column("figure")
     table.add_column("value", justify="right")
@@ -140,7 +144,7 @@ def print_speedup(console, data: dict) -> None:
     from rich.table import Table
 
     table = Table(
-        title=f"measured draft ({data['kind']}: {data['source']}): accept_len {data['accept_len']:.3f} at k "
+        title=f"measured draft ({data['kind']}: {safe(data['source'])}): accept_len {data['accept_len']:.3f} at k "
         f"{data['k']} -> per-token acceptance {data['per_token_acceptance']:.3f} (spec: "
         f"{data['acceptance_rate_replaced']:.2f}); projected, model-based"
     )

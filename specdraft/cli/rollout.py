@@ -10,7 +10,14 @@ import typer
 
 from specdraft.cli.args import target_args, typer_app
 from specdraft.cli.boundary import console as _console
-from specdraft.spec.bounds import MAX_LENGTH, MAX_SEEDS, MAX_SIM_STEPS, MAX_SIMULATED_SAMPLES
+from specdraft.spec.bounds import (
+    MAX_CHECK_EVERY,
+    MAX_LENGTH,
+    MAX_SEEDS,
+    MAX_SIM_STEPS,
+    MAX_SIMULATED_SAMPLES,
+    MIN_CHECK_EVERY,
+)
 
 rollout_app = typer_app(
     "rollout", "Plan rollout instances, simulate the rollout schedulers and adaptive TP, profile decode steps."
@@ -146,7 +153,11 @@ def simulate_cmd(
     ),
     tp_predictor: str = typer.Option("request", "--tp-predictor", help="request or population remaining-length model."),
     check_every: int = typer.Option(
-        64, "--check-every", min=1, max=1 << 20, help="Adaptive TP check-point period in decode steps."
+        64,
+        "--check-every",
+        min=MIN_CHECK_EVERY,
+        max=MAX_CHECK_EVERY,
+        help="Adaptive TP check-point period in decode steps (the planner runs at each).",
     ),
     tp_start: str = typer.Option(
         "auto",

@@ -1,4 +1,8 @@
-"""Rich views of runs: the runs list, a run's status with per-rank rows, the per-rank result table, logs."""
+"""Rich views of runs: the runs list, a run's status with per-rank rows, the per-rank result table, logs.
+
+Everything shown that came from a run folder (run.json, results, metrics, markers, folder names, the Slurm answers
+recorded there) goes through cli.terminal's `safe` or `plain`: no escape sequence reaches the terminal.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,9 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+
+from specdraft.cli.terminal import plain, safe
 
 STYLE = {
     "COMPLETED": "green",
@@ -28,7 +33,7 @@ STYLE = {
 
 def _state(state: str) -> str:
     style = STYLE.get(state, "")
-    return f"[{style}]{escape(state)}[/]" if style else escape(state)
+    return f"[{style}]{safe(state)}[/]" if style else safe(state)
 
 
 def _rank_state(result: dict | None, job_state: str) -> str:
@@ -42,13 +47,13 @@ def _rank_state(result: dict | None, job_state: str) -> str:
         return "[green]ok[/]"
     stopped = result.get("preempted")
     if isinstance(stopped, dict):
-        return f"[yellow]preempted (step {escape(str(stopped.get('step')))})[/]"
+        return f"[yellow]preempted (step {safe(str(stopped.get('step')))})[/]"
     return "[magenta]terminated[/]" if result.get("terminated") else "[red]FAILED[/]"
 
 
 def rank_table(plan, results: dict[int, dict], job_state: str) -> Table:
     """One row per rank: placement, coordinates, result and self-test checks passed."""
-    table = Table(title=f"{plan.name}: {plan.world_size} ranks")
+    table = Table(title=f"{safe(plan.name)}: {plan.world_size} ranks")
     for col in ("rank", "node", "host", "tp", "cp", "pp", "dp", "result", "checks", "failed checks / error"):
         table.add_column(
             col,
@@ -61,19 +66,19 @@ def rank_table(plan, results: dict[int, dict], job_state: str) -> Table:
         passed = sum(1 for c in checks if c["passed"])
         bad = [f"{c['name']}: got {c.get('value')}, expected {c.get('expected')}" for c in checks if not c["passed"]]
         if res and not res.get("ok") and not bad:
-            lines = (res.get("error") or "").strip().splitlines()
+            lines = plain(res.get("error") or "").strip().splitlines()
             bad = [lines[-1] if lines else "no error recorded"]
         table.add_row(
             str(r.global_rank),
             str(r.node),
-            escape(str((res or {}).get("hostname", "-"))),
+            safe((res or {}).get("hostname", "-"), one_line=True),
             str(r.tp),
             str(r.cp),
             str(r.pp),
             str(r.dp),
             _rank_state(res, job_state),
             f"{passed}/{len(checks)}" if checks else "-",
-            escape(_clip("; ".join(bad), 60)),
+            safe(_clip(plain("; ".join(bad), one_line=True), 60)),
         )
     return table
 
@@ -102,16 +107,16 @@ def runs_table(entries, fresh: dict) -> Table:
         rec = fresh.get(entry.folder, entry.record)
         if rec is None:
             table.add_row(
-                escape(entry.folder.name), "-", "-", f"[red]unreadable[/]: {escape(_clip(entry.problem, 120))}", "-"
+                safe(entry.folder.name), "-", "-", f"[red]unreadable[/]: {safe(_clip(plain(entry.problem), 120))}", "-"
             )
             continue
         submitted = str(rec.submitted or "-").replace("T", " ").split("+")[0]
         table.add_row(
-            escape(entry.folder.name),
-            escape(rec.executor),
-            escape(rec.job_id or "-"),
+            safe(entry.folder.name),
+            safe(rec.executor),
+            safe(rec.job_id or "-"),
             _state(rec.state),
-            escape(submitted),
+            safe(submitted),
         )
     return table
 
@@ -123,13 +128,13 @@ def print_status(console: Console, folder: Path, record) -> None:
     state, record, seen = monitor.current_state(folder, record)
     plan = monitor.read_plan(folder)
     results = read_results(folder, plan.world_size)
-    console.print(f"[bold]run[/] {escape(folder.name)}  {escape(str(folder))}")
-    nodes = f"  nodes {escape(seen.nodes)}" if seen.nodes and seen.nodes != "None assigned" else ""
-    reason = f"  reason {escape(seen.reason)}" if seen.reason else ""
+    console.print(f"[bold]run[/] {safe(folder.name)}  {safe(str(folder))}")
+    nodes = f"  nodes {safe(seen.nodes)}" if seen.nodes and seen.nodes != "None assigned" else ""
+    reason = f"  reason {safe(seen.reason)}" if seen.reason else ""
     console.print(
-        f"{escape(record.executor)} job {escape(record.job_id or '-')}  state {_state(state)} (from "
-        f"{escape(seen.source)}){reason}{nodes}  submitted {escape(str(record.submitted or '-'))}  attempt "
-        f"{len(record.attempts)}  workload {escape(record.workload)}"
+        f"{safe(record.executor)} job {safe(record.job_id or '-')}  state {_state(state)} (from "
+        f"{safe(seen.source)}){reason}{nodes}  submitted {safe(str(record.submitted or '-'))}  attempt "
+        f"{len(record.attempts)}  workload {safe(record.workload)}"
     )
     _print_history(console, record, monitor.restarts(record) if record.job_id else None)
     done = sum(1 for r in results.values() if r.get("ok"))
@@ -143,40 +148,47 @@ def print_status(console: Console, folder: Path, record) -> None:
     metrics = monitor.metrics_summary(folder)
     if metrics:
         count, last = metrics
-        steps = record.steps or plan.spec.training.train_iters
+        steps = record.steps or plan.training.train_iters
         reached = last.get("step")
         reached = reached + 1 if isinstance(reached, int) else count
         console.print(
             f"progress: step {reached}/{steps} reached ({count} step(s) in metrics.jsonl); last: "
-            + escape(_clip(", ".join(f"{k}={_short(v)}" for k, v in last.items() if v is not None), 200))
+            + safe(
+                _clip(
+                    plain(", ".join(f"{k}={_short(v)}" for k, v in last.items() if v is not None), one_line=True), 200
+                )
+            )
         )
         from specdraft.cli.cotrain_view import acceptance_table
 
         table = acceptance_table(folder)
         if table is not None:
             console.print(table)
-    newest = monitor.newest_checkpoint(folder)
+    newest, hashed, damaged = monitor.checkpoint_report(folder)
+    for why in damaged:
+        console.print(f"[red]checkpoint: {safe(why)}[/]")
     if newest is not None:
+        checked = "every file's sha256 checked" if hashed else "sizes checked here, sha256 when it is loaded"
         console.print(
-            f"checkpoint: {escape(newest[0])} is the newest complete one (after step "
-            f"{escape(str(newest[1].get('step')))}); `specdraft launch ... --resume` continues from it"
+            f"checkpoint: {safe(newest[0])} is the newest complete one (after step "
+            f"{safe(str(newest[1].get('step')))}); `specdraft launch ... --resume` continues from it ({checked})"
         )
     message = monitor.problem(folder, record, state, plan)
     if message:
         first, _, rest = message.partition("\n")
-        console.print(f"[bold red]{escape(first)}[/]")
+        console.print(f"[bold red]{safe(first)}[/]")
         if rest:
-            console.print(escape(rest), markup=False)
+            console.print(plain(rest), markup=False)
 
 
 def _print_history(console: Console, record, restarts: int | None) -> None:
     """The launches into this folder (attempts, newest last) and the scheduler's own restarts of the current job."""
     shown = record.attempts[-5:]
-    parts = [f"#{a.attempt} {escape(a.job_id or '-')} {_state(a.state)}" for a in shown]
+    parts = [f"#{a.attempt} {safe(a.job_id or '-')} {_state(a.state)}" for a in shown]
     more = f"{len(record.attempts) - len(shown)} earlier, " if len(record.attempts) > len(shown) else ""
     console.print(f"attempts (launches): {len(record.attempts)}: {more}{', '.join(parts)}")
     if restarts is not None:
-        console.print(f"restarts of job {escape(record.job_id or '-')} by Slurm (requeues): {restarts}")
+        console.print(f"restarts of job {safe(record.job_id or '-')} by Slurm (requeues): {restarts}")
 
 
 MAX_PRINT_BYTES = 4 << 20  # `logs` without --follow prints at most the last 4 MiB of each file
@@ -201,7 +213,7 @@ def show_logs(folder: Path, record, rank: int | None, follow: bool) -> None:
             note = " (not written yet)" if got is None else ""
             if got is not None and got[1] > len(got[0]):
                 note = f" (its last {len(got[0]):,} of {got[1]:,} bytes)"
-            sys.stdout.write(f"==> {label}: {folder / rel}{note}\n")
+            sys.stdout.write(f"==> {label}: {plain(folder / rel, one_line=True)}{note}\n")
             text = got[0].decode("utf-8", errors="replace") if got else ""
             if text:
                 sys.stdout.write(text if text.endswith("\n") else text + "\n")
@@ -209,7 +221,7 @@ def show_logs(folder: Path, record, rank: int | None, follow: bool) -> None:
     last = None
     for label, text in monitor.follow(folder, paths, monitor.follow_until(folder)):
         if not label:
-            sys.stderr.write(f"[logs] {text}\n")
+            sys.stderr.write(f"[logs] {plain(text, one_line=True)}\n")
             break
         if label != last and len(paths) > 1:
             sys.stdout.write(f"==> {label} <==\n")

@@ -67,9 +67,10 @@ def search_cmd(
 ) -> None:
     """Rank every valid layout of the spec's model and cluster by estimated step time (the draft included)."""
     from specdraft.cli.args import split_target
-    from specdraft.errors import UserError
+    from specdraft.errors import SpecError, UserError
     from specdraft.search.output import layout_yaml, result_json
     from specdraft.search.ranking import search
+    from specdraft.spec.bounds import check as check_bounds
     from specdraft.spec.load import load_layout
 
     if format not in ("text", "json"):
@@ -79,6 +80,9 @@ def search_cmd(
     path, overrides = split_target(args)
     pin_overrides, pins = parse_pins(pin)
     spec = load_layout(path, [*overrides, *pin_overrides])
+    out_of_bounds = check_bounds(spec)
+    if out_of_bounds:  # the message `validate` gives, not "no valid layout ... add nodes"
+        raise SpecError(out_of_bounds, path or "the built-in default layout")
     result = search(spec, top_k=top, pins=pins)
     if not result.rows:
         reasons = ", ".join(f"{n} {why}" for why, n in sorted(result.rejections.items())) or "none verified"
@@ -91,7 +95,7 @@ def search_cmd(
     if output:
         from specdraft.fsutil import atomic_write_text
 
-        atomic_write_text(output, layout_yaml(result.rows[0]))
+        atomic_write_text(output, layout_yaml(result.rows[0]), what="layout")
     if format == "json":
         import json
 
@@ -117,19 +121,20 @@ def _print_result(console, spec, result) -> None:
     table.add_column("where the step goes (s)", justify="left")
     for i, row in enumerate(rows, 1):
         lay, est = row.layout, row.estimate
+        d = lay.dims
         layout = (
-            f"tp{lay.tp} cp{lay.cp} pp{lay.pp}"
+            f"tp{d.tp} cp{d.cp} pp{d.pp}"
             + (f" vpp{lay.vpp}" if lay.vpp > 1 else "")
-            + f" dp{lay.dp}"
-            + (f" ep{lay.ep} etp{lay.etp}" if spec.model.num_experts else "")
-            + (" sp" if lay.sp else "")
+            + f" dp{d.dp}"
+            + (f" ep{d.ep} etp{d.etp}" if spec.model.num_experts else "")
+            + (" sp" if d.sequence_parallel else "")
         )
         parts = ", ".join(f"{name} {est.breakdown[key]:.3g}" for key, name in shown if est.breakdown[key] > 0)
         table.add_row(
             str(i),
             layout,
-            _split(row.spec.parallel),
-            str(lay.mbs),
+            _split(d),
+            str(d.micro_batch_size),
             lay.recompute,
             "-" if lay.draft_stage is None else str(lay.draft_stage),
             f"{est.step_time_s:.3f}",

@@ -19,7 +19,7 @@ def _bytes(n: float) -> str:
 
 def print_plan(console: Console, plan, suggestion) -> None:
     par = plan.parallel
-    cluster = plan.spec.cluster
+    cluster = plan.cluster
     layout = Table(title=f"layout {plan.name}  (spec sha256 {plan.spec_sha256[:12]})", show_header=True)
     for col in (
         "world",
@@ -71,7 +71,7 @@ def print_plan(console: Console, plan, suggestion) -> None:
     if draft.enabled:
         console.print(
             f"[bold]draft[/] EAGLE-3 on stage {draft.stage} (ranks {_ranges(list(draft.ranks))}), "
-            f"aux layers {list(draft.aux_layers)}, ttt_steps {plan.spec.draft.ttt_steps}, "
+            f"aux layers {list(draft.aux_layers)}, ttt_steps {plan.draft.ttt_steps}, "
             f"CP attention [bold]{draft.cp_attention}[/], {draft.num_params:,} params, "
             f"{_bytes(draft.memory_bytes)} per GPU, {draft.landing_slots} landing slot(s)"
         )

@@ -17,8 +17,8 @@ from typing import Callable
 
 from specdraft.datafile import check_file
 from specdraft.errors import UserError
+from specdraft.execute import diskspace, monitor
 from specdraft.execute import executor as executors
-from specdraft.execute import monitor
 from specdraft.execute.executor import Executor, ProgressFn
 from specdraft.execute.request import LaunchRequest
 from specdraft.fsutil import atomic_write_text
@@ -26,6 +26,7 @@ from specdraft.plan.model import LaunchPlan
 from specdraft.render.sbatch import render_sbatch
 from specdraft.runs import checkpoints
 from specdraft.runs.files import is_dir
+from specdraft.runs.paths import CHECKPOINTS, HASH_CHECK_BYTES, LOGS, METRICS, RESULTS, WRITTEN_DIRS, RunPaths
 from specdraft.runs.record import Attempt, RunRecord, new_record, now_iso, read_record
 from specdraft.runs.rundir import (
     ACTIVE,
@@ -76,7 +77,7 @@ def prepare(
         raise UserError(f"--workload {workload!r} is unknown", f"use one of: {', '.join(WORKLOADS)}")
     if steps is not None and steps < 1:
         raise UserError(f"--steps {steps} must be >= 1", "give a positive number of steps")
-    if workload == "cotrain" and plan.spec.training.dtype == "fp8":
+    if workload == "cotrain" and plan.training.dtype == "fp8":
         # Refused here, before any allocation: the ranks would refuse it only once the job had started.
         raise UserError(
             "training.dtype = 'fp8': specdraft's co-training runtime builds megatron's local (non-TE) "
@@ -93,7 +94,8 @@ def prepare(
     chosen, why = executors.choose(executor)
     folder = run_dir_for(plan, run_dir)
     source = os.path.abspath(resume_from) if resume_from is not None else None
-    checkpoint, notes = check_resume(plan, folder, workload, resume, source)
+    total = steps if steps is not None else plan.training.train_iters
+    checkpoint, notes = check_resume(plan, folder, workload, resume, source, total)
     interpreter = chosen.default_python(plan, python)
     try:
         render = render_sbatch(
@@ -145,11 +147,17 @@ def check_checkpoint(plan: LaunchPlan) -> dict | None:
 
 
 def check_resume(
-    plan: LaunchPlan, run_dir: str, workload: str, resume: bool, resume_from: str | None
+    plan: LaunchPlan,
+    run_dir: str,
+    workload: str,
+    resume: bool,
+    resume_from: str | None,
+    steps: int | None = None,
 ) -> tuple[str | None, tuple[str, ...]]:
     """The checkpoint a --resume / --resume-from launch will continue from, checked as the ranks will check it
     (runs/checkpoints.choose), and the warnings about damaged ones it skips; UserError for a resume that cannot go
-    ahead (no checkpoint, another spec's, another model shape), before anything is written or submitted."""
+    ahead (no checkpoint, another spec's, another model shape, --resume-from at or past ``steps``), before
+    anything is written or submitted."""
     if not resume and resume_from is None:
         return None, ()
     flag = "--resume" if resume else "--resume-from"
@@ -164,8 +172,8 @@ def check_resume(
             f"{flag} needs --workload cotrain ({workload} writes no checkpoints)",
             f"drop {flag}, or launch the cotrain workload",
         )
-    own = os.path.join(run_dir, checkpoints.CHECKPOINTS_DIR, "")
-    if resume_from is not None and os.path.join(resume_from, "").startswith(own):
+    # Resolved, not compared as strings: a link to the run folder, or '..' in the path, is the same folder.
+    if resume_from is not None and RunPaths(run_dir).is_own_checkpoint(resume_from):
         raise UserError(
             f"--resume-from {resume_from} is a checkpoint of this very run folder, which a relaunch "
             "starts over (its checkpoints move to attempts/N/)",
@@ -188,6 +196,8 @@ def check_resume(
             "newest" if resume else "from",
             Path(resume_from) if resume_from else None,
             notes.append,
+            steps,
+            HASH_CHECK_BYTES,
         )
     except checkpoints.ResumeError as err:
         raise UserError(str(err)) from None
@@ -244,23 +254,28 @@ def check_existing(
 def _check_folders(run_dir: str) -> None:
     """The folders ranks and submitit write into must be real folders: a link there would send their files
     elsewhere."""
-    for name in ("results", "logs", "submitit", "attempts", "checkpoints"):
+    for name in WRITTEN_DIRS:
         if os.path.lexists(Path(run_dir) / name) and not is_dir(run_dir, name):
             raise UserError(
                 f"{Path(run_dir) / name} is a link or not a folder; specdraft writes only into real "
                 "folders inside a run folder",
                 "remove it (specdraft never creates one there)",
             )
+    if os.path.islink(Path(run_dir) / METRICS):  # rank 0 appends to it: a link would send the rows elsewhere
+        raise UserError(
+            f"{Path(run_dir) / METRICS} is a link; specdraft writes only regular files inside a run folder",
+            "remove it (specdraft never creates one there)",
+        )
 
 
 def _archive(run_dir: str, attempt: int, resume: bool) -> None:
     """Move the previous attempt's results/ and logs/ to attempts/<n>/ so status shows only the new attempt; a run
     that starts over (not --resume) also moves the old checkpoints and metrics.jsonl there, so neither a later
     --resume nor the new run's metrics can mix in the abandoned history."""
-    dst = Path(run_dir) / "attempts" / str(attempt - 1)
-    names = [("results", True), ("logs", True)]
+    dst = RunPaths(run_dir).attempt(attempt - 1)
+    names = [(RESULTS, True), (LOGS, True)]
     if not resume:
-        names += [("checkpoints", True), ("metrics.jsonl", False)]
+        names += [(CHECKPOINTS, True), (METRICS, False)]
     for name, folder in names:
         path = Path(run_dir) / name
         if is_dir(run_dir, name) if folder else (path.is_file() and not path.is_symlink()):
@@ -271,9 +286,10 @@ def _archive(run_dir: str, attempt: int, resume: bool) -> None:
 def _intent(request: LaunchRequest, runner: Executor, attempt: int) -> RunRecord:
     """plan.json, the executor's files, then run.json with the new attempt: all before the job is started."""
     plan, run_dir = request.plan, request.run_dir
-    atomic_write_text(Path(run_dir) / "plan.json", plan.to_json())
+    atomic_write_text(RunPaths(run_dir).plan, plan.to_json(), what="plan")
     for name, (text, mode) in runner.intent_files(request).items():
-        atomic_write_text(Path(run_dir) / name, text, mode=mode)
+        atomic_write_text(Path(run_dir) / name, text, mode=mode, what=name)
+    diskspace.make_reserve(run_dir)  # room to record how the run ended should its disk fill up
     previous = read_record(run_dir)
     attempts = (
         *(previous.attempts if previous else ()),
@@ -321,7 +337,7 @@ def launch(
     state = record.state
     if state not in TERMINAL:
         # Every attempt the job may requeue itself into can use its whole time limit, after Slurm's hold.
-        attempts = request.plan.spec.slurm.max_requeues + 1
+        attempts = request.plan.slurm.max_requeues + 1
         budget = attempts * (request.plan.slurm.time_limit_s + REQUEUE_HOLD_S) + QUEUE_GRACE_S
         state, record = monitor.wait(request.run_dir, budget, on_progress)
     plan = monitor.read_plan(request.run_dir)

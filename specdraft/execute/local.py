@@ -1,9 +1,11 @@
 """The local executor: one process per rank on this machine (gloo), torchrun-style env, one process group.
 
-When a rank fails (exits neither 0 nor 75) the launcher stops the rest (SIGTERM, SIGKILL after a grace period): no
-hang. Exit 75 is a rank that stopped at a checkpoint with its peers: the rest are about to follow, and a run whose
-ranks all end so is PREEMPTED. The launcher is the job: it holds the launch lock for the whole run and records how
-the ranks ended.
+When a rank fails (exits neither 0 nor 75) the launcher stops the rest (SIGTERM, SIGKILL after GRACE_S): no hang.
+A stop that can save (Ctrl-C, SIGTERM or SIGHUP to the launcher, the time limit, `cancel`) SIGTERMs the ranks, which
+finish their step and save, and waits up to the layout's training.stop_grace_s before SIGKILL; asked again while
+it waits, it kills at once. Exit 75 is a rank that stopped at a checkpoint with its peers: a run whose ranks all
+end so is PREEMPTED. The launcher is the job: it holds the launch lock for the whole run and records how the ranks
+ended.
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from specdraft.errors import UserError
+from specdraft.execute import diskspace
 from specdraft.execute.executor import Executor, Observation, Progress, ProgressFn
 from specdraft.runs import files as runfiles
-from specdraft.runs.checkpoints import PREEMPTED_EXIT
+from specdraft.runs.paths import LOGS, PLAN, PREEMPTED_EXIT, RECORD, local_logs
 from specdraft.runs.record import LocalProcesses, RunRecord, now_iso
-from specdraft.runs.rundir import ACTIVE, lock_is_held, read_record, update_record
+from specdraft.runs.rundir import ACTIVE, lock_is_held, read_record
 
-GRACE_S = 5.0
+GRACE_S = 5.0  # the peers of a failed rank: with a peer gone they cannot save, only leave
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 POLL_S = 0.2
 HEARTBEAT_S = 5.0  # a progress line at least this often, so a slow start does not look like a hang
 
@@ -47,7 +52,7 @@ def free_port() -> int:
 def rank_env(plan, rank: int, port: int) -> dict[str, str]:
     """The torchrun-style variables of one rank; node and local rank mirror the plan's placement."""
     me = plan.ranks[rank]
-    per_node = plan.spec.cluster.gpus_per_node
+    per_node = plan.cluster.gpus_per_node
     return {
         "RANK": str(rank),
         "WORLD_SIZE": str(plan.world_size),
@@ -66,7 +71,7 @@ def base_env(plan) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    env.update(plan.spec.slurm.env)
+    env.update(plan.slurm.env)
     return env
 
 
@@ -103,9 +108,12 @@ def run(
     timeout_s: float,
     on_start: Callable[[int, list[int]], None],
     on_progress: Callable[[dict[int, int | None], float], None],
+    on_stop: Callable[[str], None] = lambda line: None,
 ) -> LocalOutcome:
-    """Start every rank, wait, stop the rest when one fails; ``on_start(pgid, pids)`` runs once all started."""
-    runfiles.make_dir(run_dir, "logs")
+    """Start every rank, wait, stop the rest when one fails; ``on_start(pgid, pids)`` runs once all started, and
+    ``on_stop(line)`` says what a stop waits for."""
+    grace_s = plan.training.stop_grace_s
+    runfiles.make_dir(run_dir, LOGS)
     port = free_port()
     env = base_env(plan)
     procs: list[subprocess.Popen] = []
@@ -116,9 +124,10 @@ def run(
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         for rank in range(plan.world_size):
-            out = runfiles.open_append(run_dir, f"logs/rank-{rank}.out")
+            out_log, err_log = local_logs(rank)
+            out = runfiles.open_append(run_dir, out_log)
             try:
-                err = runfiles.open_append(run_dir, f"logs/rank-{rank}.err")
+                err = runfiles.open_append(run_dir, err_log)
                 try:
                     # Rank 0 starts a new process group and the others join it: `cancel` signals the group.
                     proc = subprocess.Popen(
@@ -137,13 +146,13 @@ def run(
             pgid = pgid or proc.pid
             procs.append(proc)
         on_start(pgid, [p.pid for p in procs])
-        outcome = _wait(procs, pgid, started, timeout_s, on_progress)
+        outcome = _wait(procs, pgid, started, timeout_s, grace_s, on_progress)
     except KeyboardInterrupt:
         outcome.interrupted = True
-        _stop(procs, pgid)
+        _stop(procs, pgid, grace_s, on_stop)
         outcome.exit_codes = {r: p.returncode for r, p in enumerate(procs)}
     except BaseException:
-        _stop(procs, pgid)
+        _stop(procs, pgid, grace_s, on_stop)
         raise
     finally:
         for sig, handler in previous.items():
@@ -156,7 +165,7 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def _wait(procs, pgid: int, started: float, timeout_s: float, on_progress) -> LocalOutcome:
+def _wait(procs, pgid: int, started: float, timeout_s: float, grace_s: float, on_progress) -> LocalOutcome:
     outcome = LocalOutcome()
     codes: dict[int, int | None] = {r: None for r in range(len(procs))}
     stop_at = None
@@ -177,7 +186,7 @@ def _wait(procs, pgid: int, started: float, timeout_s: float, on_progress) -> Lo
         if stop_at is None and (outcome.exit_order or now - started > timeout_s):
             outcome.timed_out = not outcome.exit_order
             signal_group(pgid, signal.SIGTERM)
-            stop_at = now + GRACE_S
+            stop_at = now + (GRACE_S if outcome.exit_order else grace_s)  # at the time limit they save first
         elif stop_at is not None and now > stop_at:
             signal_group(pgid, signal.SIGKILL)
             stop_at = float("inf")
@@ -186,28 +195,46 @@ def _wait(procs, pgid: int, started: float, timeout_s: float, on_progress) -> Lo
     return outcome
 
 
-def _stop(procs, pgid: int) -> None:
+def _stop(procs, pgid: int, grace_s: float, on_stop: Callable[[str], None]) -> None:
+    """SIGTERM the ranks and give them ``grace_s`` to finish their step and save (each exits once saved), then
+    SIGKILL what is left. Asked again while it waits (a second Ctrl-C, SIGTERM or SIGHUP), it kills at once."""
     if pgid:
         signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_S
-    for proc in procs:
+    try:
+        if any(p.poll() is None for p in procs):
+            on_stop(
+                f"stopping: every rank finishes its step and saves a checkpoint; waiting up to {grace_s:g} s "
+                "(training.stop_grace_s) before killing them; interrupt again to kill them now"
+            )
+        deadline = time.monotonic() + grace_s
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+    except KeyboardInterrupt:
+        on_stop("interrupted again: killing the ranks without waiting for their save")
+    finally:
+        # No third signal may leave the ranks running or the run unrecorded: the kill and the reaping take no time.
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
         try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    if pgid:
-        signal_group(pgid, signal.SIGKILL)
-    for proc in procs:
-        proc.wait()
+            if pgid:
+                signal_group(pgid, signal.SIGKILL)
+            for proc in procs:
+                proc.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
-def stop_group(pgid: int, marker: str) -> int:
-    """SIGTERM the run's process group (then SIGKILL after the grace period); returns how many ranks were alive."""
+def stop_group(pgid: int, marker: str, grace_s: float = GRACE_S) -> int:
+    """SIGTERM the run's process group, give it ``grace_s`` to save and exit, then SIGKILL; returns how many ranks
+    were alive."""
     alive = group_members(pgid, marker)
     if not alive:
         return 0
     signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_S
+    deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and group_members(pgid, marker):
         time.sleep(POLL_S)
     if group_members(pgid, marker):
@@ -235,7 +262,7 @@ class LocalExecutor(Executor):
         run_dir, plan = request.run_dir, request.plan
 
         def started(pgid: int, pids: list[int]) -> None:
-            update_record(
+            diskspace.update(
                 run_dir,
                 job_id=f"local-{pgid}",
                 state="RUNNING",
@@ -263,7 +290,12 @@ class LocalExecutor(Executor):
                 )
             )
 
-        outcome = run(plan, run_dir, list(request.render.payload_argv), plan.slurm.time_limit_s, started, progress)
+        def stopping(line: str) -> None:
+            on_progress(Progress(self.name, 0.0, "STOPPING", line))
+
+        outcome = run(
+            plan, run_dir, list(request.render.payload_argv), plan.slurm.time_limit_s, started, progress, stopping
+        )
         record = read_record(run_dir)
         if outcome.interrupted or (record is not None and record.cancel_requested):
             state = "CANCELLED"
@@ -275,8 +307,11 @@ class LocalExecutor(Executor):
             state = "PREEMPTED"  # every rank stopped at the same step boundary after saving
         else:
             state = "COMPLETED"
-        return update_record(
+        # Ranks that died on a full disk leave no result or log line saying so: the launcher says it.
+        full = state in ("FAILED", "CANCELLED", "TIMEOUT") and diskspace.low_on_space(run_dir)
+        return diskspace.update(
             run_dir,
+            **({"message": diskspace.full_disk_note(run_dir)} if full else {}),
             state=state,
             attempt={"state": state, "ended": now_iso()},
             exit_codes=tuple(c for _, c in sorted(outcome.exit_codes.items())),
@@ -289,21 +324,22 @@ class LocalExecutor(Executor):
 
     def observe(self, run_dir: Path, record: RunRecord, *, launching: bool = False) -> Observation:
         if record.state not in ACTIVE:
-            return Observation(record.state, "run.json")
+            return Observation(record.state, RECORD)
         # A launcher that is still running holds the launch lock; under our own lock no launcher of this run runs.
         if not launching and lock_is_held(run_dir):
-            return Observation(record.state, "run.json")
-        if record.local and group_members(record.local.pgid, str(Path(run_dir) / "plan.json")):
+            return Observation(record.state, RECORD)
+        if record.local and group_members(record.local.pgid, str(Path(run_dir) / PLAN)):
             return Observation(
-                record.state, "run.json (its launcher is gone, its ranks still run; `specdraft cancel` stops them)"
+                record.state, f"{RECORD} (its launcher is gone, its ranks still run; `specdraft cancel` stops them)"
             )
         return Observation(
-            "LOST", "run.json (its launcher is gone)", note="the launcher stopped before recording how its ranks ended"
+            "LOST", f"{RECORD} (its launcher is gone)", note="the launcher stopped before recording how its ranks ended"
         )
 
     def cancel(self, run_dir: Path, record: RunRecord) -> tuple[str, str | None]:
+        """SIGTERM the ranks, wait up to the plan's training.stop_grace_s for their save, then SIGKILL."""
         pgid = record.local.pgid if record.local else None
-        killed = stop_group(pgid, str(Path(run_dir) / "plan.json")) if pgid else 0
+        killed = stop_group(pgid, str(Path(run_dir) / PLAN), _stop_grace(run_dir)) if pgid else 0
         # A running launcher records the outcome itself; with none left, the canceller records it.
         return (
             f"cancelled the local run: stopped {killed} rank process(es) of group {pgid}",
@@ -311,4 +347,15 @@ class LocalExecutor(Executor):
         )
 
     def log_paths(self, record: RunRecord, rank: int) -> tuple[str, str]:
-        return f"logs/rank-{rank}.out", f"logs/rank-{rank}.err"
+        return local_logs(rank)
+
+
+def _stop_grace(run_dir: Path) -> float:
+    """The run's training.stop_grace_s, from its plan.json as `status` reads it; the default when that is refused."""
+    from specdraft.execute.monitor import read_plan
+    from specdraft.spec.schema import TrainingSpec
+
+    try:
+        return read_plan(run_dir).training.stop_grace_s
+    except UserError:
+        return TrainingSpec.stop_grace_s

@@ -7,37 +7,68 @@ change an executor observes is written to run.json here, so `status`, `runs` and
 from __future__ import annotations
 
 import dataclasses
-import json
+import hashlib
 import shlex
 import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from specdraft.errors import UserError
+from specdraft.errors import SpecError, UserError
+from specdraft.execute import diskspace
 from specdraft.execute import executor as executors
 from specdraft.execute.executor import Observation, Progress, ProgressFn
 from specdraft.execute.report import failure_message, read_results, root_cause
 from specdraft.runs import checkpoints
 from specdraft.runs import files as runfiles
+from specdraft.runs.marker import MARKER, CorruptCheckpoint
+from specdraft.runs.paths import (
+    CHECKPOINTS,
+    HASH_CHECK_BYTES,
+    MAX_METRICS_BYTES,
+    MAX_PLAN_BYTES,
+    METRICS,
+    PLAN,
+    RECORD,
+    RunPaths,
+    link_note,
+)
 from specdraft.runs.record import RunRecord, read_record
-from specdraft.runs.rundir import ACTIVE, TERMINAL, check_run_dir, update_record
+from specdraft.runs.rundir import ACTIVE, TERMINAL, check_run_dir
 
 FAILED_STATES = frozenset({"FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "LOST"})
-MAX_PLAN_BYTES = 256 * 2**20  # as assemble.read_plan: a 131,072-GPU plan is about 25 MB
-MAX_METRICS_BYTES = 64 << 20  # the newest 64 MiB of metrics.jsonl: about 200,000 steps
 FOLLOW_CHUNK = 1 << 20  # what `logs --follow` reads from one file per poll
 UNANSWERED_LIMIT = 3  # `logs --follow` gives up after this many state checks in a row without an answer
 
 
-def read_plan(run_dir: str | Path):
-    """The run's plan.json (a regular file, no link), parsed and verified against what this specdraft compiles."""
-    from specdraft.assemble import parse_plan, verify
+def verified_plan(run_dir: str | Path):
+    """(plan, sha256 of the bytes read): the run's plan.json (a regular file, no link), parsed and verified against
+    what this specdraft compiles. A run folder of another specdraft version is named as such."""
+    from specdraft import __version__
+    from specdraft.assemble import plan_from_data, verify
 
-    source = str(Path(run_dir) / "plan.json")
-    text = runfiles.read_text(run_dir, "plan.json", MAX_PLAN_BYTES)
-    if text is None:
+    source = str(Path(run_dir) / PLAN)
+    data = runfiles.read_bytes(run_dir, PLAN, MAX_PLAN_BYTES)
+    if data is None:
         raise UserError(f"{source} is missing", "the run folder is incomplete; relaunch the layout")
-    return verify(parse_plan(text, source), source)
+    parsed = runfiles.parse_json(data, source)
+    try:
+        plan = verify(plan_from_data(parsed, source), source)
+    except (UserError, SpecError) as err:
+        version = parsed.get("specdraft_version") if isinstance(parsed, dict) else None
+        if isinstance(version, str) and version != __version__:
+            raise UserError(
+                f"{source} was written by specdraft {version[:40]}, and this is specdraft {__version__}: "
+                f"{getattr(err, 'message', str(err))[:600]}",
+                f"use specdraft {version[:40]} for this run folder (status, export, measure, resume), or launch "
+                "the layout again with this one",
+            ) from None
+        raise
+    return plan, hashlib.sha256(data).hexdigest()
+
+
+def read_plan(run_dir: str | Path):
+    """The run's plan.json, parsed and verified (verified_plan)."""
+    return verified_plan(run_dir)[0]
 
 
 def _record_change(run_dir: str | Path, record: RunRecord, seen: Observation) -> RunRecord:
@@ -51,7 +82,7 @@ def _record_change(run_dir: str | Path, record: RunRecord, seen: Observation) ->
         return record
     if seen.note:
         changes["message"] = seen.note
-    return update_record(run_dir, attempt=attempt, **changes)
+    return diskspace.update_or_show(record, run_dir, attempt=attempt, **changes)  # a full disk stops no `status`
 
 
 def observe(run_dir: str | Path, record: RunRecord, *, launching: bool = False) -> tuple[str, RunRecord]:
@@ -110,7 +141,7 @@ def problem(run_dir: str | Path, record: RunRecord, state: str, plan) -> str | N
         )
     if state in ("TIMEOUT", "DEADLINE"):
         return (
-            f"{job} hit its time limit (slurm.time = {plan.spec.slurm.time}); raise slurm.time in the "
+            f"{job} hit its time limit (slurm.time = {plan.slurm.time}); raise slurm.time in the "
             "layout, or run fewer --steps" + _resumable(run_dir, stopped)
         )
     if state == "PREEMPTED":
@@ -133,6 +164,8 @@ def problem(run_dir: str | Path, record: RunRecord, state: str, plan) -> str | N
         # dead before it could write one); its stderr is the evidence.
         rank = min(set(range(plan.world_size)) - set(results))
     what = f"{job} {state}" if state in FAILED_STATES else f"{job} ended {state} but not every rank passed"
+    if record.message and state in FAILED_STATES:  # what the launcher or an observer recorded: a full disk, say
+        what = f"{what} ({record.message})"
     stderr = log_paths(run_dir, record, rank)[1] if rank is not None else None
     return failure_message(plan, results, rank, run_dir, stderr, what)
 
@@ -146,10 +179,7 @@ def stopped_at(results: dict[int, dict], world_size: int) -> dict | None:
 
 def resume_command(run_dir: str | Path) -> str:
     """The launch that continues this run folder from its newest complete checkpoint."""
-    return (
-        f"specdraft launch {shlex.quote(str(Path(run_dir) / 'plan.json'))} --run-dir "
-        f"{shlex.quote(str(run_dir))} --resume"
-    )
+    return f"specdraft launch {shlex.quote(str(Path(run_dir) / PLAN))} --run-dir {shlex.quote(str(run_dir))} --resume"
 
 
 def _resumable(run_dir: str | Path, stopped: dict | None) -> str:
@@ -167,22 +197,38 @@ def _resumable(run_dir: str | Path, stopped: dict | None) -> str:
 
 def newest_checkpoint(run_dir: str | Path) -> tuple[str, dict] | None:
     """(folder relative to the run folder, marker) of the newest complete checkpoint, found the way the ranks'
-    --resume finds it (plan/checkpoints: marker present and every file of its manifest whole) but read like every
-    file of a run folder (no link followed, nothing that can block, bounded); None when there is none."""
-    names = runfiles.list_names(run_dir, checkpoints.CHECKPOINTS_DIR)
-    steps = sorted(((int(m.group(1)), n) for n in names if (m := checkpoints.STEP_RE.match(n))), reverse=True)
-    for _, name in steps:
-        rel = f"{checkpoints.CHECKPOINTS_DIR}/{name}"
+    --resume finds it (runs/checkpoints: a valid marker, every file of its manifest whole, safe metadata); None
+    when there is none."""
+    newest, _, _ = checkpoint_report(run_dir)
+    return newest
+
+
+def checkpoint_report(run_dir: str | Path) -> tuple[tuple[str, dict] | None, bool, list[str]]:
+    """(newest complete checkpoint as newest_checkpoint gives it, whether its content hashes were checked, what is
+    wrong with the newer step folders that do not count: links, damaged files, refused metadata). Nothing below
+    the run folder is followed; a half-written folder (no marker yet) is not a problem."""
+    paths = RunPaths(run_dir)
+    links: list[Path] = []
+    try:
+        dirs = paths.step_dirs(links)
+    except UserError as err:  # checkpoints/ itself is a link
+        return None, False, [err.message]
+    problems = [f"{link_note(link)}: it does not count" for link in links]
+    for _, folder in dirs:
+        rel = f"{CHECKPOINTS}/{folder.name}"
+        if runfiles.size(folder, MARKER) is None and not (folder / MARKER).is_symlink():
+            continue  # no marker: being written, or abandoned by a kill
         try:
-            text = runfiles.read_text(run_dir, f"{rel}/{checkpoints.MARKER}", checkpoints.MAX_MARKER_BYTES)
-            if text is None:
-                continue
-            meta = checkpoints.parse_marker(text)
-            checkpoints.check_manifest(meta, lambda file: runfiles.size(run_dir, f"{rel}/{file}"))  # noqa: B023
-        except (checkpoints.CorruptCheckpoint, UserError, ValueError, OSError):
-            continue  # not complete: a resume skips it too
-        return rel, meta
-    return None
+            meta = checkpoints.check_checkpoint(folder, hash_limit=HASH_CHECK_BYTES)
+            hashed = checkpoints.total_bytes(meta) <= HASH_CHECK_BYTES
+        except CorruptCheckpoint as why:
+            problems.append(f"{rel} is damaged and does not count: {why}")
+            continue
+        except (UserError, OSError) as err:
+            problems.append(f"{rel} cannot be read: {getattr(err, 'message', None) or err}")
+            continue
+        return (rel, meta), hashed, problems
+    return None, False, problems
 
 
 def restarts(record: RunRecord) -> int | None:
@@ -202,7 +248,7 @@ def wait(run_dir: str | Path, timeout_s: float, on_progress: ProgressFn, poll_s:
     while True:
         record = read_record(run_dir)
         if record is None:
-            raise UserError(f"{run_dir}/run.json vanished while waiting", "another program removed it")
+            raise UserError(f"{Path(run_dir) / RECORD} vanished while waiting", "another program removed it")
         state, record, seen = current_state(run_dir, record)
         summary = progress_summary(
             record, state, seen, len(read_results(run_dir, record.world_size)), record.world_size
@@ -267,7 +313,7 @@ def follow_until(run_dir: str | Path) -> Callable[[], str | None]:
     def done() -> str | None:
         record = read_record(run_dir)
         if record is None:
-            return "run.json vanished"
+            return f"{RECORD} vanished"
         state, record, seen = current_state(run_dir, record)
         if state in TERMINAL:
             return f"the run ended: {state}"
@@ -287,17 +333,17 @@ def cancel(run_dir: str | Path, record: RunRecord) -> str:
     state, record = observe(run_dir, record)
     if state in TERMINAL:
         return f"nothing to cancel: the run already ended ({state})"
-    record = update_record(run_dir, cancel_requested=True)
+    record = diskspace.update(run_dir, cancel_requested=True)
     message, final = executors.get(record.executor).cancel(Path(run_dir), record)
     if final:
-        update_record(run_dir, state=final, attempt={"state": final})
+        diskspace.update(run_dir, state=final, attempt={"state": final})
     return message
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
     """Every complete line of RUN/metrics.jsonl (the newest MAX_METRICS_BYTES of it), one per step; a line still
-    being written is skipped, not an error."""
-    got = runfiles.read_range(run_dir, "metrics.jsonl", -MAX_METRICS_BYTES, MAX_METRICS_BYTES)
+    being written (or anything after a line that is not a JSON object) is skipped, not an error."""
+    got = runfiles.read_range(run_dir, METRICS, -MAX_METRICS_BYTES, MAX_METRICS_BYTES)
     if got is None:
         return []
     data, size = got
@@ -307,8 +353,8 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     rows = []
     for line in lines:
         try:
-            row = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            row = runfiles.parse_json(line, METRICS)
+        except runfiles.BadRunFile:
             break
         if not isinstance(row, dict):
             break

@@ -6,33 +6,62 @@ fields have the wrong shape counts as a failed rank with that said, never as an 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from specdraft.errors import UserError
 from specdraft.runs import files as runfiles
+from specdraft.runs.paths import MAX_RESULT_BYTES, MAX_STEP, RESULTS, result_name
 
 TAIL_LINES = 15
 TAIL_BYTES = 65536
-MAX_RESULT_BYTES = 1 << 20  # a result line holds checks and a traceback tail: a few KB
 
 
-def result_name(rank: int) -> str:
-    return f"results/rank-{rank:05d}.json"
+def _int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _stop_ok(stopped: object) -> bool:
+    """A rank's "preempted" record: {signal, step, checkpoint, requeue: {requeued, reason, restarts} or null}."""
+    if stopped is None:
+        return True
+    if not (
+        isinstance(stopped, dict)
+        and isinstance(stopped.get("signal"), str)
+        and _int(stopped.get("step"))
+        and 0 <= stopped["step"] <= MAX_STEP
+        and isinstance(stopped.get("checkpoint"), str)
+    ):
+        return False
+    requeue = stopped.get("requeue")
+    return requeue is None or (
+        isinstance(requeue, dict)
+        and isinstance(requeue.get("requeued", False), bool)
+        and isinstance(requeue.get("reason") or "", str)
+        and _int(requeue.get("restarts", 0))
+    )
 
 
 def _sane(record: object, rank: int) -> dict | None:
     """The result as written by the runtime, or a failed-rank stand-in naming what is wrong with it."""
-    if not isinstance(record, dict) or record.get("global_rank") != rank:
+    if not isinstance(record, dict) or not _int(record.get("global_rank")) or record["global_rank"] != rank:
         return None
     checks = record.get("checks", [])
     shapes_ok = (
         isinstance(record.get("ok"), bool)
+        and isinstance(record.get("terminated", False), bool)
         and isinstance(checks, list)
         and all(
             isinstance(c, dict) and isinstance(c.get("passed"), bool) and isinstance(c.get("name"), str) for c in checks
         )
         and isinstance(record.get("error") or "", str)
+        and isinstance(record.get("hostname", ""), str)
+        and all(_number(record.get(k) or 0.0) for k in ("failed_at", "finished_at", "started_at"))
+        and isinstance(record.get("slurm_job_id") or "", str)
+        and _stop_ok(record.get("preempted"))
     )
     if shapes_ok:
         return record
@@ -48,15 +77,15 @@ def read_results(run_dir: str | Path, world_size: int) -> dict[int, dict]:
     """results/rank-NNNNN.json by global rank, for ranks 0..world_size-1 (each is written atomically, so it is
     whole or absent; one that is not JSON is skipped as not yet written)."""
     out: dict[int, dict] = {}
-    if not runfiles.is_dir(run_dir, "results"):
+    if not runfiles.is_dir(run_dir, RESULTS):
         return out
     for rank in range(world_size):
         text = runfiles.read_text(run_dir, result_name(rank), MAX_RESULT_BYTES)
         if text is None:
             continue
         try:
-            record = _sane(json.loads(text), rank)
-        except (json.JSONDecodeError, RecursionError):
+            record = _sane(runfiles.parse_json(text, result_name(rank)), rank)
+        except runfiles.BadRunFile:
             continue
         if record is not None:
             out[rank] = record

@@ -4,7 +4,7 @@ collectives, the CP ring, the MoE all-to-all, pipeline P2P, the LM head and the 
 FLOP counts follow Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
 Megatron-LM" (https://arxiv.org/abs/2104.04473, appendix: 2mnk per GEMM, backward twice the forward); attention is
 causal over each packed sequence; collective volumes are NCCL's ring volumes (all-gather and reduce-scatter move
-(n-1)/n of the buffer, all-reduce twice that). Every term is cached per (tp, cp, sp, recompute, mbs, ep, etp).
+(n-1)/n of the buffer, all-reduce twice that). Every term is cached per `Shape` (the sizes one rank's work depends on).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from specdraft.plan.dims import ParallelDims
 from specdraft.plan.memory import DTYPE_BYTES
 from specdraft.spec.derived import aux_layers, draft_vocab_size, head_dim, kv_heads
 from specdraft.spec.gpus import CATALOGUE
@@ -48,15 +49,21 @@ class Efficiency:
 
 
 class Shape(NamedTuple):
-    """What the per-rank costs depend on: the layout's sizes that shape one rank's work."""
+    """The cache key of the per-rank costs: the part of a layout's ParallelDims (and its recompute mode) that shapes
+    one rank's work. Build it with `Shape.of`; pp, dp and the split only matter through the bandwidths."""
 
     tp: int
     cp: int
-    sp: bool
+    sequence_parallel: bool
     recompute: str
-    mbs: int
+    micro_batch_size: int
     ep: int
     etp: int
+
+    @classmethod
+    def of(cls, dims: ParallelDims, recompute: str) -> "Shape":
+        d = dims
+        return cls(d.tp, d.cp, d.sequence_parallel, recompute, d.micro_batch_size, d.ep, d.etp)
 
 
 class LayerCost(NamedTuple):
@@ -142,7 +149,7 @@ class CostModel:
 
     def _layer(self, s: Shape, bw: Bandwidths) -> LayerCost:
         tp, h, d = s.tp, self.h, self.d
-        tokens = s.mbs * self.seq / s.cp  # this rank's sequence share; every tp rank works on all of it
+        tokens = s.micro_batch_size * self.seq / s.cp  # this rank's sequence share; every tp rank works on all of it
         q, kv = self.heads * d, self.groups * d
         gemm = self._gemm(tokens, (q + 2 * kv) / tp, h) + self._gemm(tokens, h, q / tp)
         mlp_rows, mlp_ffn = tokens, self.ffn
@@ -173,7 +180,9 @@ class CostModel:
         mlp_c, mlp_tp = attention_c, tp
         if self.experts:
             mlp_c, mlp_tp = self.collective(act * self.topk / tp * s.etp, s.etp, bw.ep), s.etp
-        tp_comm = self._tp_exposed(attention_c, tp, s.sp, passes) + self._tp_exposed(mlp_c, mlp_tp, s.sp, passes)
+        tp_comm = self._tp_exposed(attention_c, tp, s.sequence_parallel, passes) + self._tp_exposed(
+            mlp_c, mlp_tp, s.sequence_parallel, passes
+        )
         ep_a2a = 0.0
         if self.experts and s.ep > 1:
             # Dispatch and combine, forward and backward: each rank sends its sequence-parallel token shard.
@@ -213,7 +222,7 @@ class CostModel:
         replicated on every tp rank; RoPE and the MLP activation are tp-sharded; fp8 casts each GEMM input.
         """
         h, tp = self.h, s.tp
-        replicated = 20 * h * (tokens / tp if s.sp else tokens)
+        replicated = 20 * h * (tokens / tp if s.sequence_parallel else tokens)
         rope = 4 * (self.heads + self.groups) * self.d / tp * tokens
         ffn = self.moe_ffn * self.topk if self.experts else self.ffn
         act = (6 if self.gated else 4) * ffn / tp * tokens
@@ -244,19 +253,19 @@ class CostModel:
         key = ("head", s, bw)
         hit = self._cache.get(key)
         if hit is None:
-            tokens = s.mbs * self.seq / s.cp
+            tokens = s.micro_batch_size * self.seq / s.cp
             gemm = self._gemm(tokens, self.vocab / s.tp, self.h, self.bf16_gemm_peak)
             ce = CE_BYTES_PER_LOGIT * tokens * self.vocab / s.tp / self.hbm
             # Under SP the output layer (megatron's own ColumnParallelLinear, outside TE's overlap) all-gathers its
             # input, blocking; backward's reduce-scatter overlaps the wgrad GEMM.
-            gather = self.collective(tokens * self.h * self.act_bytes, s.tp, bw.tp) if s.sp else 0.0
+            gather = self.collective(tokens * self.h * self.act_bytes, s.tp, bw.tp) if s.sequence_parallel else 0.0
             hit = self._cache[key] = gemm + ce + gather
         return hit
 
     def embedding(self, s: Shape, bw: Bandwidths) -> float:
         """Embedding lookup and its gradient (memory bound), plus the vocab-parallel reduction of its output: a
         reduce-scatter into the SP shard (and the gradient's all-gather back), or an all-reduce; both block."""
-        tokens = s.mbs * self.seq / s.cp
+        tokens = s.micro_batch_size * self.seq / s.cp
         lookup = PASSES * tokens * self.h * self.act_bytes / self.hbm
         scatter = self.collective(tokens * self.h * self.act_bytes, s.tp, bw.tp) * 2
         return lookup + scatter
@@ -264,7 +273,7 @@ class CostModel:
     def p2p_send(self, s: Shape, bw: Bandwidths) -> float:
         """One pipeline send (activation forward or its gradient backward), the whole transfer: which sends the
         schedule hides is decided by specdraft.perf.estimate."""
-        tokens = s.mbs * self.seq / s.cp / (s.tp if s.sp else 1)
+        tokens = s.micro_batch_size * self.seq / s.cp / (s.tp if s.sequence_parallel else 1)
         return tokens * self.h * self.act_bytes / bw.p2p + self.eff.p2p_latency_s
 
     # ---- the draft -----------------------------------------------------------------------------------------
@@ -283,7 +292,7 @@ class CostModel:
             self._cache[key] = (0.0, 0.0, 0.0)
             return self._cache[key]
         tp, h, d, steps = s.tp, self.h, self.d, self.ttt_steps
-        tokens = s.mbs * self.seq / s.cp
+        tokens = s.micro_batch_size * self.seq / s.cp
         q, kv = self.heads * d, self.groups * d
         bf16 = self.bf16_gemm_peak
         layer = (
@@ -310,8 +319,8 @@ class CostModel:
 
     def tap_bytes(self, s: Shape, logits: bool) -> tuple[float, float]:
         """(hidden-state tap, logits tap) bytes one route carries per microbatch (as specdraft.plan.taps)."""
-        tokens = s.mbs * self.seq // s.cp
-        hidden = (tokens // s.tp if s.sp else tokens) * self.h * self.act_bytes
+        tokens = s.micro_batch_size * self.seq // s.cp
+        hidden = (tokens // s.tp if s.sequence_parallel else tokens) * self.h * self.act_bytes
         return hidden, (tokens * (self.vocab // s.tp) * self.act_bytes if logits else 0.0)
 
     # ---- per step ------------------------------------------------------------------------------------------

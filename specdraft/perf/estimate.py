@@ -12,11 +12,11 @@ specdraft's runtime does), behind whatever slack that stage has left when the pi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 from specdraft.perf.costs import PASSES, Bandwidths, CostModel, Efficiency, LayerCost, Shape
-from specdraft.perf.locality import Locality
+from specdraft.perf.layout import BREAKDOWN_KEYS, Layout, StepEstimate, layout_of
+from specdraft.perf.locality import Locality, strides
 from specdraft.plan.memory import draft_params, layer_params
 from specdraft.spec import derived
 from specdraft.spec.schema import LayoutSpec
@@ -25,48 +25,6 @@ from specdraft.spec.schema import LayoutSpec
 # (benchmarks/calibration_h100.yaml); every other constant keeps its documented prior (specdraft.perf.costs).
 CALIBRATED = Efficiency(gemm_fp8=0.5307, attention=0.4414)
 OPTIMIZER_BYTES_PER_PARAM = 34  # Adam on fp32 master, m, v and grad: 16 bytes read, 16 written, 2 (bf16) written
-BREAKDOWN_KEYS = (
-    "compute_s",
-    "tp_sp_comm_s",
-    "cp_ring_s",
-    "ep_a2a_s",
-    "pp_p2p_s",
-    "pp_bubble_s",
-    "dp_comm_s",
-    "optimizer_s",
-    "tapchannel_s",
-    "draft_s",
-)
-
-
-class Layout(NamedTuple):
-    """What a search varies; ``chunks[stage][v]`` is the layer count of virtual chunk v on that stage."""
-
-    tp: int
-    cp: int
-    pp: int
-    dp: int
-    ep: int
-    etp: int
-    sp: bool
-    recompute: str
-    mbs: int
-    chunks: tuple[tuple[int, ...], ...]
-    draft_stage: Optional[int]
-
-    @property
-    def vpp(self) -> int:
-        return len(self.chunks[0])
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepEstimate:
-    """One layout's estimate: seconds per step, throughput, MFU and where the time goes (sums to the step)."""
-
-    step_time_s: float
-    tokens_per_s_per_gpu: float
-    mfu: float
-    breakdown: dict[str, float]
 
 
 class Pipeline(NamedTuple):
@@ -81,7 +39,7 @@ class Pipeline(NamedTuple):
 
 
 class _Unit(NamedTuple):
-    """Per-(sizes, sp, recompute, mbs) pieces of an estimate, shared by every split and draft stage."""
+    """Per-(dims, recompute) pieces of an estimate, shared by every split and draft stage."""
 
     layer: LayerCost
     layer_time: float
@@ -106,9 +64,7 @@ class Estimator:
         self.spec = spec
         self.eff = eff
         self.costs = CostModel(spec, eff)
-        self.world = derived.world_size(spec)
         self.gpn = spec.cluster.gpus_per_node
-        self.gbs = spec.training.global_batch_size
         self.distributed_optimizer = spec.training.distributed_optimizer
         t = spec.training
         # The parameter all-gather moves the model's weights (fp8 under --fp8-param-gather), the reduce-scatter
@@ -121,25 +77,25 @@ class Estimator:
         self.embed = m.vocab_size * m.hidden_size
         self.tied = m.tie_embeddings
         self.draft_params = draft_params(spec) if spec.draft.enabled else 0
-        self.locality = Locality(self.costs.gpu, eff, self.gpn, spec.parallel.order, self.world)
+        self.locality = Locality(self.costs.gpu, eff, self.gpn)
         self._source_cache: dict[tuple, list[int]] = {}
         self._units: dict[tuple, _Unit] = {}
         self._drafts: dict[tuple, tuple[float, tuple[float, float]]] = {}
 
     def bandwidths(self, lay: Layout) -> Bandwidths:
-        return self.locality.bandwidths(lay.tp, lay.cp, lay.pp, lay.dp, lay.ep, lay.etp)
+        return self.locality.bandwidths(lay.dims)
 
     def _unit(self, lay: Layout) -> _Unit:
         """Everything about a layout that does not depend on its split or its draft stage (cached)."""
-        key = lay[:9]
+        key = lay[:2]
         hit = self._units.get(key)
         if hit is not None:
             return hit
-        c, bw = self.costs, self.bandwidths(lay)
-        shape = Shape(lay.tp, lay.cp, lay.sp, lay.recompute, lay.mbs, lay.ep, lay.etp)
+        c, bw, d = self.costs, self.bandwidths(lay), lay.dims
+        shape = Shape.of(d, lay.recompute)
         layer = c.layer(shape, bw)
         hidden, logits = c.tap_bytes(shape, logits=True)
-        pp_stride = self.locality.strides(lay.tp, lay.cp, lay.pp, lay.dp)["pp"]
+        pp_stride = strides(d.order, d.tp, d.cp, d.pp, d.dp)["pp"]
         link, net = c.gpu.link_bw * self.eff.link, c.gpu.net_bw * self.eff.network
         end_layer, end_first, end_last = self._step_ends(lay, bw)
         hit = self._units[key] = _Unit(
@@ -147,25 +103,25 @@ class Estimator:
             layer_time=sum(layer),
             embedding=c.embedding(shape, bw),
             head=c.head(shape, bw),
-            send=c.p2p_send(shape, bw) if lay.pp > 1 else 0.0,
+            send=c.p2p_send(shape, bw) if d.pp > 1 else 0.0,
             end_layer=end_layer,
             end_first=end_first,
             end_last=end_last,
             hidden=hidden,
             logits=logits,
-            node=tuple(stage * pp_stride // self.gpn for stage in range(lay.pp)),
+            node=tuple(stage * pp_stride // self.gpn for stage in range(d.pp)),
             link=link,
             net=net,
-            microbatches=max(self.gbs // (lay.mbs * lay.dp), 1),
+            microbatches=d.num_microbatches,
         )
         return hit
 
     def _draft_unit(self, lay: Layout) -> tuple[float, tuple[float, float]]:
         """(draft seconds per microbatch, (its gradient all-reduce, its optimizer)) on its stage (cached)."""
-        key = lay[:9]
+        key = lay[:2]
         hit = self._drafts.get(key)
         if hit is None:
-            shape = Shape(lay.tp, lay.cp, lay.sp, lay.recompute, lay.mbs, lay.ep, lay.etp)
+            shape = Shape.of(lay.dims, lay.recompute)
             hit = self._drafts[key] = (sum(self.costs.draft(shape, self.bandwidths(lay))), self._draft_end(lay))
         return hit
 
@@ -179,7 +135,7 @@ class Estimator:
         costs; the interleaved warm-up and flush sends and the draft only add.
         """
         u = self._unit(lay)
-        pp, n = lay.pp, self.costs.num_layers
+        pp, n = lay.dims.pp, self.costs.num_layers
         sends = 2 * (pp - 1) * u.send if max_vpp <= 1 else 0.0  # interleaved, steady-state sends may all hide
         total = n * u.layer_time + u.embedding + u.head + sends
         mean = total / pp
@@ -193,7 +149,7 @@ class Estimator:
         ``detail`` keeps each stage's parts and the (DP comm, optimizer) split of its step end; a search ranking
         thousands of splits skips them (the sums are the same)."""
         u = self._unit(lay)
-        layer, pp, vpp = u.layer, lay.pp, lay.vpp
+        layer, pp, vpp = u.layer, lay.dims.pp, lay.vpp
         last_stage = pp - 1
         layer_time, send = u.layer_time, u.send
         end_layer, end_first, end_last = u.end_layer, u.end_first, u.end_last
@@ -233,13 +189,14 @@ class Estimator:
     def _step_ends(self, lay: Layout, bw: Bandwidths) -> tuple[tuple[float, float], ...]:
         """(exposed DP reduce-scatter + all-gather, optimizer step) per layer, for the embedding and for the output
         layer: a stage's step end is linear in what it holds (collective time is linear in bytes)."""
-        group, edp = lay.dp * lay.cp, max(self.world // (lay.etp * lay.ep * lay.pp), 1)
+        d = lay.dims
+        group, edp = d.dp * d.cp, d.edp
         coll, g, w = self.costs.collective, self.grad_bytes, self.weight_bytes
         out = []
         for dense, expert in (
-            (self.dense_layer / lay.tp, self.expert_layer / (lay.etp * lay.ep)),
-            (self.embed / lay.tp, 0.0),
-            (self.embed / lay.tp if not self.tied or lay.pp > 1 else 0.0, 0.0),
+            (self.dense_layer / d.tp, self.expert_layer / (d.etp * d.ep)),
+            (self.embed / d.tp, 0.0),
+            (self.embed / d.tp if not self.tied or d.pp > 1 else 0.0, 0.0),
         ):
             if self.distributed_optimizer:
                 comm = (
@@ -264,7 +221,7 @@ class Estimator:
         if hit is None:
             owner = []
             for v in range(lay.vpp):
-                for stage in range(lay.pp):
+                for stage in range(lay.dims.pp):
                     owner += [stage] * lay.chunks[stage][v]
             hit = self._source_cache[lay.chunks] = [0] + [owner[a] for a in self.aux]
         return hit
@@ -279,7 +236,7 @@ class Estimator:
         for src in self._sources(lay):
             if src != stage:
                 taps += u.hidden / (u.link if u.node[src] == node else u.net)
-        last = stage == lay.pp - 1
+        last = stage == lay.dims.last_stage
         if not last:
             taps += u.logits / (u.link if u.node[-1] == node else u.net)
         taps *= self.eff.p2p_exposed
@@ -288,14 +245,15 @@ class Estimator:
             return draft, taps, 0.0
         # Off the last stage the draft runs after the schedule; backward drains towards stage 0, so a stage k
         # finishes about k stage-backwards (2/3 of a microbatch) before the end.
-        slack = stage * (2 / 3) * (sum(pipe.times) / lay.pp) / pipe.vpp
+        slack = stage * (2 / 3) * (sum(pipe.times) / lay.dims.pp) / pipe.vpp
         return 0.0, taps, max(0.0, pipe.num_microbatches * draft - slack)
 
     def _draft_end(self, lay: Layout) -> tuple[float, float]:
         """The draft's gradient all-reduce (replicated over dp x cp) and its own Adam, on its stage."""
         bw = self.bandwidths(lay)
-        local = self.draft_params / lay.tp
-        comm = self.costs.collective(local * 4, lay.dp * lay.cp, bw.dp, allreduce=True) * self.eff.dp_exposed
+        d = lay.dims
+        local = self.draft_params / d.tp
+        comm = self.costs.collective(local * 4, d.dp * d.cp, bw.dp, allreduce=True) * self.eff.dp_exposed
         return comm, local * OPTIMIZER_BYTES_PER_PARAM / self.costs.hbm
 
     # ---- the step ------------------------------------------------------------------------------------------
@@ -347,7 +305,7 @@ class Estimator:
         """
         times = pipe.times
         ends = [a + b for a, b in pipe.end]
-        total, m, vpp, pp = sum(times), pipe.num_microbatches, pipe.vpp, lay.pp
+        total, m, vpp, pp = sum(times), pipe.num_microbatches, pipe.vpp, lay.dims.pp
         (t_first, i_first), (t_second, _) = _top2(times)
         (e_first, j_first), (e_second, _) = _top2(ends)
         plain = m * t_first + (total - t_first) / vpp + e_first + pipe.fill  # the step without a draft
@@ -389,7 +347,7 @@ class Estimator:
 
     def estimate(self, lay: Layout) -> StepEstimate:
         step, breakdown = self._step(lay, self.pipeline(lay), detail=True)
-        tokens = self.gbs * self.costs.seq / step / self.world
+        tokens = lay.dims.global_batch_size * self.costs.seq / step / lay.dims.world_size
         peak = self.costs.gpu.fp8_flops if self.costs.fp8 and self.costs.gpu.fp8_flops else self.costs.gpu.peak_flops
         return StepEstimate(
             step_time_s=step,
@@ -409,26 +367,6 @@ def _top2(values) -> tuple[tuple[float, int], tuple[float, int]]:
         elif v > second[0]:
             second = (v, i)
     return first, second
-
-
-def layout_of(spec: LayoutSpec) -> Layout:
-    """The `Layout` of a spec that passed validation."""
-    from specdraft.plan.stages import chunk_layout
-
-    p = spec.parallel
-    return Layout(
-        tp=p.tp,
-        cp=p.cp,
-        pp=p.pp,
-        dp=derived.resolved_dp(spec) or 1,
-        ep=p.ep,
-        etp=derived.etp(p),
-        sp=p.sequence_parallel,
-        recompute=spec.training.recompute,
-        mbs=spec.training.micro_batch_size,
-        chunks=tuple(tuple(count for _, count in stage) for stage in chunk_layout(spec)),
-        draft_stage=derived.draft_stage_index(spec) if spec.draft.enabled else None,
-    )
 
 
 def estimate(spec: LayoutSpec, eff: Efficiency = CALIBRATED) -> StepEstimate:

@@ -6,24 +6,27 @@ Group membership follows megatron-core's rank order (innermost first), as specdr
 from __future__ import annotations
 
 from specdraft.perf.costs import Bandwidths, Efficiency
+from specdraft.plan.dims import ParallelDims
 from specdraft.spec.gpus import Gpu
 
 
-class Locality:
-    """Strides, node spread and bandwidths of a cluster's groups (cached per layout sizes)."""
+def strides(order: str, tp: int, cp: int, pp: int, dp: int, ep: int = 1) -> dict[str, int]:
+    """Each dimension's rank stride in ``order`` (innermost first)."""
+    sizes = {"tp": tp, "cp": cp, "ep": ep, "dp": dp, "pp": pp}
+    stride, out = 1, {}
+    for name in order.split("-"):
+        out[name] = stride
+        stride *= sizes[name]
+    return out
 
-    def __init__(self, gpu: Gpu, eff: Efficiency, gpus_per_node: int, order: str, world: int):
-        self.gpu, self.eff, self.gpn, self.order, self.world = gpu, eff, gpus_per_node, order, world
+
+class Locality:
+    """Node spread and bandwidths of a cluster's groups (cached per layout sizes)."""
+
+    def __init__(self, gpu: Gpu, eff: Efficiency, gpus_per_node: int):
+        self.gpu, self.eff, self.gpn = gpu, eff, gpus_per_node
         self._nodes: dict[tuple, tuple[int, int]] = {}
         self._cache: dict[tuple, Bandwidths] = {}
-
-    def strides(self, tp: int, cp: int, pp: int, dp: int, ep: int = 1) -> dict[str, int]:
-        sizes = {"tp": tp, "cp": cp, "ep": ep, "dp": dp, "pp": pp}
-        stride, out = 1, {}
-        for name in self.order.split("-"):
-            out[name] = stride
-            stride *= sizes[name]
-        return out
 
     def spread(self, dims: tuple[tuple[int, int], ...]) -> tuple[int, int]:
         """(nodes, members per node) of rank 0's group spanning ``dims`` (stride, size) pairs."""
@@ -43,14 +46,15 @@ class Locality:
         # A collective spanning nodes runs hierarchically: the members on one node share their NICs.
         return min(self.gpu.link_bw, (per_node if collective else 1) * self.gpu.net_bw) * self.eff.network
 
-    def bandwidths(self, tp: int, cp: int, pp: int, dp: int, ep: int, etp: int) -> Bandwidths:
-        key = (tp, cp, pp, dp, ep, etp)
+    def bandwidths(self, dims: ParallelDims) -> Bandwidths:
+        d = dims
+        key = (d.order, d.tp, d.cp, d.pp, d.dp, d.ep, d.etp)
         hit = self._cache.get(key)
         if hit is None:
-            st = self.strides(tp, cp, pp, dp)
+            order, tp, cp, pp, dp, ep, etp, edp = key + (d.edp,)
+            st = strides(order, tp, cp, pp, dp)
             # The expert generator: etp innermost, then ep, with cp folded away (megatron-core).
-            edp = max(self.world // (etp * ep * pp), 1)
-            es = self.strides(etp, 1, pp, edp, ep)
+            es = strides(order, etp, 1, pp, edp, ep)
             ep_nodes, ep_per_node = self.spread(((es["ep"], ep),))
             ep_bw = self.bw(((es["ep"], ep),))
             if ep_nodes > 1:

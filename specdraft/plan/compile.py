@@ -1,12 +1,17 @@
 """compile_core(spec) -> LaunchPlan without renders: pure and deterministic. Validation (field rules + memory) first.
 
-`specdraft.assemble.compile` adds the renders and the rollout plan; everyone else calls that.
+`specdraft.assemble.compile` adds the renders and the rollout plan; everyone else calls that. `one_process_plan`
+is the same compile of a plan's spec at one rank, for the offline tools that load whole models.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from specdraft import __version__
 from specdraft.errors import Problem, SpecError
+from specdraft.plan.dims import ParallelDims
 from specdraft.plan.grid import RankGrid
 from specdraft.plan.memory import draft_params, stage_memory
 from specdraft.plan.model import (
@@ -16,39 +21,43 @@ from specdraft.plan.model import (
     LaunchPlan,
     ModelShape,
     PaddingReport,
-    ParallelPlan,
     PlanWarning,
-    SlurmPlan,
     StageMemory,
     TapTraffic,
 )
+from specdraft.plan.settings import ClusterPlan, RolloutSettings, SlurmPlan, TrainingPlan
 from specdraft.plan.stages import layer_owner, stage_records
 from specdraft.plan.taps import pipeline_activation_bytes_per_step, tap_routes
 from specdraft.spec import derived
 from specdraft.spec.load import spec_sha256
-from specdraft.spec.schema import LayoutSpec
+from specdraft.spec.schema import LayoutSpec, ParallelSpec
 from specdraft.spec.validate import stage_layer_counts, validate_fields
 
 CP_ATTENTION_MODE = "zigzag_ring_branch_merge"
 
 
-def parallel_plan(spec: LayoutSpec) -> ParallelPlan:
-    """The resolved sizes of a layout that passed the field rules."""
-    p = spec.parallel
-    return ParallelPlan(
+def parallel_dims(spec: LayoutSpec) -> ParallelDims:
+    """The resolved sizes of a layout that passed the field rules: the one place the spec's sizes are read."""
+    p, t = spec.parallel, spec.training
+    return ParallelDims.resolve(
+        world_size=derived.world_size(spec),
         tp=p.tp,
         cp=p.cp,
         pp=p.pp,
         dp=derived.resolved_dp(spec) or 1,
         ep=p.ep,
         etp=derived.etp(p),
-        edp=derived.edp(spec),
         vpp=derived.vpp(p),
         order=p.order,
         sequence_parallel=p.sequence_parallel,
         cp_comm_type=p.cp_comm_type,
         hierarchical_cp_sizes=tuple(p.hierarchical_cp_sizes) if p.hierarchical_cp_sizes is not None else None,
-        pad_multiple=derived.pad_multiple(p),
+        micro_batch_size=t.micro_batch_size,
+        global_batch_size=t.global_batch_size,
+        first_stage_layers=p.first_stage_layers,
+        last_stage_layers=p.last_stage_layers,
+        account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split,
     )
 
 
@@ -62,6 +71,7 @@ def model_shape(spec: LayoutSpec) -> ModelShape:
         num_attention_heads=m.num_attention_heads,
         num_query_groups=derived.kv_heads(m),
         head_dim=derived.head_dim(m),
+        kv_channels=m.kv_channels,
         vocab_size=m.vocab_size,
         seq_length=m.seq_length,
         max_position_embeddings=m.max_position_embeddings if m.max_position_embeddings is not None else m.seq_length,
@@ -81,6 +91,8 @@ def model_shape(spec: LayoutSpec) -> ModelShape:
         qk_layernorm=m.qk_layernorm,
         tie_embeddings=m.tie_embeddings,
         path=m.path,
+        config_sha256=m.config_sha256,
+        config_fields=tuple(m.config_fields),
     )
 
 
@@ -99,24 +111,80 @@ def data_plan(spec: LayoutSpec) -> DataPlan:
     )
 
 
-def num_microbatches(spec: LayoutSpec, dp: int) -> int:
+def cluster_plan(spec: LayoutSpec) -> ClusterPlan:
+    c = spec.cluster
+    return ClusterPlan(num_nodes=c.num_nodes, gpus_per_node=c.gpus_per_node, gpu=c.gpu)
+
+
+def training_plan(spec: LayoutSpec) -> TrainingPlan:
     t = spec.training
-    return max(t.global_batch_size // (t.micro_batch_size * dp), 1)
+    return TrainingPlan(
+        packing=t.packing,
+        sequence_lengths=tuple(t.sequence_lengths or [spec.model.seq_length]),
+        dtype=t.dtype,
+        grad_reduce_in_bf16=t.grad_reduce_in_bf16,
+        tp_comm_overlap=t.tp_comm_overlap,
+        distributed_optimizer=t.distributed_optimizer,
+        recompute=t.recompute,
+        train_iters=t.train_iters,
+        warmup_steps=t.warmup_steps,
+        lr=t.lr,
+        clip_grad=t.clip_grad,
+        seed=t.seed,
+        save_interval=t.save_interval,
+        keep_checkpoints=t.keep_checkpoints,
+        stop_grace_s=t.stop_grace_s,
+    )
 
 
-def draft_slots(spec: LayoutSpec, m: int) -> int:
+def slurm_plan(spec: LayoutSpec) -> SlurmPlan:
+    s = spec.slurm
+    limit = derived.slurm_time_seconds(s.time)
+    return SlurmPlan(
+        time_limit_s=limit,
+        signal_delay_s=derived.signal_delay_s(limit),
+        time=s.time,
+        partition=s.partition,
+        account=s.account,
+        qos=s.qos,
+        cpus_per_task=s.cpus_per_task,
+        container_image=s.container_image,
+        container_mounts=tuple(s.container_mounts),
+        env=dict(s.env),
+        extra_sbatch_args=tuple(s.extra_sbatch_args),
+        max_requeues=s.max_requeues,
+    )
+
+
+def rollout_settings(spec: LayoutSpec) -> RolloutSettings:
+    r = spec.rollout
+    return RolloutSettings(
+        tp=r.tp,
+        num_gpus=derived.rollout_gpus(spec),
+        speculative=r.speculative,
+        num_speculative_tokens=derived.num_speculative_tokens(spec),
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        max_model_len=derived.max_model_len(spec),
+        max_num_seqs=r.max_num_seqs,
+        max_policy_lag=r.max_policy_lag,
+        num_prompts_per_step=r.num_prompts_per_step,
+        num_generations_per_prompt=r.num_generations_per_prompt,
+    )
+
+
+def draft_slots(dims: ParallelDims, draft_stage: int) -> int:
     """Landing slots the draft stage needs: taps of the microbatches in flight between source and draft stage.
 
     On the last stage the draft runs inside the loss of each microbatch, so at most pp microbatches are in
     flight (1F1B warm-up depth); elsewhere the draft runs after the schedule and holds every microbatch.
     """
-    p = spec.parallel
-    return min(p.pp, m) if derived.draft_stage_index(spec) == p.pp - 1 else m
+    m = dims.num_microbatches
+    return min(dims.pp, m) if draft_stage == dims.last_stage else m
 
 
-def padding_report(spec: LayoutSpec) -> PaddingReport:
+def padding_report(spec: LayoutSpec, dims: ParallelDims) -> PaddingReport:
     """Packing overhead of padding each sequence to a multiple of 2*cp (times tp with sequence parallelism)."""
-    multiple = derived.pad_multiple(spec.parallel)
+    multiple = dims.pad_multiple
     lengths = spec.training.sequence_lengths or [spec.model.seq_length]
     padded = [-(-n // multiple) * multiple for n in lengths]
     real = sum(lengths)
@@ -130,19 +198,22 @@ def padding_report(spec: LayoutSpec) -> PaddingReport:
     )
 
 
-def plan_memory(spec: LayoutSpec) -> tuple[StageMemory, ...]:
+def plan_memory(spec: LayoutSpec, dims: ParallelDims | None = None) -> tuple[StageMemory, ...]:
     """Memory per stage of a layout that passed the field rules (the draft on its stage)."""
-    parallel = parallel_plan(spec)
-    m = num_microbatches(spec, parallel.dp)
+    dims = dims or parallel_dims(spec)
     draft_stage = derived.draft_stage_index(spec) if spec.draft.enabled else None
-    return stage_memory(spec, stage_layer_counts(spec), parallel.dp, parallel.edp, m, draft_stage, draft_slots(spec, m))
+    slots = draft_slots(dims, draft_stage) if draft_stage is not None else 0
+    return stage_memory(spec, dims, stage_layer_counts(spec), draft_stage, slots)
 
 
-def _analyse(spec: LayoutSpec) -> tuple[list[Problem], list[Problem], tuple[StageMemory, ...] | None]:
+def _analyse(
+    spec: LayoutSpec,
+) -> tuple[list[Problem], list[Problem], ParallelDims | None, tuple[StageMemory, ...] | None]:
     errors, warnings = validate_fields(spec)
     if errors:
-        return errors, warnings, None
-    memory = plan_memory(spec)
+        return errors, warnings, None, None
+    dims = parallel_dims(spec)
+    memory = plan_memory(spec, dims)
     for stage in memory:
         gib = stage.total / 2**30
         cap = stage.hbm / 2**30
@@ -166,12 +237,12 @@ def _analyse(spec: LayoutSpec) -> tuple[list[Problem], list[Problem], tuple[Stag
                     severity="warning",
                 )
             )
-    return errors, warnings, memory
+    return errors, warnings, dims, memory
 
 
 def check(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
     """Every error and warning of the training layout: field rules, then (when those pass) memory per stage."""
-    errors, warnings, _ = _analyse(spec)
+    errors, warnings, _, _ = _analyse(spec)
     return errors, warnings
 
 
@@ -196,32 +267,56 @@ def compile_core(spec: LayoutSpec, extra_errors: list[Problem] = (), extra_warni
 
     ``extra_errors`` / ``extra_warnings`` come from the layers above (the rollout rules), so one pass reports all.
     """
-    errors, warnings, memory = _analyse(spec)
+    errors, warnings, dims, memory = _analyse(spec)
     errors = [*errors, *extra_errors]
-    if errors:
+    if errors or dims is None or memory is None:  # the field rules passed exactly when dims and memory are set
         raise SpecError(errors)
-    parallel = parallel_plan(spec)
-    world = derived.world_size(spec)
-    grid = RankGrid(sizes=parallel, world_size=world, gpus_per_node=spec.cluster.gpus_per_node)
-    m = num_microbatches(spec, parallel.dp)
+    return _build(spec, dims, memory, [*warnings, *extra_warnings])
+
+
+def one_process_plan(plan: LaunchPlan) -> LaunchPlan:
+    """``plan``'s model and draft on one process: its spec compiled at tp = cp = pp = dp = ep = 1 on one GPU, one
+    stage holding every layer and the draft. The offline tools (export, measure) build unsharded models from it;
+    the memory rule is left out, since a whole model loads wherever the tool runs, not on one GPU of the layout."""
+    spec = plan.spec
+    one = dataclasses.replace(
+        spec,
+        cluster=dataclasses.replace(spec.cluster, num_nodes=1, gpus_per_node=1),
+        parallel=ParallelSpec(order=spec.parallel.order),
+        draft=dataclasses.replace(spec.draft, stage="last"),
+    )
+    errors, warnings = validate_fields(one)
+    if errors:
+        raise SpecError(errors, "the one-process variant of the plan's spec")
+    dims = parallel_dims(one)
+    return _build(one, dims, plan_memory(one, dims), warnings)
+
+
+def _build(
+    spec: LayoutSpec, dims: ParallelDims, memory: tuple[StageMemory, ...], warnings: list[Problem]
+) -> LaunchPlan:
+    """The plan of a validated ``spec`` with its resolved ``dims``: the one constructor of LaunchPlan."""
+    grid = RankGrid(sizes=dims, gpus_per_node=spec.cluster.gpus_per_node)
+    m = dims.num_microbatches
     d = spec.draft
+    num_layers = spec.model.num_layers
     if d.enabled:
         draft_stage = derived.draft_stage_index(spec)
-        routes, taps = tap_routes(spec, grid, layer_owner(spec), m)
-        draft = DraftPlan(
+        routes, taps = tap_routes(spec, grid, layer_owner(num_layers, dims), draft_stage)
+        placement: dict[str, Any] = dict(
             enabled=True,
             stage=draft_stage,
             ranks=tuple(grid.stage_ranks(draft_stage)),
             aux_layers=tuple(derived.aux_layers(spec)),
-            cp_attention=CP_ATTENTION_MODE if parallel.cp > 1 else "off",
+            cp_attention=CP_ATTENTION_MODE if dims.cp > 1 else "off",
             num_params=draft_params(spec),
             memory_bytes=memory[draft_stage].draft,
-            landing_slots=draft_slots(spec, m),
-            padding=padding_report(spec) if parallel.cp > 1 else None,
+            landing_slots=draft_slots(dims, draft_stage),
+            padding=padding_report(spec, dims) if dims.cp > 1 else None,
         )
     else:
         routes, taps = (), ()
-        draft = DraftPlan(
+        placement = dict(
             enabled=False,
             stage=None,
             ranks=(),
@@ -232,7 +327,18 @@ def compile_core(spec: LayoutSpec, extra_errors: list[Problem] = (), extra_warni
             landing_slots=0,
             padding=None,
         )
-    limit = derived.slurm_time_seconds(spec.slurm.time)
+    draft = DraftPlan(
+        **placement,
+        method=d.method,
+        num_layers=d.num_layers,
+        ttt_steps=d.ttt_steps,
+        vocab_size=derived.draft_vocab_size(spec),
+        loss_weight=d.loss_weight,
+        lr=d.lr,
+        clip_grad=d.clip_grad,
+        model=d.model,
+        export_interval=d.export_interval,
+    )
     return LaunchPlan(
         schema_version=SCHEMA_VERSION,
         specdraft_version=__version__,
@@ -240,13 +346,13 @@ def compile_core(spec: LayoutSpec, extra_errors: list[Problem] = (), extra_warni
         spec_sha256=spec_sha256(spec),
         spec=spec,
         model=model_shape(spec),
-        world_size=world,
-        parallel=parallel,
-        slurm=SlurmPlan(time_limit_s=limit, signal_delay_s=derived.signal_delay_s(limit)),
-        num_microbatches=m,
+        cluster=cluster_plan(spec),
+        parallel=dims,
+        training=training_plan(spec),
+        slurm=slurm_plan(spec),
         data=data_plan(spec),
         ranks=grid.ranks(),
-        stages=stage_records(spec),
+        stages=stage_records(num_layers, dims),
         memory=memory,
         draft=draft,
         taps=taps,
@@ -254,9 +360,10 @@ def compile_core(spec: LayoutSpec, extra_errors: list[Problem] = (), extra_warni
         tap_traffic=TapTraffic(
             bytes_per_step=sum(r.bytes_per_microbatch for r in routes if not r.local) * m,
             cross_node_bytes_per_step=sum(r.bytes_per_microbatch for r in routes if r.cross_node and not r.local) * m,
-            pipeline_activation_bytes_per_step=pipeline_activation_bytes_per_step(spec, grid, m),
+            pipeline_activation_bytes_per_step=pipeline_activation_bytes_per_step(spec, grid),
         ),
-        warnings=tuple(PlanWarning(**w.to_dict()) for w in [*warnings, *extra_warnings]),
+        warnings=tuple(PlanWarning(**w.to_dict()) for w in warnings),
+        rollout_settings=rollout_settings(spec),
         renders=None,
         rollout=None,
     )

@@ -8,7 +8,7 @@ from specdraft.plan.model import LaunchPlan
 
 def nccl_env(plan: LaunchPlan) -> list[tuple[str, str, str]]:
     """(name, value, why) of the NCCL/CUDA settings this layout calls for; empty on CPU."""
-    cluster = plan.spec.cluster
+    cluster = plan.cluster
     if cluster.gpu == "cpu":
         return []
     out = [

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from specdraft.plan.model import ParallelPlan, RankPlacement
+from specdraft.plan.dims import ParallelDims
+from specdraft.plan.model import RankPlacement
 
 
 def _strides(order: str, sizes: dict[str, int]) -> dict[str, int]:
@@ -24,9 +25,12 @@ def _strides(order: str, sizes: dict[str, int]) -> dict[str, int]:
 class RankGrid:
     """Coordinates of every rank, computed arithmetically (16K ranks in milliseconds)."""
 
-    sizes: ParallelPlan
-    world_size: int
+    sizes: ParallelDims
     gpus_per_node: int
+
+    @property
+    def world_size(self) -> int:
+        return self.sizes.world_size
 
     @cached_property
     def _decoder(self) -> dict[str, int]:

@@ -6,8 +6,9 @@ Activation Recomputation in Large Transformer Models" (https://arxiv.org/abs/220
 
 from __future__ import annotations
 
+from specdraft.plan.dims import ParallelDims
 from specdraft.plan.model import StageMemory
-from specdraft.spec.derived import aux_layers, draft_vocab_size, etp, head_dim, kv_heads
+from specdraft.spec.derived import aux_layers, draft_vocab_size, head_dim, kv_heads
 from specdraft.spec.schema import LayoutSpec
 
 # Activation (and tap) bytes per element; fp8 keeps bf16 activations outside the GEMM inputs (see below).
@@ -28,20 +29,51 @@ def mlp_params(hidden: int, ffn: int, swiglu: bool) -> int:
     return (3 if swiglu else 2) * hidden * ffn
 
 
+def bias_and_norm_params(spec: LayoutSpec) -> tuple[int, int, int]:
+    """(TP-split, TP-replicated, expert) parameters of one target layer beyond its matrices and its two norm
+    weights: biases (QKV and fc1 split over tp like their matrices; the attention output's and fc2's whole, as
+    megatron's row-parallel layers keep them), LayerNorm's biases and the per-head QK norms."""
+    m = spec.model
+    h, d = m.hidden_size, head_dim(m)
+    per_norm = 2 if m.normalization == "LayerNorm" else 1  # weight, and LayerNorm's bias
+    split, replicated, expert = 0, (per_norm - 1) * 2 * h, 0
+    if m.add_bias_linear or m.add_qkv_bias:
+        split += (m.num_attention_heads + 2 * kv_heads(m)) * d
+    if m.add_bias_linear:
+        replicated += h  # the attention output projection
+        width = (m.moe_ffn_hidden_size or 0) if m.num_experts else m.ffn_hidden_size
+        mlp_bias = (2 if m.swiglu else 1) * width + h
+        if m.num_experts:
+            expert = m.num_experts * mlp_bias
+        else:
+            split, replicated = split + mlp_bias - h, replicated + h
+    if m.qk_layernorm:
+        replicated += 2 * d * per_norm
+    return split, replicated, expert
+
+
 def layer_params(spec: LayoutSpec) -> tuple[int, int]:
     """(dense params, expert params) of one transformer layer."""
     m = spec.model
+    split, replicated, expert_extra = bias_and_norm_params(spec)
+    extra = split + replicated
     if m.num_experts:
-        experts = m.num_experts * mlp_params(m.hidden_size, m.moe_ffn_hidden_size or 0, m.swiglu)
-        return attention_params(spec) + m.hidden_size * m.num_experts, experts
-    return attention_params(spec) + mlp_params(m.hidden_size, m.ffn_hidden_size, m.swiglu), 0
+        experts = m.num_experts * mlp_params(m.hidden_size, m.moe_ffn_hidden_size or 0, m.swiglu) + expert_extra
+        return attention_params(spec) + m.hidden_size * m.num_experts + extra, experts
+    return attention_params(spec) + mlp_params(m.hidden_size, m.ffn_hidden_size, m.swiglu) + extra, 0
 
 
 def replicated_params(spec: LayoutSpec) -> int:
-    """The part of `layer_params`' dense count that every TP rank holds whole: the layer's two norms and, in an
-    MoE layer, the router (num_experts x hidden); the other matrices are split over tp."""
+    """The part of `layer_params`' dense count that every TP rank holds whole: the layer's two norms (and QK norms,
+    LayerNorm biases, row-parallel biases) and, in an MoE layer, the router (num_experts x hidden); the other
+    matrices are split over tp."""
     m = spec.model
-    return 2 * m.hidden_size + (m.hidden_size * m.num_experts if m.num_experts else 0)
+    return 2 * m.hidden_size + bias_and_norm_params(spec)[1] + (m.hidden_size * m.num_experts if m.num_experts else 0)
+
+
+def final_norm_params(spec: LayoutSpec) -> int:
+    """The last stage's final norm: a weight, and LayerNorm's bias."""
+    return spec.model.hidden_size * (2 if spec.model.normalization == "LayerNorm" else 1)
 
 
 def draft_params(spec: LayoutSpec) -> int:
@@ -75,7 +107,9 @@ def _state_bytes(spec: LayoutSpec) -> tuple[int, int, float]:
     return 2, grad, 12.0  # bf16/fp16 weight, fp32 main grad, fp32 master + Adam m, v (Megatron's 18 bytes/param)
 
 
-def activation_bytes_per_layer(spec: LayoutSpec, tokens: int, ffn_term: float, recompute: str | None = None) -> float:
+def activation_bytes_per_layer(
+    spec: LayoutSpec, dims: ParallelDims, tokens: int, ffn_term: float, recompute: str | None = None
+) -> float:
     """Activations one layer keeps for backward, for ``tokens`` local tokens (already divided by cp).
 
     Korthikanti et al. Table 2, with Megatron-LM's (18 + 4*ffn/h) in place of 34 for the FFN ratio; the 10*sbh
@@ -84,7 +118,7 @@ def activation_bytes_per_layer(spec: LayoutSpec, tokens: int, ffn_term: float, r
     and the projection input assumes multi-head attention with h = heads * head_dim: here Q and the projection
     input are heads * head_dim wide and K, V num_query_groups * head_dim (GQA keeps them small).
     """
-    p, t, m = spec.parallel, spec.training, spec.model
+    p, t, m = dims, spec.training, spec.model
     h = m.hidden_size
     scale = DTYPE_BYTES[t.dtype] / 2  # the paper's constants assume 2-byte activations
     sbh = tokens * h
@@ -103,39 +137,33 @@ def activation_bytes_per_layer(spec: LayoutSpec, tokens: int, ffn_term: float, r
 
 
 def stage_memory(
-    spec: LayoutSpec,
-    stage_counts: list[int],
-    dp: int,
-    edp: int,
-    num_microbatches: int,
-    draft_stage: int | None,
-    draft_slots: int,
+    spec: LayoutSpec, dims: ParallelDims, stage_counts: list[int], draft_stage: int | None, draft_slots: int
 ) -> tuple[StageMemory, ...]:
-    """The plan's `memory`: bytes per GPU for each pipeline stage."""
+    """The plan's `memory`: bytes per GPU for each pipeline stage of ``dims`` holding ``stage_counts`` layers."""
     from specdraft.spec.gpus import CATALOGUE
 
-    m, p, t = spec.model, spec.parallel, spec.training
-    tokens = t.micro_batch_size * m.seq_length // p.cp
+    m, p, t = spec.model, dims, spec.training
+    tokens = p.cp_tokens(m.seq_length)
     ffn_term = _ffn_term(spec)
-    act_layer = activation_bytes_per_layer(spec, tokens, ffn_term)
-    vpp = p.vpp if p.vpp and p.vpp > 1 else 1
+    act_layer = activation_bytes_per_layer(spec, p, tokens, ffn_term)
+    vpp = p.num_chunks
     hbm = CATALOGUE[spec.cluster.gpu].hbm_bytes
     out = []
     for rank, layers in enumerate(stage_counts):
-        first, last = rank == 0, rank == p.pp - 1
-        weights, grads, optimizer = _stage_states(spec, layers, first, last, dp, edp)
+        first, last = rank == 0, rank == p.last_stage
+        weights, grads, optimizer = _stage_states(spec, p, layers, first, last)
         # 1F1B: stage r holds (pp - r) microbatches in flight; interleaving adds (pp-1)/(pp*vpp) (Megatron-LM).
-        in_flight = min(p.pp - rank, num_microbatches)
+        in_flight = min(p.pp - rank, p.num_microbatches)
         if vpp > 1:
             in_flight = in_flight * (1 + (p.pp - 1) / (p.pp * vpp))
         activations = act_layer * layers * in_flight
         if t.recompute == "full" and layers:
             # Full recompute re-materialises one layer's activations at a time during backward.
-            activations += activation_bytes_per_layer(spec, tokens, ffn_term, recompute="none")
+            activations += activation_bytes_per_layer(spec, p, tokens, ffn_term, recompute="none")
         if last:
             # fp32 logits for the cross-entropy, vocab-parallel over tp.
             activations += 4 * tokens * m.vocab_size / p.tp
-        draft = draft_memory(spec, tokens, draft_slots) if rank == draft_stage else 0
+        draft = draft_memory(spec, p, tokens, draft_slots) if rank == draft_stage else 0
         total = weights + grads + optimizer + activations + draft
         out.append(
             StageMemory(
@@ -161,11 +189,11 @@ def _ffn_term(spec: LayoutSpec) -> float:
 
 
 def _stage_states(
-    spec: LayoutSpec, layers: int, first: bool, last: bool, dp: int, edp: int
+    spec: LayoutSpec, dims: ParallelDims, layers: int, first: bool, last: bool
 ) -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes per GPU of a stage holding ``layers`` layers (and the embedding or
     output layer when it is the first or last stage); the optimizer is sharded by the distributed optimizer."""
-    m, p, t = spec.model, spec.parallel, spec.training
+    m, p, t = spec.model, dims, spec.training
     w_b, g_b, o_b = _state_bytes(spec)
     dense, expert = layer_params(spec)
     embed = m.vocab_size * m.hidden_size
@@ -173,40 +201,41 @@ def _stage_states(
         layers * dense + (embed if first else 0) + (embed if last and (not m.tie_embeddings or p.pp > 1) else 0)
     )
     # Norms and routers are TP-replicated; the last stage also holds the final norm.
-    replicated = layers * replicated_params(spec) + (m.hidden_size if last else 0)
+    replicated = layers * replicated_params(spec) + (final_norm_params(spec) if last else 0)
     dense_local = (dense_params - layers * replicated_params(spec)) / p.tp + replicated
-    expert_local = layers * expert / (etp(p) * p.ep)
-    opt_shard_dense = dp * p.cp if t.distributed_optimizer else 1
-    opt_shard_expert = edp if t.distributed_optimizer else 1
+    expert_local = layers * expert / (p.etp * p.ep)
+    opt_shard_dense = p.dp * p.cp if t.distributed_optimizer else 1
+    opt_shard_expert = p.edp if t.distributed_optimizer else 1
     weights = (dense_local + expert_local) * w_b
     grads = (dense_local + expert_local) * g_b
     optimizer = dense_local * o_b / opt_shard_dense + expert_local * o_b / opt_shard_expert
     return weights, grads, optimizer
 
 
-def peak_lower_bound(spec: LayoutSpec, dp: int, edp: int) -> float:
-    """A lower bound on the heaviest stage's total over every layer split of ``spec``'s sizes.
+def peak_lower_bound(spec: LayoutSpec, dims: ParallelDims) -> float:
+    """A lower bound on the heaviest stage's total over every layer split of ``dims`` (with ``spec``'s model and
+    training settings).
 
     Some stage holds at least ceil(N / pp) layers, and that many layers' weights, grads, optimizer state and one
     microbatch of their activations are all terms of that stage's total in `stage_memory` (which only adds to
     them: more microbatches in flight, the embedding, the logits, the draft). A search drops a layout whose bound
     exceeds the HBM without building it; tests check bound <= the real peak.
     """
-    m, p, t = spec.model, spec.parallel, spec.training
-    layers = -(-m.num_layers // p.pp)
-    states = sum(_stage_states(spec, layers, False, False, dp, edp))
-    tokens = t.micro_batch_size * m.seq_length // p.cp
-    return states + activation_bytes_per_layer(spec, tokens, _ffn_term(spec)) * layers
+    m = spec.model
+    layers = -(-m.num_layers // dims.pp)
+    states = sum(_stage_states(spec, dims, layers, False, False))
+    tokens = dims.cp_tokens(m.seq_length)
+    return states + activation_bytes_per_layer(spec, dims, tokens, _ffn_term(spec)) * layers
 
 
-def draft_memory(spec: LayoutSpec, tokens: int, draft_slots: int) -> float:
+def draft_memory(spec: LayoutSpec, dims: ParallelDims, tokens: int, draft_slots: int) -> float:
     """Draft weights, grads, optimizer (own Adam, fp32 master), TTT activations and tap landing slots.
 
     As in specdraft's runtime, the draft's decoder layer(s) and LM head are tensor-parallel (heads, MLP and
     vocabulary split over tp) while the tap-fusion fc is replicated; it is replicated over dp/cp and its optimizer
     is not sharded.
     """
-    m, p, t, d = spec.model, spec.parallel, spec.training, spec.draft
+    m, p, t, d = spec.model, dims, spec.training, spec.draft
     w_b, g_b, o_b = _state_bytes(spec)
     num_taps = len(aux_layers(spec))
     fc = num_taps * m.hidden_size * m.hidden_size
@@ -220,7 +249,7 @@ def draft_memory(spec: LayoutSpec, tokens: int, draft_slots: int) -> float:
     # output hidden state is kept; one chunk's logits, log-probs and target slice live transiently.
     chunk = 4 * min(tokens, HEAD_CHUNK_TOKENS) * vocab / p.tp
     per_step = (
-        activation_bytes_per_layer(spec, tokens, ffn_term, recompute="none") * d.num_layers
+        activation_bytes_per_layer(spec, dims, tokens, ffn_term, recompute="none") * d.num_layers
         + tokens * 2 * m.hidden_size * act_bytes  # [embedding ; hidden] input of the draft layer
         + tokens * m.hidden_size * act_bytes
     )  # the step's output hidden state

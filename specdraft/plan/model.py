@@ -12,10 +12,15 @@ from dataclasses import dataclass, fields
 from typing import Any, Optional, Union
 
 from specdraft.plan.codec import PlanFormatError, decode, encode_rows, encode_value
-from specdraft.spec.derived import draft_vocab_size
+from specdraft.plan.dims import ParallelDims
+from specdraft.plan.settings import ClusterPlan, RolloutSettings, SlurmPlan, TrainingPlan
 from specdraft.spec.schema import LayoutSpec, RopeScaling
 
-SCHEMA_VERSION = 4  # 3: the model section says what the model is; 4: the data section (DataPlan)
+# 3: the model section says what the model is (norm, biases, dropout, RoPE, QK norm, path); 4: the data section.
+# 5: `parallel` is the resolved ParallelDims (world_size and num_microbatches moved into it, the batch and layer
+# split added); cluster, training and rollout_settings sections; slurm and draft carry their settings.
+# 6: the model section records the config.json that filled it.
+SCHEMA_VERSION = 6
 Tap = Union[int, str]  # a target layer index, or "embedding" / "logits"
 
 
@@ -34,6 +39,7 @@ class ModelShape:
     num_attention_heads: int
     num_query_groups: int  # K/V heads (num_attention_heads under MHA)
     head_dim: int  # kv_channels, else hidden_size / num_attention_heads
+    kv_channels: Optional[int]  # as the layout gives it: the Megatron render passes --kv-channels only then
     vocab_size: int
     seq_length: int
     max_position_embeddings: int  # the model's trained context; seq_length when the spec leaves it null
@@ -53,38 +59,8 @@ class ModelShape:
     qk_layernorm: bool
     tie_embeddings: bool
     path: str  # checkpoint folder or hub id
-
-
-@dataclass(frozen=True, kw_only=True)
-class ParallelPlan:
-    """Resolved parallel sizes (dp, etp, edp and vpp derived) and the packing multiple they imply."""
-
-    tp: int
-    cp: int
-    pp: int
-    dp: int
-    ep: int
-    etp: int
-    edp: int  # expert data-parallel size: world / (etp * ep * pp)
-    vpp: Optional[int]  # virtual stages per pipeline rank, None without interleaving
-    order: str
-    sequence_parallel: bool
-    cp_comm_type: str
-    hierarchical_cp_sizes: Optional[tuple[int, ...]]
-    pad_multiple: int  # per-sequence packing multiple: 2*cp, times tp under sequence parallelism
-
-    @property
-    def num_chunks(self) -> int:
-        """Model chunks per pipeline rank (vpp with interleaving, else 1)."""
-        return self.vpp or 1
-
-
-@dataclass(frozen=True, kw_only=True)
-class SlurmPlan:
-    """Slurm values derived from the spec's slurm section."""
-
-    time_limit_s: int  # slurm.time in seconds
-    signal_delay_s: int  # the preemption warning's lead before the limit
+    config_sha256: Optional[str]  # the config.json that filled the model section, when one did
+    config_fields: tuple[str, ...]  # the fields it filled
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,7 +143,7 @@ class PaddingReport:
 
 @dataclass(frozen=True, kw_only=True)
 class DraftPlan:
-    """Where the EAGLE-3 draft lives and what it needs (ttt_steps etc. stay in spec.draft)."""
+    """Where the EAGLE-3 draft lives, what it needs, and its settings (set, from the spec, when it is off too)."""
 
     enabled: bool
     stage: Optional[int]
@@ -178,6 +154,15 @@ class DraftPlan:
     memory_bytes: int
     landing_slots: int
     padding: Optional[PaddingReport]
+    method: str
+    num_layers: int
+    ttt_steps: int
+    vocab_size: int  # draft.vocab_size, else the target's
+    loss_weight: float
+    lr: float
+    clip_grad: float
+    model: str  # the draft checkpoint rollout engines load
+    export_interval: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,7 +227,7 @@ class VllmRender:
 class Renders:
     """The plan rendered for other tools."""
 
-    megatron: tuple[str, ...]  # the exact Megatron-LM argv (plus the runtime's --specdraft-* flags)
+    megatron: tuple[str, ...]  # the exact Megatron-LM argv (Megatron-LM's own flags only)
     nemo_rl: dict  # NeMo-RL overrides, nested as its YAML configs
     vllm: VllmRender
 
@@ -294,12 +279,12 @@ class LaunchPlan:
     specdraft_version: str
     name: str
     spec_sha256: str
-    spec: LayoutSpec
+    spec: LayoutSpec  # provenance: what the plan was compiled from; consumers read the resolved sections below
     model: ModelShape
-    world_size: int
-    parallel: ParallelPlan
+    cluster: ClusterPlan
+    parallel: ParallelDims
+    training: TrainingPlan
     slurm: SlurmPlan
-    num_microbatches: int
     data: DataPlan
     ranks: tuple[RankPlacement, ...]
     stages: tuple[StagePlan, ...]
@@ -309,6 +294,7 @@ class LaunchPlan:
     tap_routes: tuple[TapRoute, ...]
     tap_traffic: TapTraffic
     warnings: tuple[PlanWarning, ...]
+    rollout_settings: RolloutSettings
     renders: Optional[Renders]  # None only between compile_core and assembly
     rollout: Optional[RolloutPlan]  # None when rollout planning is off
 
@@ -339,9 +325,14 @@ class LaunchPlan:
         return f"{self.name}-{self.plan_hash[:8]}"
 
     @property
-    def draft_vocab_size(self) -> int:
-        """The draft LM head's vocabulary (spec.derived.draft_vocab_size): draft.vocab_size, else the target's."""
-        return draft_vocab_size(self.spec)
+    def world_size(self) -> int:
+        """parallel.world_size, which launchers and status read often."""
+        return self.parallel.world_size
+
+    @property
+    def num_microbatches(self) -> int:
+        """parallel.num_microbatches: microbatches per data-parallel rank and step."""
+        return self.parallel.num_microbatches
 
     def stage_of(self, global_rank: int) -> StagePlan:
         return self.stages[self.ranks[global_rank].pp]
@@ -351,8 +342,8 @@ class LaunchPlan:
         """Parse plan.json; refuse another schema_version (naming both) or any field of the wrong shape."""
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise PlanFormatError(f"not JSON ({err})") from None
+        except (ValueError, RecursionError) as err:  # JSONDecodeError; an integer past 4,300 digits; deep nesting
+            raise PlanFormatError(f"not JSON ({str(err)[:200] or type(err).__name__})") from None
         return cls.from_dict(data)
 
     @classmethod

@@ -7,21 +7,20 @@ Mirrors megatron-core 0.16 `get_transformer_layer_offset` / `get_num_layers_to_b
 from __future__ import annotations
 
 from specdraft.plan.model import ChunkPlan, StagePlan
-from specdraft.spec.accounting import split_accounting
+from specdraft.spec.accounting import PipelineSplit, layer_counts, split_accounting
 from specdraft.spec.derived import vpp as resolved_vpp
-from specdraft.spec.schema import LayoutSpec
-from specdraft.spec.validate import stage_layer_counts
 
 
-def chunk_layout(spec: LayoutSpec) -> list[list[tuple[int, int]]]:
-    """Per pp rank, per virtual chunk: (first_layer, num_layers). One chunk per rank without vpp."""
-    p, n = spec.parallel, spec.model.num_layers
-    counts = stage_layer_counts(spec)
+def chunk_layout(num_layers: int, p: PipelineSplit) -> list[list[tuple[int, int]]]:
+    """Per pp rank, per virtual chunk: (first_layer, num_layers) of the split ``p`` (the plan's ParallelDims, or a
+    spec's parallel section being validated). One chunk per rank without vpp."""
+    n = num_layers
+    counts = layer_counts(n, p)
     if counts is None:
         raise ValueError("invalid pipeline split; run validation first")
     vpp = resolved_vpp(p) or 1
     if split_accounting(p) != (0, 0):
-        return _accounted_chunks(spec, vpp)
+        return _accounted_chunks(n, p, vpp)
     first, last = p.first_stage_layers, p.last_stage_layers
     uneven = first is not None or last is not None
     out: list[list[tuple[int, int]]] = []
@@ -53,12 +52,11 @@ def chunk_layout(spec: LayoutSpec) -> list[list[tuple[int, int]]]:
     return out
 
 
-def _accounted_chunks(spec: LayoutSpec, vpp: int) -> list[list[tuple[int, int]]]:
+def _accounted_chunks(num_layers: int, p: PipelineSplit, vpp: int) -> list[list[tuple[int, int]]]:
     """The split with the embedding and/or loss counted as layers: every chunk holds (N + e + l) / (pp * vpp)
     slots; the embedding takes the first slot of (stage 0, chunk 0), the loss the last of the last chunk."""
-    p = spec.parallel
     e, loss = split_accounting(p)
-    total = spec.model.num_layers + e + loss
+    total = num_layers + e + loss
     per_chunk = total // p.pp // vpp
     out = []
     for rank in range(p.pp):
@@ -73,10 +71,10 @@ def _accounted_chunks(spec: LayoutSpec, vpp: int) -> list[list[tuple[int, int]]]
     return out
 
 
-def stage_records(spec: LayoutSpec) -> tuple[StagePlan, ...]:
+def stage_records(num_layers: int, dims: PipelineSplit) -> tuple[StagePlan, ...]:
     """The plan's `stages`: first/last layer (0-indexed, inclusive) per pp rank, and its chunks in schedule order."""
     records = []
-    for rank, chunks in enumerate(chunk_layout(spec)):
+    for rank, chunks in enumerate(chunk_layout(num_layers, dims)):
         layers = sorted(layer for first, count in chunks for layer in range(first, first + count))
         records.append(
             StagePlan(
@@ -93,10 +91,10 @@ def stage_records(spec: LayoutSpec) -> tuple[StagePlan, ...]:
     return tuple(records)
 
 
-def layer_owner(spec: LayoutSpec) -> dict[int, tuple[int, int]]:
+def layer_owner(num_layers: int, dims: PipelineSplit) -> dict[int, tuple[int, int]]:
     """layer index -> (pp rank, virtual chunk) that builds it."""
     owner = {}
-    for rank, chunks in enumerate(chunk_layout(spec)):
+    for rank, chunks in enumerate(chunk_layout(num_layers, dims)):
         for v, (first, count) in enumerate(chunks):
             for layer in range(first, first + count):
                 owner[layer] = (rank, v)

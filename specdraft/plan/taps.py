@@ -6,22 +6,15 @@ and tensor-parallel slice its own draft forward consumes.
 
 from __future__ import annotations
 
+from specdraft.plan.dims import ParallelDims
 from specdraft.plan.grid import RankGrid
 from specdraft.plan.memory import DTYPE_BYTES
 from specdraft.plan.model import Tap, TapRoute, TapSummary
-from specdraft.spec.derived import aux_layers, draft_stage_index
-from specdraft.spec.derived import vpp as resolved_vpp
+from specdraft.spec.derived import aux_layers
 from specdraft.spec.schema import LayoutSpec
 
 
-def local_tokens(spec: LayoutSpec) -> int:
-    """Tokens one rank holds per microbatch: micro batch tokens / cp, / tp under sequence parallelism."""
-    m, p, t = spec.model, spec.parallel, spec.training
-    tokens = t.micro_batch_size * m.seq_length // p.cp
-    return tokens // p.tp if p.sequence_parallel else tokens
-
-
-def tap_bytes(spec: LayoutSpec, tap: Tap) -> int:
+def tap_bytes(spec: LayoutSpec, dims: ParallelDims, tap: Tap) -> int:
     """Bytes one route carries per microbatch for ``tap``.
 
     A hidden-state tap is local tokens x hidden x dtype bytes. The embedding tap carries the embeddings of the
@@ -29,36 +22,38 @@ def tap_bytes(spec: LayoutSpec, tap: Tap) -> int:
     per local token (the runtime's exact count is data dependent: about one row fewer per packed sequence, plus
     up to 2*ttt_steps rows per chunk end under CP). The logits tap is the vocab-parallel slice of the logits.
     """
-    m, p, t = spec.model, spec.parallel, spec.training
+    m, dtype = spec.model, spec.training.dtype
     if tap == "logits":
-        return t.micro_batch_size * m.seq_length // p.cp * (m.vocab_size // p.tp) * DTYPE_BYTES[t.dtype]
-    return local_tokens(spec) * m.hidden_size * DTYPE_BYTES[t.dtype]
+        return dims.cp_tokens(m.seq_length) * (m.vocab_size // dims.tp) * DTYPE_BYTES[dtype]
+    return dims.local_tokens(m.seq_length) * m.hidden_size * DTYPE_BYTES[dtype]
 
 
-def tap_sources(spec: LayoutSpec, owner: dict[int, tuple[int, int]]) -> list[tuple[Tap, int, int]]:
-    """Every tap the draft reads, with the (stage, chunk) that produces it."""
-    p = spec.parallel
+def tap_sources(
+    spec: LayoutSpec, dims: ParallelDims, owner: dict[int, tuple[int, int]], draft_stage: int
+) -> list[tuple[Tap, int, int]]:
+    """Every tap the draft on ``draft_stage`` reads, with the (stage, chunk) that produces it."""
     taps: list[tuple[Tap, int, int]] = [("embedding", 0, 0)]
     for layer in aux_layers(spec):
         stage, chunk = owner[layer]
         taps.append((layer, stage, chunk))
-    if draft_stage_index(spec) != p.pp - 1:
+    if draft_stage != dims.last_stage:
         # The draft's KL target (the policy's logits) is produced by the last stage's output layer.
-        taps.append(("logits", p.pp - 1, (resolved_vpp(p) or 1) - 1))
+        taps.append(("logits", dims.last_stage, dims.num_chunks - 1))
     return taps
 
 
 def tap_routes(
-    spec: LayoutSpec, grid: RankGrid, owner: dict[int, tuple[int, int]], num_microbatches: int
+    spec: LayoutSpec, grid: RankGrid, owner: dict[int, tuple[int, int]], draft_stage: int
 ) -> tuple[tuple[TapRoute, ...], tuple[TapSummary, ...]]:
-    """(routes, per-tap summary). Local taps appear with ``local: true`` and src_rank == dst_rank."""
+    """(routes, per-tap summary) of the draft on ``draft_stage``. Local taps appear with ``local: true`` and
+    src_rank == dst_rank."""
     s = grid.sizes
-    dst_stage = draft_stage_index(spec)
+    dst_stage = draft_stage
     routes: list[TapRoute] = []
     summary: list[TapSummary] = []
-    for tap, src_stage, src_chunk in tap_sources(spec, owner):
+    for tap, src_stage, src_chunk in tap_sources(spec, s, owner, draft_stage):
         local = src_stage == dst_stage
-        nbytes = tap_bytes(spec, tap)
+        nbytes = tap_bytes(spec, s, tap)
         count = cross = 0
         for dp in range(s.dp):
             for cp in range(s.cp):
@@ -92,15 +87,15 @@ def tap_routes(
                 num_routes=num_routes,
                 num_cross_node=cross,
                 bytes_per_microbatch=nbytes,
-                bytes_per_step=nbytes * num_routes * num_microbatches,
+                bytes_per_step=nbytes * num_routes * s.num_microbatches,
             )
         )
     return tuple(routes), tuple(summary)
 
 
-def pipeline_activation_bytes_per_step(spec: LayoutSpec, grid: RankGrid, num_microbatches: int) -> int:
+def pipeline_activation_bytes_per_step(spec: LayoutSpec, grid: RankGrid) -> int:
     """The pipeline's own P2P traffic per step, summed over ranks: activations forward + grads backward."""
     s = grid.sizes
     boundaries = s.pp * s.num_chunks - 1
-    per_rank = local_tokens(spec) * spec.model.hidden_size * DTYPE_BYTES[spec.training.dtype]
-    return 2 * boundaries * per_rank * num_microbatches * s.tp * s.cp * s.dp
+    per_rank = s.local_tokens(spec.model.seq_length) * spec.model.hidden_size * DTYPE_BYTES[spec.training.dtype]
+    return 2 * boundaries * per_rank * s.num_microbatches * s.tp * s.cp * s.dp

@@ -1,16 +1,15 @@
-"""The exact Megatron-LM argv for a layout, plus the specdraft runtime's draft arguments (taps, TTT, CP mode)."""
+"""The exact Megatron-LM argv for a layout: only flags Megatron-LM's parser defines (pretrain_gpt.py refuses any
+other), building the model the plan's model section names. What specdraft's runtime needs (the draft, its taps,
+the CP attention) stays in plan.json."""
 
 from __future__ import annotations
 
-from specdraft.plan.model import LaunchPlan
-
-PLAN_ARG = "plan.json"  # the job runs in its run folder, where launch writes plan.json
+from specdraft.plan.model import LaunchPlan, ModelShape
 
 
 def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
-    """Flags in a fixed order: parallelism, model shape, batching/precision, then the draft's runtime flags."""
-    spec, par = plan.spec, plan.parallel
-    m, p, t, d = spec.model, spec.parallel, spec.training, spec.draft
+    """Flags in a fixed order: parallelism, model, batching/precision, optimizer."""
+    m, p, t = plan.model, plan.parallel, plan.training
     args = [
         "--tensor-model-parallel-size",
         str(p.tp),
@@ -26,9 +25,9 @@ def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
     if p.sequence_parallel:
         args.append("--sequence-parallel")
     if m.num_experts:
-        args += ["--expert-model-parallel-size", str(p.ep), "--expert-tensor-parallel-size", str(par.etp)]
-    if par.vpp:
-        args += ["--num-virtual-stages-per-pipeline-rank", str(par.vpp)]
+        args += ["--expert-model-parallel-size", str(p.ep), "--expert-tensor-parallel-size", str(p.etp)]
+    if p.vpp:
+        args += ["--num-virtual-stages-per-pipeline-rank", str(p.vpp)]
     if p.first_stage_layers is not None:
         args += ["--decoder-first-pipeline-num-layers", str(p.first_stage_layers)]
     if p.last_stage_layers is not None:
@@ -39,32 +38,7 @@ def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
         args.append("--account-for-loss-in-pipeline-split")
     if p.order == "tp-cp-ep-pp-dp":
         args.append("--use-tp-pp-dp-mapping")
-    args += [
-        "--num-layers",
-        str(m.num_layers),
-        "--hidden-size",
-        str(m.hidden_size),
-        "--ffn-hidden-size",
-        str(m.ffn_hidden_size),
-        "--num-attention-heads",
-        str(m.num_attention_heads),
-    ]
-    if m.num_query_groups and m.num_query_groups != m.num_attention_heads:
-        args += ["--group-query-attention", "--num-query-groups", str(m.num_query_groups)]
-    if m.kv_channels:
-        args += ["--kv-channels", str(m.kv_channels)]
-    args += [
-        "--seq-length",
-        str(m.seq_length),
-        "--max-position-embeddings",
-        str(m.seq_length),
-        "--position-embedding-type",
-        "rope",
-    ]
-    if m.swiglu:
-        args.append("--swiglu")
-    if not m.tie_embeddings:
-        args.append("--untie-embeddings-and-output-weights")
+    args += model_args(m)
     if m.num_experts:
         args += [
             "--num-experts",
@@ -82,7 +56,7 @@ def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
         if m.moe_router_topk == 1:
             args.append("--moe-router-pre-softmax")  # megatron-core refuses top-1 softmax routing without it
     args += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", m.path]
-    args += ["--micro-batch-size", str(t.micro_batch_size), "--global-batch-size", str(t.global_batch_size)]
+    args += ["--micro-batch-size", str(p.micro_batch_size), "--global-batch-size", str(p.global_batch_size)]
     if t.dtype == "fp8":
         # FP8 GEMMs through TransformerEngine with per-tensor current scaling and fp8 parameters, bf16 elsewhere
         # (the recipe of NVIDIA's published H100 FP8 figures; Megatron-LM's --fp8-* flags).
@@ -111,18 +85,6 @@ def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
         "--train-iters",
         str(t.train_iters),
     ]
-    if d.enabled:
-        # What specdraft's runtime adds to the Megatron job; its full settings (TTT steps included) are in the plan.
-        args += [
-            "--specdraft-plan",
-            PLAN_ARG,
-            "--specdraft-draft-stage",
-            str(plan.draft.stage),
-            "--specdraft-draft-taps",
-            ",".join(str(tap.tap) for tap in plan.taps),
-            "--specdraft-cp-attention",
-            plan.draft.cp_attention,
-        ]
     return tuple(args)
 
 
@@ -136,3 +98,49 @@ def format_argv(argv: tuple[str, ...]) -> str:
             lines.append([])
         lines[-1].append(shlex.quote(arg))
     return " \\\n  ".join(" ".join(line) for line in lines) + "\n"
+
+
+def model_args(m: ModelShape) -> list[str]:
+    """The model Megatron-LM builds, every layer semantic explicit where its default differs from the model's
+    (LayerNorm, biases on, dropout 0.1, learned absolute positions, rotary base 10000, GeLU, tied embeddings)."""
+    args = [
+        "--num-layers",
+        str(m.num_layers),
+        "--hidden-size",
+        str(m.hidden_size),
+        "--ffn-hidden-size",
+        str(m.ffn_hidden_size),
+        "--num-attention-heads",
+        str(m.num_attention_heads),
+        "--kv-channels",
+        str(m.head_dim),
+    ]
+    if m.num_query_groups != m.num_attention_heads:
+        args += ["--group-query-attention", "--num-query-groups", str(m.num_query_groups)]
+    args += [
+        "--seq-length",
+        str(m.seq_length),
+        # Megatron-LM asserts max_position_embeddings >= seq_length; RoPE itself has no table of that size.
+        "--max-position-embeddings",
+        str(max(m.max_position_embeddings, m.seq_length)),
+        "--position-embedding-type",
+        "rope",
+        "--rotary-base",
+        str(m.rotary_base),
+    ]
+    if m.rope_scaling is not None:
+        # Megatron's Llama-3.1 scaling fixes the other three values; validate refuses any others.
+        args += ["--use-rope-scaling", "--rope-scaling-factor", repr(m.rope_scaling.factor)]
+    args += ["--normalization", m.normalization, "--norm-epsilon", repr(m.norm_epsilon)]
+    if m.qk_layernorm:
+        args.append("--qk-layernorm")
+    if not m.add_bias_linear:
+        args.append("--disable-bias-linear")
+    if m.add_qkv_bias:
+        args.append("--add-qkv-bias")
+    args += ["--attention-dropout", repr(m.attention_dropout), "--hidden-dropout", repr(m.hidden_dropout)]
+    if m.swiglu:
+        args.append("--swiglu")
+    if not m.tie_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    return args

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 from specdraft.plan.model import LaunchPlan
-from specdraft.spec.derived import max_model_len, num_speculative_tokens
 
 _DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}  # fp8: bf16 weights
 
 
 def nemo_rl_overrides(plan: LaunchPlan) -> dict:
     """Nested overrides keyed as NeMo-RL's examples/configs/grpo_math_1B.yaml."""
-    spec = plan.spec
-    m, p, t, d, c, r = spec.model, spec.parallel, spec.training, spec.draft, spec.cluster, spec.rollout
+    m, p, t, d, c, r = plan.model, plan.parallel, plan.training, plan.draft, plan.cluster, plan.rollout_settings
     megatron_cfg = {
         "enabled": True,
         "tensor_model_parallel_size": p.tp,
-        "expert_tensor_parallel_size": plan.parallel.etp,
+        "expert_tensor_parallel_size": p.etp,
         "expert_model_parallel_size": p.ep,
         "pipeline_model_parallel_size": p.pp,
         "num_layers_in_first_pipeline_stage": p.first_stage_layers,
@@ -28,17 +26,17 @@ def nemo_rl_overrides(plan: LaunchPlan) -> dict:
     out = {
         "policy": {
             "model_name": m.path,
-            "train_global_batch_size": t.global_batch_size,
-            "train_micro_batch_size": t.micro_batch_size,
+            "train_global_batch_size": p.global_batch_size,
+            "train_micro_batch_size": p.micro_batch_size,
             "max_total_sequence_length": m.seq_length,
             "precision": _DTYPE[t.dtype],
             "megatron_cfg": megatron_cfg,
             "sequence_packing": {
                 "enabled": t.packing,
-                "train_mb_tokens": t.micro_batch_size * m.seq_length,
+                "train_mb_tokens": p.micro_batch_size * m.seq_length,
                 "algorithm": "modified_first_fit_decreasing",
                 # The CP packing multiple; without CP, NeMo-RL's usual rounding.
-                "sequence_length_round": plan.parallel.pad_multiple if p.cp > 1 else 64,
+                "sequence_length_round": p.pad_multiple if p.cp > 1 else 64,
             },
             "draft": {
                 "enabled": d.enabled,
@@ -53,7 +51,7 @@ def nemo_rl_overrides(plan: LaunchPlan) -> dict:
                     "pipeline_parallel_size": 1,
                     "expert_parallel_size": 1,
                     "gpu_memory_utilization": r.gpu_memory_utilization,
-                    "max_model_len": max_model_len(spec),
+                    "max_model_len": r.max_model_len,
                     "async_engine": r.max_policy_lag > 0,
                 },
             },
@@ -72,7 +70,7 @@ def nemo_rl_overrides(plan: LaunchPlan) -> dict:
         vllm_kwargs["speculative_config"] = {
             "method": "eagle3",
             "model": d.model,
-            "num_speculative_tokens": num_speculative_tokens(spec),
+            "num_speculative_tokens": r.num_speculative_tokens,
             "draft_tensor_parallel_size": r.tp,
         }
     out["policy"]["generation"]["vllm_kwargs"] = vllm_kwargs

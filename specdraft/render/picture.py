@@ -113,7 +113,7 @@ def _pixels(fig, ax, height_px: int, x0: float, y0: float, x1: float, y1: float)
 def _draw_ranks(plan: LaunchPlan) -> Picture:
     from matplotlib.patches import Polygon, Rectangle
 
-    gpn = plan.spec.cluster.gpus_per_node
+    gpn = plan.cluster.gpus_per_node
     nodes = -(-plan.world_size // gpn)
     fig, ax, width_px, height_px = _figure(gpn, nodes)
     draft = set(plan.draft.ranks)
@@ -228,7 +228,7 @@ def _legend(fig, plan: LaunchPlan, summary: bool) -> None:
 def _draw_nodes(plan: LaunchPlan) -> Picture:
     from matplotlib.patches import Polygon, Rectangle
 
-    gpn = plan.spec.cluster.gpus_per_node
+    gpn = plan.cluster.gpus_per_node
     nodes = -(-plan.world_size // gpn)
     cols = min(nodes, max(8, math.ceil(math.sqrt(nodes))))
     rows = -(-nodes // cols)

@@ -12,6 +12,7 @@ from functools import cache
 
 from specdraft.plan.environment import nccl_env
 from specdraft.plan.model import LaunchPlan
+from specdraft.runs.paths import PLAN, SBATCH, SUBMITIT
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -72,7 +73,7 @@ def unsafe_values(plan: LaunchPlan, run_dir: str, python: str, resume_from: str 
     """What the script cannot carry safely, quoted or not (line breaks end comments and #SBATCH lines; '%' is a
     Slurm filename pattern; '\\' is an escape to sbatch). Validation refuses these in layouts; this re-checks a
     hand-edited plan.json, the run folder and a --resume-from path."""
-    slurm = plan.spec.slurm
+    slurm = plan.slurm
     problems = []
     one_line = {
         "run folder": run_dir,
@@ -132,9 +133,9 @@ def render_sbatch(
     problems = unsafe_values(plan, run_dir, python, resume_from)
     if problems:
         raise ValueError("; ".join(problems))
-    slurm, cluster = plan.spec.slurm, plan.spec.cluster
-    folder = f"{run_dir}/submitit"
-    plan_path = f"{run_dir}/plan.json"
+    slurm, cluster = plan.slurm, plan.cluster
+    folder = f"{run_dir}/{SUBMITIT}"
+    plan_path = f"{run_dir}/{PLAN}"
     argv = payload_argv(python, plan_path, workload, steps, resume=resume, resume_from=resume_from)
     command = shlex.join(argv)
     srun = [
@@ -156,7 +157,7 @@ def render_sbatch(
         plan_hash=plan.plan_hash,
         run_dir=run_dir,
         plan_path=plan_path,
-        script_path=f"{run_dir}/sbatch.sh",
+        script_path=f"{run_dir}/{SBATCH}",
         job_name=plan.run_name,
         nodes=cluster.num_nodes,
         tasks_per_node=cluster.gpus_per_node,

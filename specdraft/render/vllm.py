@@ -10,9 +10,6 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 from specdraft.plan.model import LaunchPlan, VllmRender
-from specdraft.rollout.model.instances import rollout_gpus
-from specdraft.spec.derived import max_model_len, num_speculative_tokens
-from specdraft.spec.schema import LayoutSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,35 +72,35 @@ class EngineSettings:
 _DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}  # fp8: bf16 weights
 
 
-def engine_settings(spec: LayoutSpec) -> EngineSettings:
-    r, d = spec.rollout, spec.draft
+def engine_settings(plan: LaunchPlan) -> EngineSettings:
+    r, d, dtype = plan.rollout_settings, plan.draft, plan.training.dtype
     spec_cfg = None
     if d.enabled and r.speculative:
         spec_cfg = SpeculativeConfig(
             method="eagle3",
             model=d.model,
-            num_speculative_tokens=num_speculative_tokens(spec),
+            num_speculative_tokens=r.num_speculative_tokens,
             draft_tensor_parallel_size=r.tp,
         )
     return EngineSettings(
-        model=spec.model.path,
+        model=plan.model.path,
         tensor_parallel_size=r.tp,
         pipeline_parallel_size=1,
         gpu_memory_utilization=r.gpu_memory_utilization,
-        max_model_len=max_model_len(spec),
+        max_model_len=r.max_model_len,
         max_num_seqs=r.max_num_seqs,
-        dtype=_DTYPE[spec.training.dtype] if spec.training.dtype != "fp32" else "bfloat16",
+        dtype=_DTYPE[dtype] if dtype != "fp32" else "bfloat16",
         speculative_config=spec_cfg,
     )
 
 
 def vllm_settings(plan: LaunchPlan) -> VllmRender:
     """The plan's `renders.vllm`: engine arguments shared by every rollout instance."""
-    spec = plan.spec
-    settings = engine_settings(spec)
+    settings = engine_settings(plan)
+    r = plan.rollout_settings
     return VllmRender(
         engine_args=settings.to_dict(),
-        num_instances=rollout_gpus(spec) // max(spec.rollout.tp, 1),
+        num_instances=r.num_gpus // max(r.tp, 1),
         problems=tuple(settings.problems()),
     )
 

@@ -1,60 +1,47 @@
-"""Checkpoint folders on disk (no torch), read by the runtime and the launcher alike: RUN_DIR/checkpoints/step-N/,
-the completion marker that makes one count, which checkpoint a resume uses (and what it refuses), pruning, and
-metrics.jsonl rewritten to a checkpoint.
-
-`step-N` holds the state after N completed steps (the resumed run's first step has index N). The marker,
-`specdraft-checkpoint.json`, is written atomically by rank 0 after every rank finished writing; it records the
-layout, the model shape, the spec sha256 and a manifest (relative path -> size) of every file, so a truncated or
-missing file is caught before anything is loaded.
-"""
+"""Checkpoint folders (no torch), for the runtime and the launcher alike: RUN_DIR/checkpoints/step-N/ (the state after
+N steps), what makes one count, which one a resume uses and what it refuses, pruning, metrics.jsonl rewritten to
+one. It counts when its marker is valid (runs/marker.py), its files whole, none a link, its metadata safe."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import re
+import os
 import shutil
 from pathlib import Path
 from typing import Callable
 
-from specdraft.errors import SpecdraftError
-from specdraft.fsutil import atomic_write_text, read_regular_text
+from specdraft.errors import SpecdraftError, echo
+from specdraft.fsutil import atomic_write_text
 from specdraft.plan.model import LaunchPlan
+from specdraft.runs import files as runfiles
+from specdraft.runs.dcp import DCP_METADATA, check_metadata
+from specdraft.runs.marker import (
+    MARKER,
+    CorruptCheckpoint,
+    check_hashes,
+    check_sizes,
+    hash_files,
+    manifest_files,
+    read_marker,
+    write_marker,
+)
+from specdraft.runs.paths import CHECKPOINTS, MAX_DCP_METADATA_BYTES, METRICS, STEP_RE, RunPaths, contained, link_note
 
-CHECKPOINTS_DIR = "checkpoints"
-MARKER = "specdraft-checkpoint.json"
-METRICS = "metrics.jsonl"  # the run's metrics rows 0..N-1, as they were when step-N was saved
-FORMAT_VERSION = 1
-STEP_RE = re.compile(r"^step-(\d+)$")
-MAX_MARKER_BYTES = 64 << 20  # the manifest lists every shard file: a few hundred bytes per rank
-# A rank's exit code after it saved a checkpoint and stopped on request (EX_TEMPFAIL, sysexits.h): the runtime exits
-# with it, the launchers and `specdraft launch` read it. Run it again with --resume.
-PREEMPTED_EXIT = 75
+__all__ = ["MARKER", "METRICS", "CorruptCheckpoint", "ResumeError", "check_hashes", "write_marker", "hash_files"]
+MAX_METRICS_LINE = 1 << 20  # a metrics row is a few hundred bytes; a longer line is not one of ours
 
 
 class ResumeError(SpecdraftError):
-    """A resume that cannot go ahead: no checkpoint, another run's checkpoint, or another model shape."""
-
-
-class CorruptCheckpoint(Exception):
-    """A step folder that does not count: no marker (half-written), an unreadable marker, or a file that differs
-    from the marker's manifest."""
+    """A resume that cannot go ahead: no checkpoint, another run's checkpoint, another model shape, nothing left."""
 
 
 def checkpoints_root(run_dir: Path) -> Path:
-    return Path(run_dir) / CHECKPOINTS_DIR
+    return RunPaths(run_dir).checkpoints
 
 
 def step_dir(run_dir: Path, step: int) -> Path:
-    return checkpoints_root(run_dir) / f"step-{step}"
-
-
-def step_dirs(root: Path) -> list[tuple[int, Path]]:
-    """(step, folder) of every step-N folder under ``root``, newest first; complete or not."""
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := STEP_RE.match(p.name))]
-    return sorted(found, reverse=True)
+    return RunPaths(run_dir).step(step)
 
 
 def describe(plan: LaunchPlan) -> dict:
@@ -75,103 +62,93 @@ def describe(plan: LaunchPlan) -> dict:
 
 
 def draft_fields(plan: LaunchPlan) -> dict:
-    """The draft's shape as a checkpoint must match it (the rest of the draft's shape is the target's)."""
+    """The draft's shape as a checkpoint must match it (the rest of the draft's shape is the target's): its layers,
+    the taps it fuses and its LM head's vocabulary."""
     return {
         "enabled": plan.draft.enabled,
-        "num_layers": plan.spec.draft.num_layers,
+        "num_layers": plan.draft.num_layers,
         "aux_layers": list(plan.draft.aux_layers),
+        "vocab_size": plan.draft.vocab_size,
     }
 
 
-def write_marker(folder: Path, meta: dict) -> Path:
-    """Rank 0, after every rank wrote its shards: the manifest of the folder plus ``meta``, atomically."""
-    manifest = {
-        str(p.relative_to(folder)): p.stat().st_size
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != MARKER and not p.name.startswith(f".{MARKER}.")
-    }
-    record = {"format": FORMAT_VERSION, **meta, "manifest": manifest}
-    return atomic_write_text(folder / MARKER, json.dumps(record, indent=1, sort_keys=True) + "\n")
+def total_bytes(meta: dict) -> int:
+    return sum(entry["size"] for entry in meta["manifest"].values())
 
 
-def parse_marker(text: str) -> dict:
-    """A marker's text -> its record; CorruptCheckpoint when it is not a complete specdraft marker."""
+def check_checkpoint(folder: Path, *, hash_limit: float = 0) -> dict:
+    """The marker of ``folder`` when it is a complete, safe checkpoint (every file's sha256 too when the checkpoint
+    holds at most ``hash_limit`` bytes: math.inf for always); CorruptCheckpoint saying why otherwise. Nothing below
+    ``folder`` is followed: a link is refused by name."""
+    folder = Path(folder)
+    meta = read_marker(folder)
     try:
-        meta = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as err:
-        raise CorruptCheckpoint(f"its marker {MARKER} is unreadable ({err})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
-        raise CorruptCheckpoint(f"its marker is not a format-{FORMAT_VERSION} specdraft checkpoint marker")
-    for key in ("step", "spec_sha256", "model", "parallel", "draft", "world_size", "manifest"):
-        if key not in meta:
-            raise CorruptCheckpoint(f"its marker lacks {key!r}")
-    if not isinstance(meta["step"], int) or not isinstance(meta["manifest"], dict):
-        raise CorruptCheckpoint("its marker's step or manifest has the wrong type")
-    return meta
-
-
-def check_manifest(meta: dict, size_of: Callable[[str], int | None]) -> None:
-    """Every file the marker lists exists with the size it lists (``size_of(rel)``: None when missing)."""
-    for rel, size in meta["manifest"].items():
-        got = size_of(rel)
-        if got is None:
-            raise CorruptCheckpoint(f"{rel} is missing")
-        if got != size:
-            raise CorruptCheckpoint(f"{rel} has {got} bytes, the marker says {size}")
-
-
-def read_marker(folder: Path) -> dict:
-    """The marker of a complete checkpoint; CorruptCheckpoint (with the reason) for anything else. The marker is
-    read bounded and non-blocking (a FIFO or device in its place is refused, never waited on)."""
-    marker = folder / MARKER
-    if not marker.is_file():
-        raise CorruptCheckpoint("it has no completion marker (half-written: the run stopped while saving it)")
+        manifest_files(folder)
+    except OSError as err:
+        raise CorruptCheckpoint(f"it cannot be listed ({err.strerror or err})") from None
+    check_sizes(meta, lambda rel: runfiles.size(folder, rel))
+    if DCP_METADATA not in meta["manifest"]:
+        raise CorruptCheckpoint(f"its manifest lists no {DCP_METADATA}: it is not a torch_dist checkpoint")
     try:
-        text = read_regular_text(marker, MAX_MARKER_BYTES, "checkpoint marker")
+        data = runfiles.read_bytes(folder, DCP_METADATA, MAX_DCP_METADATA_BYTES)
     except SpecdraftError as err:
-        raise CorruptCheckpoint(f"its marker {MARKER} is unreadable ({err})") from None
-    meta = parse_marker(text)
-
-    def size_of(rel: str) -> int | None:
-        path = folder / rel
-        return path.stat().st_size if path.is_file() else None
-
-    check_manifest(meta, size_of)
+        raise CorruptCheckpoint(str(err)) from None
+    if data is None:
+        raise CorruptCheckpoint(f"{DCP_METADATA} is missing")
+    check_metadata(data, str(folder / DCP_METADATA))
+    if total_bytes(meta) <= hash_limit:
+        check_hashes(folder, meta)
     return meta
 
 
-def complete_checkpoints(run_dir: Path, warn: Callable[[str], None]) -> list[tuple[Path, dict]]:
+def complete_checkpoints(run_dir: Path, warn: Callable[[str], None], hash_limit: float = 0) -> list[tuple[Path, dict]]:
     """Complete checkpoints of the run folder, newest first. A folder that does not count and is newer than the
-    newest complete one is reported through ``warn`` (older leftovers are pruning's business)."""
-    out = []
-    for _, folder in step_dirs(checkpoints_root(run_dir)):
+    newest complete one, and any step-N that is a link, is reported through ``warn`` (older leftovers are
+    pruning's business)."""
+    links: list[Path] = []
+    dirs = RunPaths(run_dir).step_dirs(links)
+    for link in links:
+        warn(f"skipping {link_note(link)}")
+    out: list[tuple[Path, dict]] = []
+    for _, folder in dirs:
         try:
-            out.append((folder, read_marker(folder)))
+            out.append((folder, check_checkpoint(folder, hash_limit=hash_limit if not out else 0)))
         except CorruptCheckpoint as why:
             if not out:
                 warn(f"skipping checkpoint {folder}: {why}")
     return out
 
 
+def shape_differences(meta: dict, plan: LaunchPlan) -> list[str]:
+    """Every model and draft field on which the checkpoint and ``plan`` differ, as `part.field: a, b`."""
+    mine = describe(plan)
+    return [
+        f"{part}.{k}: checkpoint {echo(meta[part].get(k), 80)}, this plan {echo(v, 80)}"
+        for part in ("model", "draft")
+        for k, v in mine[part].items()
+        if meta[part].get(k) != v
+    ]
+
+
 def check_compatible(meta: dict, plan: LaunchPlan, folder: Path) -> None:
     """Refuse a checkpoint of another model (or draft) shape, naming every field that differs."""
-    mine = describe(plan)
-    diffs = [
-        f"model.{k}: checkpoint {meta['model'].get(k)!r}, this plan {v!r}"
-        for k, v in mine["model"].items()
-        if meta["model"].get(k) != v
-    ]
-    diffs += [
-        f"draft.{k}: checkpoint {meta['draft'].get(k)!r}, this plan {v!r}"
-        for k, v in mine["draft"].items()
-        if meta["draft"].get(k) != v
-    ]
+    diffs = shape_differences(meta, plan)
     if diffs:
         raise ResumeError(
             f"checkpoint {folder} holds another model shape than this plan's, so it cannot be loaded: "
             + "; ".join(diffs)
             + ". Resume from a checkpoint of this model, or start without "
             "--resume/--resume-from"
+        )
+
+
+def check_steps(meta: dict, steps: int | None, folder: Path) -> None:
+    """A checkpoint at or past the run's last step leaves nothing to train: refused, not reported COMPLETED."""
+    if steps is not None and meta["step"] >= steps:
+        raise ResumeError(
+            f"--resume-from {folder} holds the state after step {meta['step']}, and this launch trains {steps} "
+            f"steps (--steps, else training.train_iters): nothing is left to train. Give --steps above "
+            f"{meta['step']} to train on from it"
         )
 
 
@@ -182,35 +159,50 @@ def same_layout(meta: dict, plan: LaunchPlan) -> bool:
 
 
 def choose(
-    run_dir: Path, plan: LaunchPlan, mode: str, resume_from: Path | None, warn: Callable[[str], None]
+    run_dir: Path,
+    plan: LaunchPlan,
+    mode: str,
+    resume_from: Path | None,
+    warn: Callable[[str], None],
+    steps: int | None = None,
+    hash_limit: float = 0,
 ) -> list[tuple[Path, dict]]:
     """The checkpoints a resume may load, best first (a later one is used only if an earlier one fails to load).
 
     ``mode`` "newest" (--resume): complete checkpoints of this run folder, which must be of this spec;
-    "from" (--resume-from): exactly ``resume_from``, any spec of the same model shape;
+    "from" (--resume-from): exactly ``resume_from``, any spec of the same model shape, before ``steps``;
     "auto" (a job Slurm restarted): like "newest"; with none at all, ``resume_from`` when the job was launched
     with --resume-from (it has not saved one of its own yet), else nothing (start from step 0).
+    The first candidate's content hashes are checked here when it holds at most ``hash_limit`` bytes (the
+    launcher's choice; the ranks check them in parallel before they load).
     """
-    found = [] if mode == "from" else complete_checkpoints(run_dir, warn)
+    skipped: list[str] = []
+
+    def note(message: str) -> None:
+        skipped.append(message)
+        warn(message)
+
+    found = [] if mode == "from" else complete_checkpoints(run_dir, note, hash_limit)
     if mode == "from" or (mode == "auto" and not found and resume_from is not None):
         if resume_from is None:
             raise ResumeError('resume mode "from" needs a checkpoint folder (--resume-from)')
-        folder = Path(resume_from).absolute()
+        folder = Path(resume_from).resolve()  # the path given is the user's; below it, nothing is followed
         if not folder.is_dir():
             raise ResumeError(f"--resume-from {folder}: no such checkpoint folder")
         try:
-            meta = read_marker(folder)
+            meta = check_checkpoint(folder, hash_limit=hash_limit)
         except CorruptCheckpoint as why:
             raise ResumeError(f"--resume-from {folder} is not a complete checkpoint: {why}") from None
         check_compatible(meta, plan, folder)
+        check_steps(meta, steps, folder)
         return [(folder, meta)]
     if not found:
         if mode == "auto":
             return []
+        seen = f" ({'; '.join(skipped)[:2000]})" if skipped else ""
         raise ResumeError(
-            f"--resume: there is no complete checkpoint in {checkpoints_root(run_dir)} to resume "
-            "from; run without --resume to start from step 0 (and set training.save_interval so "
-            "checkpoints are written)"
+            f"--resume: there is no complete checkpoint in {checkpoints_root(run_dir)} to resume from{seen}; run "
+            "without --resume to start from step 0 (and set training.save_interval so checkpoints are written)"
         )
     for folder, meta in found:
         if meta["spec_sha256"] != plan.spec_sha256:
@@ -225,42 +217,68 @@ def choose(
 
 def prune(run_dir: Path, keep: int) -> list[Path]:
     """Keep the newest ``keep`` complete checkpoints; drop older complete ones and stale incomplete folders older
-    than the newest complete one. The marker goes first, so a folder half-deleted by a crash never counts."""
+    than the newest complete one. A link among them is never followed nor counted. The marker goes first, so a
+    folder half-deleted by a crash never counts."""
+    paths = RunPaths(run_dir)
     removed = []
     complete = 0
-    for _, folder in step_dirs(checkpoints_root(run_dir)):
-        is_complete = (folder / MARKER).is_file()
+    for _, folder in paths.step_dirs():
+        is_complete = runfiles.size(folder, MARKER) is not None
         if is_complete and complete < keep:
             complete += 1
             continue
         if not is_complete and complete == 0:
             continue  # newer than every complete checkpoint: being written, or evidence for the next resume
-        remove(folder)
+        remove(folder, paths)
         removed.append(folder)
     return removed
 
 
-def remove(folder: Path) -> None:
-    """Delete a step folder: its marker first (it stops counting at once), then the rest."""
+def remove(folder: Path, paths: RunPaths | None = None) -> None:
+    """Delete a step folder of a run: its marker first (it stops counting at once), then the rest. A link in its
+    place is removed itself, never what it points to; a folder outside the run's checkpoints/ is refused."""
+    folder = Path(folder)
+    paths = paths or RunPaths(folder.parent.parent)
+    contained(paths.root, folder.parent, CHECKPOINTS)
+    if folder.parent != paths.checkpoints or not STEP_RE.match(folder.name):
+        raise ValueError(f"{folder} is not a step folder of {paths.checkpoints}")
+    if folder.is_symlink():
+        folder.unlink()
+        return
     (folder / MARKER).unlink(missing_ok=True)
     shutil.rmtree(folder, ignore_errors=False)
 
 
-def metrics_rows(path: Path, steps: int) -> list[str]:
-    """The lines of metrics.jsonl for steps 0..steps-1, once each and in order; a torn or foreign line is dropped."""
-    if not path.is_file():
+def metrics_rows(folder: Path, steps: int) -> list[str]:
+    """The lines of ``folder``/metrics.jsonl (a run folder's or a checkpoint's) for steps 0..steps-1, once each and
+    in order, read without following a link; a torn, foreign or oversized line is dropped."""
+    try:
+        fd = runfiles.open_file(folder, METRICS, os.O_RDONLY)
+    except FileNotFoundError:
         return []
     rows: dict[int, str] = {}
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            step = json.loads(line).get("step")
-        except (json.JSONDecodeError, AttributeError):
-            continue  # a line cut short by a kill
-        if isinstance(step, int) and 0 <= step < steps:
-            rows[step] = line
+    with os.fdopen(fd, "rb") as handle:
+        while raw := handle.readline(MAX_METRICS_LINE + 1):
+            if len(raw) > MAX_METRICS_LINE:
+                while raw and not raw.endswith(b"\n"):  # the rest of an oversized line
+                    raw = handle.readline(MAX_METRICS_LINE + 1)
+                continue
+            line = raw.decode("utf-8", errors="replace").rstrip("\n")
+            try:
+                row = runfiles.parse_json(line, METRICS)
+            except runfiles.BadRunFile:
+                continue  # a line cut short by a kill
+            step = row.get("step") if isinstance(row, dict) else None
+            if isinstance(step, int) and not isinstance(step, bool) and 0 <= step < steps:
+                rows[step] = line
     return [rows[s] for s in sorted(rows)]
+
+
+def write_metrics(folder: Path, lines: list[str]) -> Path:
+    """``folder``/metrics.jsonl becomes exactly ``lines`` (atomically)."""
+    return atomic_write_text(Path(folder) / METRICS, "".join(line + "\n" for line in lines))
 
 
 def rewrite_metrics(run_dir: Path, lines: list[str]) -> None:
     """metrics.jsonl becomes exactly ``lines`` (atomically): no step of the abandoned future survives a resume."""
-    atomic_write_text(Path(run_dir) / "metrics.jsonl", "".join(line + "\n" for line in lines))
+    write_metrics(RunPaths(run_dir).root, lines)

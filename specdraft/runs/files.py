@@ -9,15 +9,55 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
+import math
 import os
 import stat
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
+from specdraft.errors import UserError
 from specdraft.fsutil import NotRegularFile, file_kind
 
+MAX_INT_DIGITS = 40  # an integer in a run file is a count, a step, a size or a time: far below 10**40
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _LINK_ERRORS = (errno.ELOOP, errno.ENOTDIR)
+
+
+class BadRunFile(UserError):
+    """A run file (run.json, plan.json, a result, a metrics line, a checkpoint marker) that is not what specdraft
+    writes there."""
+
+
+def _int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text):,} digits")
+    return int(text)
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} overflows to infinity")
+    return value
+
+
+def _constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(text: str | bytes, source: str, fix: str = "") -> Any:
+    """``text`` as JSON, the one reader of every run file: anything json.loads refuses or turns into a number no
+    run file holds (an integer past 40 digits, a float that overflows to inf, NaN/Infinity) or nesting too deep
+    for the parser is one BadRunFile naming ``source``, never a ValueError or RecursionError."""
+    try:
+        return json.loads(text, parse_int=_int, parse_float=_float, parse_constant=_constant)
+    except (ValueError, RecursionError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+        why = "nested too deeply" if isinstance(err, RecursionError) else str(err)[:160]
+        raise BadRunFile(
+            f"{source} is not valid JSON: {why}",
+            fix or "specdraft writes it whole; it was edited or damaged by another program: restore or remove it",
+        ) from None
 
 
 def _refuse(root: Path, rel: str, why: str) -> NotRegularFile:
@@ -49,7 +89,7 @@ def _parent(root: str | os.PathLike, rel: str) -> Iterator[tuple[int, str]]:
         os.close(fd)
 
 
-def open_file(root: str | os.PathLike, rel: str, flags: int, mode: int = 0o644) -> int:
+def open_file(root: str | os.PathLike, rel: str, flags: int, mode: int = 0o666) -> int:
     with _parent(root, rel) as (dir_fd, name):
         try:
             fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=dir_fd)
@@ -72,8 +112,6 @@ def read_bytes(root: str | os.PathLike, rel: str, limit: int) -> bytes | None:
 
     Raises NotRegularFile for a link, FIFO, device or folder, and UserError when the file is larger than ``limit``.
     """
-    from specdraft.errors import UserError
-
     try:
         fd = open_file(root, rel, os.O_RDONLY)
     except FileNotFoundError:
@@ -126,7 +164,7 @@ def make_dir(root: str | os.PathLike, rel: str) -> Path:
     """root/rel as a real folder (created if absent); a link or file in its place is refused."""
     with _parent(root, rel) as (dir_fd, name):
         try:
-            os.mkdir(name, 0o755, dir_fd=dir_fd)
+            os.mkdir(name, 0o777, dir_fd=dir_fd)  # less the umask, like every folder the user creates
         except FileExistsError:
             info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             if not stat.S_ISDIR(info.st_mode):

@@ -20,12 +20,9 @@ from specdraft.errors import UserError
 from specdraft.fsutil import atomic_write_text
 from specdraft.plan.codec import PlanFormatError, decode, encode_value
 from specdraft.runs import files as runfiles
+from specdraft.runs.paths import MAX_RECORD_BYTES, MAX_STEP, MAX_WORLD_SIZE, RECORD
 
-RECORD = "run.json"
 RECORD_VERSION = 1
-MAX_RECORD_BYTES = 1 << 20  # a record with a thousand attempts is about 300 KB
-# Far above any cluster (the largest plan specdraft compiles has 131,072 ranks); what logs/cancel may iterate over.
-MAX_WORLD_SIZE = 1 << 20
 MAX_ATTEMPTS = 10_000
 MAX_TEXT = 4096  # sbatch's message and the like, as stored
 # What sbatch prints and sacct lists: digits, an array task (`_N`) or a heterogeneous component (`+N`).
@@ -118,8 +115,8 @@ def _problems(record: RunRecord) -> list[str]:
             out.append(f"{where} {text[:60]!r} is empty, too long or holds a control character or '%'")
     if len(record.attempts) > MAX_ATTEMPTS:
         out.append(f"{len(record.attempts)} attempts (at most {MAX_ATTEMPTS})")
-    if record.steps is not None and record.steps < 1:
-        out.append(f"steps {record.steps} is not positive")
+    if record.steps is not None and not 1 <= record.steps <= MAX_STEP:
+        out.append(f"steps {record.steps} is outside 1..{MAX_STEP:,}")
     if not math.isfinite(record.intent_epoch):
         out.append("intent_epoch is not a finite time")
     if record.local is not None and (record.local.pgid < 2 or len(record.local.pids) > record.world_size):
@@ -135,10 +132,7 @@ def parse_record(text: str, source: str) -> RunRecord:
         "specdraft writes it atomically, so it was edited by hand or by another program: restore it, or remove "
         "the run folder"
     )
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as err:
-        raise UserError(f"{source} is not valid JSON ({str(err)[:120]})", fix) from None
+    data = runfiles.parse_json(text, source, fix)
     if not isinstance(data, dict):
         raise UserError(f"{source} is a JSON {type(data).__name__}, not a run record", fix)
     version = data.get("record_version")
@@ -188,5 +182,5 @@ def write_record(run_dir: str | Path, record: RunRecord) -> RunRecord:
     record = dataclasses.replace(
         record, updated=now_iso(), message=None if record.message is None else record.message[:MAX_TEXT]
     )
-    atomic_write_text(Path(run_dir) / RECORD, json.dumps(encode_value(record), indent=1) + "\n")
+    atomic_write_text(Path(run_dir) / RECORD, json.dumps(encode_value(record), indent=1) + "\n", what="run record")
     return record

@@ -1,8 +1,7 @@
 """Run folders `runs/<name>-<plan hash 8>/`: naming, the marker that makes one specdraft's, locks, updates, lookup.
 
 A folder is a run folder only if specdraft created it (or found it empty) and wrote `.specdraft-run` into it; nothing
-in any other folder is read for status or touched by launch, cancel or an update. Layout: .specdraft-run,
-plan.json, sbatch.sh, submitit/ or logs/, results/rank-NNNNN.json, run.json, .launch.lock, .record.lock.
+in any other folder is read for status or touched by launch, cancel or an update. The names inside: runs/paths.py.
 """
 
 from __future__ import annotations
@@ -18,10 +17,11 @@ from pathlib import Path
 from specdraft.errors import UserError
 from specdraft.fsutil import atomic_write_text
 from specdraft.runs import files as runfiles
-from specdraft.runs.record import RECORD, RunRecord, read_record, write_record
+from specdraft.runs.paths import LAUNCH_LOCK, RECORD, RECORD_LOCK
+from specdraft.runs.paths import RUN_MARKER as MARKER
+from specdraft.runs.record import RunRecord, read_record, write_record
 
 RUNS_DIR = "runs"
-MARKER = ".specdraft-run"
 MARKER_TEXT = "This folder is a specdraft run folder (docs/launch.md); specdraft touches no folder without this file.\n"
 # Slurm's terminal states (sacct(1) JOB STATE CODES) plus ours: SUBMIT_FAILED (sbatch said no: nothing exists).
 TERMINAL = frozenset(
@@ -140,10 +140,10 @@ def _flock(folder: str | Path, name: str, blocking: bool):
 def update_record(folder: str | Path, /, *, attempt: dict | None = None, **changes) -> RunRecord:
     """Apply ``changes`` (and ``attempt`` to the last attempt) to run.json atomically; returns the new record.
 
-    Serialised by .record.lock, so a `cancel` and the launcher finishing at the same time cannot lose a write.
+    Serialised by the record lock, so a `cancel` and the launcher finishing at the same time cannot lose a write.
     """
     check_run_dir(folder)
-    with _flock(folder, ".record.lock", blocking=True):
+    with _flock(folder, RECORD_LOCK, blocking=True):
         record = read_record(folder)
         if record is None:
             raise UserError(
@@ -160,14 +160,14 @@ def update_record(folder: str | Path, /, *, attempt: dict | None = None, **chang
 def replace_record(folder: str | Path, record: RunRecord) -> RunRecord:
     """Write a whole new record (the launch's intent) under the record lock."""
     check_run_dir(folder)
-    with _flock(folder, ".record.lock", blocking=True):
+    with _flock(folder, RECORD_LOCK, blocking=True):
         return write_record(folder, record)
 
 
 @contextlib.contextmanager
 def launch_lock(run_dir: str | Path):
     """Exclusive, non-blocking: a second `specdraft launch` of the same run folder stops at once."""
-    fd = runfiles.open_lock(run_dir, ".launch.lock")
+    fd = runfiles.open_lock(run_dir, LAUNCH_LOCK)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -187,7 +187,7 @@ def launch_lock(run_dir: str | Path):
 def lock_is_held(run_dir: str | Path) -> bool:
     """True while some process holds the launch lock (a local run's launcher holds it for the whole run)."""
     try:
-        fd = runfiles.open_file(run_dir, ".launch.lock", os.O_RDONLY)
+        fd = runfiles.open_file(run_dir, LAUNCH_LOCK, os.O_RDONLY)
     except (FileNotFoundError, UserError):
         return False
     try:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from specdraft.plan.model import LaunchPlan, RankPlacement
+from specdraft.runs.paths import RunPaths
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,11 +55,16 @@ class RankContext:
         return self.plan.ranks[self.global_rank]
 
     @property
+    def paths(self) -> RunPaths:
+        """Every name in the run folder (runs/paths.py)."""
+        return RunPaths(self.run_dir)
+
+    @property
     def results_dir(self) -> Path:
         """Where entry writes one result file per rank (results/rank-00000.json)."""
-        return self.run_dir / "results"
+        return self.paths.results
 
     @property
     def metrics_path(self) -> Path:
         """JSON-lines progress file (one object per step, with a "step" key) that `specdraft status` summarises."""
-        return self.run_dir / "metrics.jsonl"
+        return self.paths.metrics

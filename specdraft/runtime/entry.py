@@ -24,6 +24,7 @@ from specdraft.errors import SpecdraftError
 from specdraft.plan.codec import PlanFormatError
 from specdraft.plan.model import LaunchPlan
 from specdraft.runs.checkpoints import ResumeError
+from specdraft.runs.paths import MAX_PLAN_BYTES, USER_ERROR_EXIT, RunPaths
 from specdraft.runtime.context import RankContext
 from specdraft.runtime.train import preempt
 from specdraft.runtime.train.preempt import Terminated
@@ -94,7 +95,7 @@ def check_placement(plan: LaunchPlan, rank: int, local_rank: int, world_size: in
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
     me = plan.ranks[rank]
-    grid = RankGrid(sizes=plan.parallel, world_size=world_size, gpus_per_node=plan.spec.cluster.gpus_per_node)
+    grid = RankGrid(sizes=plan.parallel, gpus_per_node=plan.cluster.gpus_per_node)
     if me != grid.placement(rank):
         raise ValueError(
             f"plan.json's ranks[{rank}] is {me} but its own layout gives {grid.placement(rank)}: the "
@@ -138,7 +139,7 @@ def init_megatron(plan: LaunchPlan, rank: int, world_size: int, backend: str, ti
         # ("cuda rng state model-parallel-rng is not added" otherwise); on CPU cpu_compat makes the forks no-ops.
         from megatron.core import tensor_parallel
 
-        tensor_parallel.model_parallel_cuda_manual_seed(plan.spec.training.seed)
+        tensor_parallel.model_parallel_cuda_manual_seed(plan.training.seed)
 
 
 def check_megatron_ranks(plan: LaunchPlan, rank: int) -> dict:
@@ -166,7 +167,7 @@ def check_megatron_ranks(plan: LaunchPlan, rank: int) -> dict:
 
 
 def _device(plan: LaunchPlan, local_rank: int) -> tuple[str, str]:
-    gpu = plan.spec.cluster.gpu
+    gpu = plan.cluster.gpu
     if gpu == "cpu":
         return "cpu", "gloo"
     from specdraft.plan.environment import nccl_env
@@ -193,14 +194,17 @@ def _device(plan: LaunchPlan, local_rank: int) -> tuple[str, str]:
 def read_plan(path: Path) -> LaunchPlan:
     """plan.json through the typed contract (schema_version checked); launch verified it against compile."""
     from specdraft.fsutil import read_regular_text
+    from specdraft.runs.files import parse_json
 
-    return LaunchPlan.from_json(read_regular_text(path, 1 << 30, "plan file"))
+    return LaunchPlan.from_dict(parse_json(read_regular_text(path, MAX_PLAN_BYTES, "plan file"), str(path)))
 
 
 def write_result(run_dir: Path, rank: int, record: dict) -> Path:
     from specdraft.fsutil import atomic_write_text
 
-    return atomic_write_text(run_dir / "results" / f"rank-{rank:05d}.json", json.dumps(record, sort_keys=True) + "\n")
+    return atomic_write_text(
+        RunPaths(run_dir).result(rank), json.dumps(record, sort_keys=True) + "\n", what="result file"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
         init_megatron(plan, rank, world_size, backend, float(os.environ.get(TIMEOUT_ENV, "300")))
         record["megatron"] = check_megatron_ranks(plan, rank)
-        steps = args.steps if args.steps is not None else plan.spec.training.train_iters
+        steps = args.steps if args.steps is not None else plan.training.train_iters
         # A job Slurm restarted continues its own newest checkpoint whatever flag it was launched with: the
         # script (and so --resume-from) is the same on every restart (runs/checkpoints.choose, mode "auto").
         mode = preempt.resume_mode_from_env(os.environ) or (
@@ -329,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                 write_result(run_dir, rank, record)
             except OSError as werr:
                 print(f"[specdraft] could not write the result file: {werr}", file=sys.stderr, flush=True)
-        return 143 if terminated else 2 if isinstance(err, (ResumeError, DataError)) else 1
+        return 143 if terminated else USER_ERROR_EXIT if isinstance(err, (ResumeError, DataError)) else 1
 
 
 def _load_data(plan: LaunchPlan):

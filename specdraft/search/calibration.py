@@ -107,8 +107,8 @@ def point_spec(point: Point, gpus_per_node: int = 8) -> LayoutSpec:
 
 
 def row_key(row: Row) -> tuple:
-    lay = row.layout
-    return lay.tp, lay.pp, lay.cp, lay.vpp if lay.vpp > 1 else None, lay.ep, lay.mbs
+    lay, d = row.layout, row.layout.dims
+    return d.tp, d.pp, d.cp, lay.vpp if lay.vpp > 1 else None, d.ep, d.micro_batch_size
 
 
 def _pins(point: Point) -> frozenset[str]:

@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 from specdraft.search.ranking import Row, SearchResult
-from specdraft.spec import derived
 from specdraft.spec.load import spec_to_dict
 
 
 def row_json(row: Row) -> dict:
     """One layout as a JSON row (docs/search.md), plus `layer_split` (the uneven or accounted split it uses)."""
-    spec, est = row.spec, row.estimate
-    p, t = spec.parallel, spec.training
+    lay, est = row.layout, row.estimate
+    p = lay.dims
     return {
         "parallel": {
             "tp": p.tp,
             "cp": p.cp,
             "pp": p.pp,
-            "vpp": derived.vpp(p),
-            "dp": derived.resolved_dp(spec),
+            "vpp": p.vpp,
+            "dp": p.dp,
             "ep": p.ep,
-            "etp": derived.etp(p),
+            "etp": p.etp,
             "sequence_parallel": p.sequence_parallel,
         },
         "layer_split": {
@@ -28,7 +27,7 @@ def row_json(row: Row) -> dict:
             "account_for_embedding_in_pipeline_split": p.account_for_embedding_in_pipeline_split,
             "account_for_loss_in_pipeline_split": p.account_for_loss_in_pipeline_split,
         },
-        "training": {"micro_batch_size": t.micro_batch_size, "recompute": t.recompute},
+        "training": {"micro_batch_size": p.micro_batch_size, "recompute": lay.recompute},
         "draft_stage": row.layout.draft_stage,
         "step_time_s": round(est.step_time_s, 6),
         "tokens_per_s_per_gpu": round(est.tokens_per_s_per_gpu, 3),

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from specdraft.perf.costs import Efficiency
-from specdraft.perf.estimate import CALIBRATED, Estimator, Layout, StepEstimate
-from specdraft.search.space import Base, Split, bases, candidate_spec, splits
+from specdraft.perf.estimate import CALIBRATED, Estimator
+from specdraft.perf.layout import Layout, StepEstimate
+from specdraft.search.space import Split, bases, candidate_spec, splits
 from specdraft.spec import derived
 from specdraft.spec.gpus import CATALOGUE
 from specdraft.spec.schema import LayoutSpec
@@ -31,7 +32,7 @@ class Row:
     """One verified layout: its full spec, the estimate and the real peak memory per GPU."""
 
     spec: LayoutSpec
-    layout: Layout
+    layout: Layout  # its dims are the compiled ParallelDims of ``spec``, split included
     estimate: StepEstimate
     peak_memory_bytes: int
     num_warnings: int
@@ -55,39 +56,20 @@ def _draft_stages(spec: LayoutSpec, pp: int, pinned: bool) -> list[Optional[int]
     if not spec.draft.enabled:
         return [None]
     if pinned:
-        stage = spec.draft.stage
-        index = pp - 1 if stage == "last" else 0 if stage == "first" else int(stage)
+        index = derived.stage_index(spec.draft.stage, pp)
         return [index] if 0 <= index < pp else []
     return list(range(pp))
 
 
-def _probe(spec: LayoutSpec, base: Base, cache: dict) -> LayoutSpec:
-    """``spec`` with a base's sizes (the split left even): what the memory bound reads. The parallel and training
-    sections are shared between the bases that have the same values (dataclasses.replace is the cost here)."""
-    par_key, train_key = base[:7], (base.mbs, base.recompute)
-    parallel = cache.get(par_key)
-    if parallel is None:
-        parallel = cache[par_key] = dataclasses.replace(
-            spec.parallel,
-            tp=base.tp,
-            cp=base.cp,
-            pp=base.pp,
-            dp=base.dp,
-            ep=base.ep,
-            etp=base.etp,
-            sequence_parallel=base.sp,
-            vpp=None,
-            first_stage_layers=None,
-            last_stage_layers=None,
-            account_for_embedding_in_pipeline_split=False,
-            account_for_loss_in_pipeline_split=False,
+def _with_recompute(spec: LayoutSpec, recompute: str, cache: dict) -> LayoutSpec:
+    """``spec`` with a base's recompute mode: the one setting besides the sizes that the memory bound reads (the
+    sizes come from the base's dims). One copy per mode, since dataclasses.replace is the cost here."""
+    hit = cache.get(recompute)
+    if hit is None:
+        hit = cache[recompute] = dataclasses.replace(
+            spec, training=dataclasses.replace(spec.training, recompute=recompute)
         )
-    training = cache.get(train_key)
-    if training is None:
-        training = cache[train_key] = dataclasses.replace(
-            spec.training, micro_batch_size=base.mbs, recompute=base.recompute
-        )
-    return dataclasses.replace(spec, parallel=parallel, training=training)
+    return hit
 
 
 class _Frontier:
@@ -102,33 +84,33 @@ class _Frontier:
 
         self.spec, self.estimator = spec, estimator
         hbm = CATALOGUE[spec.cluster.gpu].hbm_bytes * max_memory
-        world = derived.world_size(spec)
         pinned_stage = "draft.stage" in pins
         self.enumerated = self.pruned = self.estimated = 0
         self._splits: dict[int, list[Split]] = {}
         probes: dict[tuple, object] = {}
         waiting = []
-        over = None  # (sizes, sp, recompute) whose memory bound failed at a smaller micro batch
+        over = None  # (sizes, recompute) whose memory bound failed at a smaller micro batch
         for base in bases(spec, pins):
-            pp_splits = self._splits.get(base.pp)
+            d = base.dims
+            pp_splits = self._splits.get(d.pp)
             if pp_splits is None:
-                pp_splits = self._splits[base.pp] = splits(spec, base.pp, pins)
-            m = spec.training.global_batch_size // (base.mbs * base.dp)
+                pp_splits = self._splits[d.pp] = splits(spec, d.pp, pins)
+            m = d.num_microbatches
             # Megatron's interleaved schedule runs microbatches in groups of pp (schedules.py refuses others).
-            usable = [sp for sp in pp_splits if not sp.vpp or (m >= base.pp and m % base.pp == 0)]
-            stages = _draft_stages(spec, base.pp, pinned_stage)
+            usable = [sp for sp in pp_splits if not sp.vpp or (m >= d.pp and m % d.pp == 0)]
+            stages = _draft_stages(spec, d.pp, pinned_stage)
             count = len(usable) * len(stages)
             self.enumerated += count
             if not count:
                 continue
-            edp = max(world // (base.etp * base.ep * base.pp), 1)
             # bases() lists micro batches in ascending order, and the bound's activations grow with them, so a
             # failed bound fails for every larger micro batch of the same sizes.
-            if base[:8] == over or peak_lower_bound(_probe(spec, base, probes), base.dp, edp) > hbm:
-                over = base[:8]
+            sizes = (d.tp, d.cp, d.pp, d.dp, d.ep, d.etp, d.sequence_parallel, base.recompute)
+            if sizes == over or peak_lower_bound(_with_recompute(spec, base.recompute, probes), d) > hbm:
+                over = sizes
                 self.pruned += count
                 continue
-            lay = Layout(*base, usable[0].chunks, None)
+            lay = Layout(base.dims, base.recompute, usable[0].chunks, None)
             bound = estimator.lower_bound(lay, max(sp.vpp or 1 for sp in usable))
             waiting.append((bound, len(waiting), base, usable, stages))
         waiting.sort()
@@ -137,12 +119,12 @@ class _Frontier:
         self._heap: list = []
         self._count = 0
 
-    def _expand(self, base: Base, usable: list[Split], stages: list) -> None:
+    def _expand(self, base, usable: list[Split], stages: list) -> None:
         """A base's splits enter the heap as groups bounded by their step without the draft (which only adds);
         a group is split into its draft placements when it reaches the top."""
         est, heap = self.estimator, self._heap
         for split in usable:
-            lay = Layout(*base, split.chunks, None)
+            lay = Layout(base.dims, base.recompute, split.chunks, None)
             pipe = est.pipeline(lay, detail=False)
             if stages == [None]:
                 [(_, step)] = est.placements(lay, pipe, stages)
@@ -189,8 +171,13 @@ def search(
     A layout whose estimated peak exceeds ``max_memory`` of the HBM is passed over like an invalid one (the
     estimate leaves out the CUDA context, NCCL buffers and fragmentation; validation warns above 90%)."""
     from specdraft.assemble import check
-    from specdraft.plan.compile import plan_memory
+    from specdraft.errors import SpecError
+    from specdraft.plan.compile import parallel_dims, plan_memory
+    from specdraft.spec.bounds import check as check_bounds
 
+    out_of_bounds = check_bounds(spec)
+    if out_of_bounds:  # no layout of it is valid, and adding nodes is not the fix: say which bound it breaks
+        raise SpecError(out_of_bounds)
     started = time.perf_counter()
     hbm = CATALOGUE[spec.cluster.gpu].hbm_bytes
     estimator = Estimator(spec, eff)
@@ -209,8 +196,9 @@ def search(
         if errors:
             rejections[_reason(errors[0])] += 1
             continue
-        lay = Layout(*base, split.chunks, stage)
-        peak = max(s.total for s in plan_memory(layout_spec))
+        dims = parallel_dims(layout_spec)
+        lay = Layout(dims, base.recompute, split.chunks, stage)
+        peak = max(s.total for s in plan_memory(layout_spec, dims))
         if peak > max_memory * hbm:
             rejections["memory headroom"] += 1
             continue

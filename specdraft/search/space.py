@@ -1,4 +1,5 @@
-"""The search space: every (tp, cp, pp, dp, ep, etp, sp, recompute, micro batch) base and every layer split of it.
+"""The search space: every base (a ParallelDims of tp, cp, pp, dp, ep, etp, sequence parallelism and micro batch,
+with a recompute mode) and every layer split of it.
 
 Bases are built to satisfy the shape rules by construction (sizes divide the world, heads, experts, the sequence
 and the global batch); the real validation still runs on every layout a search returns. Splits are Megatron's:
@@ -12,6 +13,7 @@ import dataclasses
 import math
 from typing import NamedTuple, Optional
 
+from specdraft.plan.dims import ParallelDims
 from specdraft.spec import derived
 from specdraft.spec.schema import LayoutSpec
 from specdraft.spec.validate import divisors
@@ -38,17 +40,11 @@ SEARCHED = (
 
 
 class Base(NamedTuple):
-    """Everything but the layer split and the draft's stage."""
+    """Everything but the layer split and the draft's stage: the sizes (their split left even) and the recompute
+    mode; `Layout(*base, chunks, draft_stage)` is a candidate."""
 
-    tp: int
-    cp: int
-    pp: int
-    dp: int
-    ep: int
-    etp: int
-    sp: bool
+    dims: ParallelDims
     recompute: str
-    mbs: int
 
 
 class Split(NamedTuple):
@@ -78,7 +74,7 @@ def bases(spec: LayoutSpec, pins: frozenset[str]) -> list[Base]:
     out = []
     for tp in _pinned(spec, pins, "parallel.tp", [d for d in divisors(heads) if world % d == 0]):
         for cp in _pinned(spec, pins, "parallel.cp", divisors(world // tp) if world % tp == 0 else []):
-            if m.seq_length % (2 * cp) and cp > 1:
+            if cp > 1 and m.seq_length % derived.pad_multiple(cp, tp, False):
                 continue
             rest = world // (tp * cp) if world % (tp * cp) == 0 else 0
             for pp in _pinned(spec, pins, "parallel.pp", [d for d in divisors(rest) if d <= m.num_layers]):
@@ -91,15 +87,35 @@ def bases(spec: LayoutSpec, pins: frozenset[str]) -> list[Base]:
                     continue
                 for ep, etp in _experts(spec, pins, world, tp, cp, pp):
                     for sp in _pinned(spec, pins, "parallel.sequence_parallel", [False, True] if tp > 1 else [False]):
-                        if sp and (tp == 1 or m.seq_length % (2 * cp * tp)):
+                        if sp and (tp == 1 or m.seq_length % derived.pad_multiple(cp, tp, sp)):
                             continue
+                        sizes = dict(world_size=world, tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=etp)
+                        by_mbs: dict[int, ParallelDims] = {}
                         for rc in _pinned(spec, pins, "training.recompute", RECOMPUTE):
                             for mbs in _pinned(
                                 spec, pins, "training.micro_batch_size", divisors(t.global_batch_size // dp)
                             ):
                                 if t.global_batch_size % (mbs * dp) == 0:
-                                    out.append(Base(tp, cp, pp, dp, ep, etp, sp, rc, mbs))
+                                    dims = by_mbs.get(mbs)
+                                    if dims is None:
+                                        dims = by_mbs[mbs] = _dims(spec, sizes, sp, mbs)
+                                    out.append(Base(dims, rc))
     return out
+
+
+def _dims(spec: LayoutSpec, sizes: dict, sequence_parallel: bool, micro_batch_size: int) -> ParallelDims:
+    """A base's sizes with the spec's settings the search does not vary (order, CP communication); the layer split
+    is left even, since a split comes with each candidate."""
+    p = spec.parallel
+    return ParallelDims.resolve(
+        **sizes,
+        sequence_parallel=sequence_parallel,
+        micro_batch_size=micro_batch_size,
+        global_batch_size=spec.training.global_batch_size,
+        order=p.order,
+        cp_comm_type=p.cp_comm_type,
+        hierarchical_cp_sizes=tuple(p.hierarchical_cp_sizes) if p.hierarchical_cp_sizes is not None else None,
+    )
 
 
 def _experts(spec: LayoutSpec, pins: frozenset[str], world: int, tp: int, cp: int, pp: int) -> list[tuple[int, int]]:
@@ -209,6 +225,7 @@ def _chunks(spec: LayoutSpec, pp: int, first, last, e: bool, loss: bool, vpp) ->
     from specdraft.plan.stages import chunk_layout
     from specdraft.spec.validate import layer_split_problems
 
+    # The split rules read the spec, so the split is checked on it and mapped from its parallel section.
     probe = dataclasses.replace(
         spec,
         parallel=dataclasses.replace(
@@ -223,34 +240,34 @@ def _chunks(spec: LayoutSpec, pp: int, first, last, e: bool, loss: bool, vpp) ->
     )
     result = None
     if not layer_split_problems(probe):
-        result = tuple(tuple(count for _, count in stage) for stage in chunk_layout(probe))
+        result = tuple(
+            tuple(count for _, count in stage) for stage in chunk_layout(probe.model.num_layers, probe.parallel)
+        )
     _CHUNKS[key] = result
     return result
 
 
 def candidate_spec(spec: LayoutSpec, base: Base, split: Split, draft_stage: Optional[int]) -> LayoutSpec:
     """The full layout of one candidate: ``spec`` with the searched fields replaced."""
-    p, t, d = spec.parallel, spec.training, spec.draft
-    stage = d.stage
-    if draft_stage is not None:
-        stage = "last" if draft_stage == base.pp - 1 else "first" if draft_stage == 0 else draft_stage
+    p, t, d, dims = spec.parallel, spec.training, spec.draft, base.dims
+    stage = d.stage if draft_stage is None else derived.stage_value(draft_stage, dims.pp)
     return dataclasses.replace(
         spec,
         parallel=dataclasses.replace(
             p,
-            tp=base.tp,
-            cp=base.cp,
-            pp=base.pp,
-            dp=base.dp,
-            ep=base.ep,
-            etp=None if base.etp == base.tp else base.etp,
-            sequence_parallel=base.sp,
+            tp=dims.tp,
+            cp=dims.cp,
+            pp=dims.pp,
+            dp=dims.dp,
+            ep=dims.ep,
+            etp=None if dims.etp == dims.tp else dims.etp,
+            sequence_parallel=dims.sequence_parallel,
             vpp=split.vpp,
             first_stage_layers=split.first,
             last_stage_layers=split.last,
             account_for_embedding_in_pipeline_split=split.embedding,
             account_for_loss_in_pipeline_split=split.loss,
         ),
-        training=dataclasses.replace(t, micro_batch_size=base.mbs, recompute=base.recompute),
+        training=dataclasses.replace(t, micro_batch_size=dims.micro_batch_size, recompute=base.recompute),
         draft=dataclasses.replace(d, stage=stage),
     )

@@ -1,28 +1,73 @@
-"""Megatron's --account-for-embedding/loss-in-pipeline-split: the counts it gives and the rules it needs.
+"""Megatron's pipeline layer split: the layers per stage it gives (even, uneven first/last stages, or with the
+embedding and/or loss counted as layers) and the rules --account-for-embedding/loss-in-pipeline-split needs.
 
 The embedding and/or the loss each take one layer's slot of the pp x vpp split (megatron-core 0.16
-get_num_layers_to_build / get_transformer_layer_offset); specdraft.spec.validate calls these.
+get_num_layers_to_build / get_transformer_layer_offset); specdraft.spec.validate and specdraft.plan.stages call these.
 """
 
 from __future__ import annotations
 
-from specdraft.spec.schema import LayoutSpec, ParallelSpec
+from typing import Optional, Protocol
+
+from specdraft.spec.schema import LayoutSpec
 
 
-def split_accounting(parallel: ParallelSpec) -> tuple[int, int]:
+class PipelineSplit(Protocol):
+    """The split fields, as both the spec's parallel section and the plan's resolved one (plan.dims) spell them
+    (read-only: both are frozen dataclasses)."""
+
+    @property
+    def pp(self) -> int: ...
+    @property
+    def vpp(self) -> Optional[int]: ...
+    @property
+    def first_stage_layers(self) -> Optional[int]: ...
+    @property
+    def last_stage_layers(self) -> Optional[int]: ...
+    @property
+    def account_for_embedding_in_pipeline_split(self) -> bool: ...
+    @property
+    def account_for_loss_in_pipeline_split(self) -> bool: ...
+
+
+def split_accounting(split: PipelineSplit) -> tuple[int, int]:
     """(embedding, loss): 1 each when Megatron counts it as a layer in the pipeline split, else 0."""
-    return int(parallel.account_for_embedding_in_pipeline_split), int(parallel.account_for_loss_in_pipeline_split)
+    return int(split.account_for_embedding_in_pipeline_split), int(split.account_for_loss_in_pipeline_split)
 
 
-def accounted_counts(spec: LayoutSpec) -> list[int] | None:
+def layer_counts(num_layers: int, split: PipelineSplit) -> list[int] | None:
+    """Layers per pipeline stage exactly as Megatron splits ``num_layers``; None when the split is invalid."""
+    n, pp = num_layers, split.pp
+    first, last = split.first_stage_layers, split.last_stage_layers
+    if pp < 1 or n < 1:
+        return None
+    if split_accounting(split) != (0, 0):
+        return accounted_counts(n, split)
+    if first is None and last is None:
+        return [n // pp] * pp if n % pp == 0 else None
+    if pp < 2:
+        return None
+    middle_stages = pp - (first is not None) - (last is not None)
+    rest = n - (first or 0) - (last or 0)
+    if rest < 0 or (middle_stages > 0 and rest % middle_stages) or (middle_stages == 0 and rest):
+        return None
+    per = rest // middle_stages if middle_stages else 0
+    counts = [per] * pp
+    if first is not None:
+        counts[0] = first
+    if last is not None:
+        counts[-1] = last
+    return counts
+
+
+def accounted_counts(num_layers: int, split: PipelineSplit) -> list[int] | None:
     """Megatron's split with the embedding and/or loss counted as layers: (N + e + l) / pp per stage, then the
     first stage builds e fewer and the last l fewer (megatron-core get_num_layers_to_build)."""
-    p = spec.parallel
-    e, loss = split_accounting(p)
-    total = spec.model.num_layers + e + loss
-    if p.first_stage_layers is not None or p.last_stage_layers is not None or total % p.pp:
+    e, loss = split_accounting(split)
+    total = num_layers + e + loss
+    if split.first_stage_layers is not None or split.last_stage_layers is not None or total % split.pp:
         return None
-    counts = [total // p.pp] * p.pp
+    counts = [total // split.pp] * split.pp
     counts[0] -= e
     counts[-1] -= loss
     return counts if min(counts) >= 0 else None

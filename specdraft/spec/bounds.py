@@ -33,6 +33,10 @@ MAX_LENGTH = 1 << 24  # tokens: sequence, prompt and response lengths, vocabular
 # ---- `specdraft rollout simulate` options --------------------------------------------------------------------
 MAX_SEEDS = 1000  # --seeds
 MAX_SIM_STEPS = 1000  # --steps
+# --check-every: adaptive TP plans at every check-point, so the cost grows as 1/period (1 step cost ~50x the
+# default 64); docs/rollout.md's sweep shows 16 and 256 give the same makespans, so nothing below 16 is worth it.
+MIN_CHECK_EVERY = 16
+MAX_CHECK_EVERY = 1 << 20
 # --steps x samples per step: the simulator holds a seed's samples at once (~2 KB each, ~1 ms each to simulate).
 MAX_SIMULATED_SAMPLES = 1 << 18
 
@@ -266,6 +270,7 @@ def bounds_table() -> list[tuple[str, str]]:
         ("rollout samples per step: num_prompts_per_step x num_generations_per_prompt", f"{MAX_SAMPLES_PER_STEP:,}"),
         ("every float field", "finite (no nan, no inf)"),
         ("`rollout simulate --seeds` / `--steps`", f"1..{MAX_SEEDS:,} / 1..{MAX_SIM_STEPS:,}"),
+        ("`rollout simulate --check-every` (decode steps)", f"{MIN_CHECK_EVERY}..{MAX_CHECK_EVERY:,}"),
         ("`rollout simulate`: --steps x samples per step", f"{MAX_SIMULATED_SAMPLES:,} simulated samples per seed"),
     ]
     for path, (lo, hi) in INT_RANGES.items():

@@ -1,13 +1,16 @@
 """Values derived from a layout spec, each defined once: world size, dp, head dim, KV heads, etp, padding, taps.
 
-Validation, the compiler and the renders all call these; everything after compile reads the results from the plan.
+Validation and the compiler call these (plan.dims.ParallelDims is built from them); everything after compile reads
+the results from the plan.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from typing import Literal
 
+from specdraft.spec.accounting import PipelineSplit
 from specdraft.spec.schema import LayoutSpec, ModelSpec, ParallelSpec
 
 # sbatch(1) --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS.
@@ -44,20 +47,14 @@ def etp(parallel: ParallelSpec) -> int:
     return parallel.etp if parallel.etp is not None else parallel.tp
 
 
-def edp(spec: LayoutSpec) -> int:
-    """Expert data-parallel size: world / (etp * ep * pp), as megatron-core's expert rank generator has it."""
-    p = spec.parallel
-    return max(world_size(spec) // max(etp(p) * p.ep * p.pp, 1), 1)
-
-
-def vpp(parallel: ParallelSpec) -> int | None:
+def vpp(parallel: PipelineSplit) -> int | None:
     """Virtual stages per pipeline rank when interleaving is on (vpp > 1 and pp > 1), else None."""
     return parallel.vpp if parallel.vpp and parallel.vpp > 1 and parallel.pp > 1 else None
 
 
-def pad_multiple(parallel: ParallelSpec) -> int:
+def pad_multiple(cp: int, tp: int, sequence_parallel: bool) -> int:
     """Per-sequence padding multiple of packed CP: 2*cp zigzag chunks, times tp under sequence parallelism."""
-    return 2 * parallel.cp * (parallel.tp if parallel.sequence_parallel else 1)
+    return 2 * cp * (tp if sequence_parallel else 1)
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
@@ -76,20 +73,37 @@ def draft_vocab_size(spec: LayoutSpec) -> int:
     return d if d is not None else spec.model.vocab_size
 
 
-def draft_stage_index(spec: LayoutSpec) -> int:
-    """The pipeline stage index of draft.stage ('last', 'first' or an index)."""
-    stage = spec.draft.stage
+def stage_index(stage: str | int, pp: int) -> int:
+    """The pipeline stage index of a draft.stage value ('last', 'first' or an index) over ``pp`` stages."""
     if stage == "last":
-        return spec.parallel.pp - 1
+        return pp - 1
     if stage == "first":
         return 0
     return int(stage)
+
+
+def stage_value(index: int, pp: int) -> Literal["last", "first"] | int:
+    """The draft.stage value that names stage ``index`` of ``pp``: 'last', 'first' or the index (stage_index's
+    inverse, preferring 'last' for a single stage)."""
+    return "last" if index == pp - 1 else "first" if index == 0 else index
+
+
+def draft_stage_index(spec: LayoutSpec) -> int:
+    """The pipeline stage index of draft.stage ('last', 'first' or an index)."""
+    return stage_index(spec.draft.stage, spec.parallel.pp)
 
 
 def num_speculative_tokens(spec: LayoutSpec) -> int:
     """Draft tokens per verify step: rollout.num_speculative_tokens, else draft.ttt_steps."""
     r = spec.rollout
     return r.num_speculative_tokens if r.num_speculative_tokens is not None else spec.draft.ttt_steps
+
+
+def rollout_gpus(spec: LayoutSpec) -> int:
+    """GPUs the rollout instances use: the training nodes' when colocated, else rollout.num_nodes'."""
+    r, c = spec.rollout, spec.cluster
+    nodes = c.num_nodes if r.colocated else r.num_nodes
+    return nodes * c.gpus_per_node
 
 
 def max_model_len(spec: LayoutSpec) -> int:
@@ -129,4 +143,4 @@ LENGTH_QUANTUM = 16
 
 def length_multiple(parallel: ParallelSpec) -> int:
     """The per-sequence length multiple of the runtime's packed rows: lcm(LENGTH_QUANTUM, pad_multiple)."""
-    return math.lcm(LENGTH_QUANTUM, pad_multiple(parallel))
+    return math.lcm(LENGTH_QUANTUM, pad_multiple(parallel.cp, parallel.tp, parallel.sequence_parallel))

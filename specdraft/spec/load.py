@@ -85,11 +85,16 @@ def _read_layout(file: Path) -> str:
 
 def load_layout_text(text: str, overrides: Sequence[str] = (), source: str = "<text>") -> LayoutSpec:
     """Parse YAML text plus dotlist overrides into a LayoutSpec, reporting every problem at once."""
+    from specdraft.spec import hf_config
     from specdraft.spec.source import to_plain_dict
 
     data = to_plain_dict(text, overrides, source)
+    hf = hf_config.read(data, source)  # model.path's config.json, when it is a local folder
+    given = hf_config.fill(data, hf, source) if hf is not None else set()
     stood_in: list[str] = []
     spec, problems = build(LayoutSpec, data, "", stood_in)
+    if hf is not None and spec is not None:
+        problems += hf_config.disagreements(spec.model, hf, given)
     if problems:
         if spec is not None:
             # Run the field rules on what did load, so one pass reports everything, except the rules that read a

@@ -27,7 +27,11 @@ class RopeScaling:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
-    """The target model: its shape and what its layers are, as the model's published config says."""
+    """The target model: its shape and what its layers are, as the model's published config says.
+
+    When `path` names a local Hugging Face folder, its config.json fills every field the layout leaves out and a
+    field the layout sets must agree with it, so a model section can be just `path` and `seq_length`.
+    """
 
     num_layers: int
     """Number of transformer layers (Megatron --num-layers; HF num_hidden_layers)."""
@@ -82,7 +86,18 @@ class ModelSpec:
     """Share the input embedding and output layer weights (HF tie_word_embeddings; untied renders
     --untie-embeddings-and-output-weights)."""
     path: str = "model"
-    """Checkpoint path or hub id of the policy, used by the Megatron-LM, NeMo-RL and vLLM renders."""
+    """Checkpoint folder or hub id of the policy, used by the renders. A folder on this machine (relative to the
+    current directory) with a Hugging Face config.json (LlamaForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM or
+    Qwen3MoeForCausalLM) fills the model fields the layout leaves out; a folder without one needs the model fields
+    written out; anything else (a hub id) is passed on as is."""
+    config_sha256: Optional[str] = None
+    """sha256 of the config.json that filled this section: specdraft records it when it reads `path` (leave it
+    out). The plan's spec keeps the filled values, so recompiling a plan.json never needs the folder. Launching,
+    rendering or validating a plan.json checks it where `path` is on that machine (its config.json must still have
+    this hash) and trusts the recorded values where it is not (a login node without the checkpoint); `status` and
+    `logs` never read the folder."""
+    config_fields: list[str] = field(default_factory=list)
+    """The model fields config.json filled, recorded with config_sha256 (leave it out)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,6 +217,8 @@ class TrainingSpec:
     """Steps between checkpoints in RUN_DIR/checkpoints (and after the last step); 0 = off. USR2/SIGTERM save too."""
     keep_checkpoints: int = 2
     """Complete checkpoints kept in RUN_DIR/checkpoints; older ones go once a newer one is complete (>= 1)."""
+    stop_grace_s: float = 300.0
+    """Seconds a stopped local run's ranks get to finish their step and save before SIGKILL (Ctrl-C, `cancel`)."""
     data_drift_interval: int = 0
     """Steps between shifts of the synthetic data's Markov transitions (a drifting policy's data); 0 = no drift."""
     data_drift_fraction: float = 0.5

@@ -5,11 +5,12 @@ Rules that need the compiled stage map (memory, the draft stage's load) live in 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
 from specdraft.errors import Problem
-from specdraft.spec.accounting import accounted_counts, accounted_split_rules, split_accounting
+from specdraft.spec.accounting import accounted_split_rules, layer_counts, split_accounting
 from specdraft.spec.bounds import check as check_bounds
 from specdraft.spec.derived import default_aux_layers, etp, kv_heads, pad_multiple, resolved_dp, world_size
 from specdraft.spec.gpus import CATALOGUE
@@ -22,7 +23,30 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0] if n > 0 else []
+    """The positive divisors of ``n`` in increasing order ([] for n < 1), from its prime factorisation.
+
+    Trial division over 1..n cost O(n) per call, and search calls this for every base with the global batch (up
+    to 2**24): factorising costs O(sqrt n) once, and the cache makes every repeat a copy.
+    """
+    return list(_divisors(n)) if n > 0 else []
+
+
+@functools.lru_cache(maxsize=4096)
+def _divisors(n: int) -> tuple[int, ...]:
+    out = [1]
+    rest, p = n, 2
+    while p * p <= rest:
+        if rest % p == 0:
+            power, powers = 1, []
+            while rest % p == 0:
+                rest //= p
+                power *= p
+                powers.append(power)
+            out += [d * q for d in out for q in powers]
+        p += 1 if p == 2 else 2
+    if rest > 1:  # one prime factor above sqrt(n) is left
+        out += [d * rest for d in out]
+    return tuple(sorted(out))
 
 
 def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
@@ -250,7 +274,7 @@ def _parallel_rules(spec: LayoutSpec, err, warn) -> None:
 
     _layer_split_rules(spec, err)
 
-    seq_mult = pad_multiple(p)
+    seq_mult = pad_multiple(p.cp, p.tp, p.sequence_parallel)
     if p.cp > 1 or p.sequence_parallel:
         if m.seq_length % seq_mult:
             what = f"2*cp{'*tp' if p.sequence_parallel else ''} = {seq_mult}"
@@ -347,28 +371,7 @@ def _parallel_rules(spec: LayoutSpec, err, warn) -> None:
 
 def stage_layer_counts(spec: LayoutSpec) -> list[int] | None:
     """Layers per pipeline stage exactly as Megatron splits them; None when the split is invalid."""
-    m, p = spec.model, spec.parallel
-    n, pp = m.num_layers, p.pp
-    first, last = p.first_stage_layers, p.last_stage_layers
-    if pp < 1 or n < 1:
-        return None
-    if split_accounting(p) != (0, 0):
-        return accounted_counts(spec)
-    if first is None and last is None:
-        return [n // pp] * pp if n % pp == 0 else None
-    if pp < 2:
-        return None
-    middle_stages = pp - (first is not None) - (last is not None)
-    rest = n - (first or 0) - (last or 0)
-    if rest < 0 or (middle_stages > 0 and rest % middle_stages) or (middle_stages == 0 and rest):
-        return None
-    per = rest // middle_stages if middle_stages else 0
-    counts = [per] * pp
-    if first is not None:
-        counts[0] = first
-    if last is not None:
-        counts[-1] = last
-    return counts
+    return layer_counts(spec.model.num_layers, spec.parallel)
 
 
 def layer_split_problems(spec: LayoutSpec) -> list[Problem]:

@@ -3,8 +3,14 @@ build. Called by validate.validate_fields with its `err` and `warn` collectors."
 
 from __future__ import annotations
 
+import re
+from dataclasses import fields
+
 from specdraft.spec.derived import etp
-from specdraft.spec.schema import LayoutSpec, RopeScaling
+from specdraft.spec.schema import LayoutSpec, ModelSpec, RopeScaling
+
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+MODEL_FIELDS = frozenset(f.name for f in fields(ModelSpec))
 
 # megatron-core's RotaryEmbedding._apply_scaling takes only the factor from its caller (GPTModel's
 # rope_scaling_factor, Megatron-LM's --rope-scaling-factor); the other three are Llama-3.1's, fixed.
@@ -13,6 +19,11 @@ FIXED_ROPE_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original
 
 def model_rules(spec: LayoutSpec, err, warn) -> None:
     m = spec.model
+    if m.config_sha256 is not None and not SHA256_RE.match(m.config_sha256):
+        err("model.config_sha256", m.config_sha256, "must be 64 lowercase hex digits", "leave it out")
+    unknown = [f for f in m.config_fields if f not in MODEL_FIELDS]
+    if unknown:
+        err("model.config_fields", m.config_fields, f"names no model field: {', '.join(unknown)}", "leave it out")
     if not 0 < m.norm_epsilon < 1:
         err("model.norm_epsilon", m.norm_epsilon, "must be in (0, 1)", "take it from HF rms_norm_eps (e.g. 1e-5)")
     for fname in ("attention_dropout", "hidden_dropout"):

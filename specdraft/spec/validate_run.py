@@ -11,6 +11,7 @@ from specdraft.spec.schema import LayoutSpec
 
 SLURM_WORD_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._,:@+-]*$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_STOP_GRACE_S = 86_400  # a day: longer than any save, short enough that a hung rank is killed the same day
 RESERVED_ENV = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"})
 
 
@@ -89,6 +90,13 @@ def checkpoint_rules(spec: LayoutSpec, err) -> None:
             t.keep_checkpoints,
             "must be >= 1 (a resume needs at least one)",
             "use 2: the newest and the one before, should the newest be damaged",
+        )
+    if not 0 < t.stop_grace_s <= MAX_STOP_GRACE_S:
+        err(
+            "training.stop_grace_s",
+            t.stop_grace_s,
+            f"must be in (0, {MAX_STOP_GRACE_S:,}] seconds (the ranks' step and save before they are killed)",
+            "use 300; raise it if a save of this model takes longer",
         )
     if s.max_requeues < 0:
         err("slurm.max_requeues", s.max_requeues, "must be >= 0 (0 never requeues)", "use 0, or e.g. 3")

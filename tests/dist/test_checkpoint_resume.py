@@ -7,8 +7,8 @@
   values the resume must reproduce (the first checks the restored weights, the second the restored optimizers).
 - Resume under another layout (--resume-from that run's step-2): tp2 pp1 on 2 ranks and a single process continue
   within the parity tolerances of tests/dist/test_cotrain_parity.py (target rel 2e-5, draft rel 2e-4).
-- Damaged checkpoints (half-written, truncated shard, unreadable metadata) are skipped with a warning naming each,
-  and the previous complete one gives a bit-identical continuation; a resume with nothing to resume exits 2.
+- Damaged checkpoints (half-written, truncated shard, metadata that is no pickle) are skipped with a warning naming
+  each, and the previous complete one gives a bit-identical continuation; a resume with nothing to resume exits 2.
 
 A stop by USR2 on one rank (all ranks agree on the step, save, exit 75) and its resume run through the CLI in
 tests/dist/test_launch_resume.py, and on Slurm in tests/slurm/test_preempt_slurm.py; the refusals of another spec or
@@ -111,7 +111,7 @@ def test_damaged_checkpoints_are_skipped_and_refusals_say_why(tmp_path):
     err = (run_dir / "rank-0.err").read_text()
     assert f"skipping checkpoint {root / 'step-5'}: it has no completion marker" in err
     assert f"skipping checkpoint {root / 'step-4'}: {shard.name} has 100 bytes" in err
-    assert f"skipping checkpoint {root / 'step-3'}: it could not be loaded" in err
+    assert f"skipping checkpoint {root / 'step-3'}: {metadata} is not torch DCP metadata" in err
     assert result(run_dir, 0)["resumed_step"] == 2
     assert without_timing(metrics(run_dir)) == without_timing(ref)
 

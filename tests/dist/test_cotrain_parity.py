@@ -5,7 +5,8 @@ draft on the first stage must reproduce the target and draft losses of (tp=1, cp
 that checks the ring attention, the TapChannel routes, the halo shift and the tensor-parallel draft together, with
 megatron's activation recomputation (full at pp2-cp2, selective at tp2-pp1; none elsewhere). A
 reduced draft vocabulary (the policy's distribution restricted to it over tp, its top-1 mask shifted over cp) is
-checked the same way under (tp=2, cp=2).
+checked the same way under (tp=2, cp=2), and so are a LayerNorm model with biases, QK norms and Llama-3.1's RoPE
+scaling under (tp=2, cp=2) with sequence parallelism.
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ LAYOUTS = {
 }
 SINGLE = ["cluster.gpus_per_node=1", "parallel.cp=1", "parallel.pp=1"]
 REDUCED = ["draft.vocab_size=48"]
+SEMANTICS = [
+    "model.normalization=LayerNorm",
+    "model.norm_epsilon=1e-6",
+    "model.add_bias_linear=true",
+    "model.qk_layernorm=true",
+    "model.rotary_base=500000",
+    "model.rope_scaling={factor: 8.0}",
+]
 
 
 def metrics(specdraft_cli, folder: Path, overrides: list[str]) -> list[dict]:
@@ -92,3 +101,25 @@ def test_reduced_vocabulary_matches_the_single_process_run(tmp_path_factory, spe
         assert got["target_loss"] == pytest.approx(ref["target_loss"], rel=2e-5), got["step"]
         assert got["draft_loss"] == pytest.approx(ref["draft_loss"], rel=2e-4, abs=1e-6), got["step"]
         assert got["acceptance"] == pytest.approx(ref["acceptance"], abs=1e-6), got["step"]
+
+
+@pytest.mark.timeout(400)
+def test_model_semantics_match_the_single_process_run(tmp_path_factory, specdraft_cli, tmp_path):
+    want = _single(tmp_path_factory, SEMANTICS)
+    rows = metrics(
+        specdraft_cli,
+        tmp_path / "semantics",
+        [
+            "cluster.gpus_per_node=4",
+            "parallel.tp=2",
+            "parallel.cp=2",
+            "parallel.pp=1",
+            "parallel.sequence_parallel=true",
+            *SEMANTICS,
+        ],
+    )
+    for got, ref in zip(rows, want):
+        assert got["target_loss"] == pytest.approx(ref["target_loss"], rel=2e-5), got["step"]
+        assert got["draft_loss"] == pytest.approx(ref["draft_loss"], rel=2e-4, abs=1e-6), got["step"]
+    assert want[-1]["target_loss"] < want[0]["target_loss"], "the target trains"
+    assert_memory_matches_plan(tmp_path / "semantics")

@@ -318,3 +318,22 @@ def test_bad_input_is_refused_by_name(run, specdraft_cli, tmp_path):
             proc = specdraft_cli(*argv, timeout=120)
             assert proc.returncode == 2 and message in proc.stderr, (argv, proc.stderr)
             assert "Traceback" not in proc.stderr
+
+
+def test_an_export_into_a_read_only_folder_names_it_and_the_umask_is_kept(run, specdraft_cli, tmp_path):
+    """The payload's OSError is the user's (exit 2, the path named), not an internal error; and the export made by
+    the fixture (under this process's umask) is readable as that umask allows."""
+    import os
+    import stat
+
+    from tests.support.filesystems import read_only_dir
+
+    folder, export = run
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE(os.stat(export).st_mode) == 0o777 & ~umask
+    assert stat.S_IMODE(os.stat(export / "model.safetensors").st_mode) == 0o666 & ~umask
+    with read_only_dir(tmp_path / "ro") as ro:
+        proc = specdraft_cli("export", folder, "-o", ro / "draft", timeout=200)
+    assert proc.returncode == 2, proc.stderr
+    assert f"cannot write the export {ro / 'draft'}" in proc.stderr and "internal error" not in proc.stderr

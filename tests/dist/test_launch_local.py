@@ -151,3 +151,74 @@ def test_an_fp8_layout_plans_but_is_not_launched(specdraft_cli, tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "training.dtype = 'fp8'" in proc.stderr and "fix: launch with training.dtype=bf16" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
+
+
+@pytest.mark.timeout(400)
+def test_ctrl_c_waits_for_the_ranks_save(tmp_path):
+    """Ctrl-C right after a step: the next step and its save take longer than the old 5 s before SIGKILL (a global
+    batch of 128 rows is ~9 s a step here); the launcher waits, every rank saves and stops, nothing is lost."""
+    import signal
+
+    from specdraft.execute.monitor import newest_checkpoint
+
+    folder = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("specdraft")),
+            "launch",
+            "--executor",
+            "local",
+            *TWO_RANKS,
+            "training.global_batch_size=128",
+            "training.warmup_steps=0",
+            "--steps",
+            "50",
+            "--run-dir",
+            str(folder),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        metrics = folder / "metrics.jsonl"
+        deadline = time.monotonic() + 240
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+            assert time.monotonic() < deadline and launcher.poll() is None, "no step was ever finished"
+            time.sleep(0.05)
+        launcher.send_signal(signal.SIGINT)
+        out, err = launcher.communicate(timeout=330)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert "stopping: every rank finishes its step and saves a checkpoint" in out + err, out + err
+    record = json.loads((folder / "run.json").read_text())
+    assert record["state"] == "CANCELLED" and record["exit_codes"] == [75, 75], record
+    results = _results(folder)
+    steps = {r["preempted"]["step"] for r in results.values()}
+    assert len(steps) == 1 and all(r["preempted"]["signal"] == "SIGTERM" for r in results.values())
+    newest = newest_checkpoint(folder)
+    assert newest is not None and newest[1]["step"] == steps.pop() >= 1
+    assert "launch" in err and "--resume" in err  # the failure message says how to continue it
+    assert not group_members(record["local"]["pgid"], str(folder / "plan.json"))
+
+
+@pytest.mark.timeout(300)
+def test_a_disk_that_fills_during_a_checkpoint_is_one_message_and_recorded(specdraft_cli, tmp_path):
+    """A real 1 MiB tmpfs as the run folder's disk: the first checkpoint fills it, the ranks die without result
+    files. The launcher names the folder and the full disk (exit 2), run.json records FAILED and why, and `status`
+    keeps working."""
+    from tests.support.filesystems import small_filesystem
+
+    with small_filesystem(tmp_path / "disk", "1m") as disk:
+        folder = disk / "run"
+        args = ("launch", "--executor", "local", *TWO_RANKS, "training.save_interval=2", "--steps", "8")
+        proc = specdraft_cli(*args, "--run-dir", folder, timeout=240)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "internal error" not in proc.stderr and f"the filesystem of {folder} is full" in proc.stderr
+        record = json.loads((folder / "run.json").read_text())
+        assert record["state"] == "FAILED" and "is full" in record["message"]
+        status = specdraft_cli("status", folder)
+        assert status.returncode == 0 and "FAILED" in status.stdout and "is full" in status.stdout, status.stderr
+        assert not group_members(record["local"]["pgid"], str(folder / "plan.json"))

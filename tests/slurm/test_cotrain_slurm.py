@@ -48,8 +48,10 @@ def test_cotrain_across_two_nodes(slurm_cluster, specdraft_cli, tmp_path):
     # Every step the draft's rank received the embedding and both off-stage taps, for each of 4 microbatches:
     # exactly the plan's bytes for the hidden states; the embedding sends each distinct token once (a row or so
     # fewer per sequence than the plan's one-row-per-token estimate).
-    per_step = sum(r["bytes_per_microbatch"] for r in routes) * plan["num_microbatches"]
-    hidden = sum(r["bytes_per_microbatch"] for r in routes if r["tap"] != "embedding") * plan["num_microbatches"]
+    per_step = sum(r["bytes_per_microbatch"] for r in routes) * plan["parallel"]["num_microbatches"]
+    hidden = (
+        sum(r["bytes_per_microbatch"] for r in routes if r["tap"] != "embedding") * plan["parallel"]["num_microbatches"]
+    )
     assert all(hidden < r["tap_bytes"] <= per_step and r["tap_bytes"] > 0.95 * per_step for r in rows)
     results = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in (folder / "results").glob("*.json")}
     assert {r["node"] for r in results.values()} == {0, 1}

@@ -47,6 +47,21 @@ class Eagle3Reader:
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:  # x (L, h, d)
         d = x.shape[-1]
         inv = 1.0 / self.theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+        scaling = self.config.get("rope_scaling")
+        if scaling:  # transformers' rope_type llama3, per frequency
+            low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+            factor, original = scaling["factor"], scaling["original_max_position_embeddings"]
+            out = []
+            for f in inv.tolist():
+                wavelen = 2 * math.pi / f
+                if wavelen < original / high:
+                    out.append(f)
+                elif wavelen > original / low:
+                    out.append(f / factor)
+                else:
+                    smooth = (original / wavelen - low) / (high - low)
+                    out.append((1 - smooth) * f / factor + smooth * f)
+            inv = torch.tensor(out, dtype=torch.float64)
         freqs = positions.double()[:, None] * inv[None]
         emb = torch.cat([freqs, freqs], -1)[:, None, :]
         rotated = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1)

@@ -12,7 +12,6 @@ MAX_LINES = 400
 # Never add to it: split the module instead.
 TEMPORARY_OVER_LIMIT = {
     "specdraft/cli/rollout.py",
-    "specdraft/perf/estimate.py",
     "specdraft/spec/source.py",
     "specdraft/spec/validate.py",
 }

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from specdraft.errors import UserError
+from specdraft.runs.paths import RECORD
 from specdraft.runs.record import JOB_ID
 
 QUERY_TIMEOUT_S = 10.0  # each sacct/squeue/sinfo/scontrol call
@@ -25,7 +26,7 @@ def is_job_id(value: object) -> bool:
     return isinstance(value, str) and JOB_ID.fullmatch(value) is not None
 
 
-def check_job_id(value: object, where: str = "run.json") -> str:
+def check_job_id(value: object, where: str = RECORD) -> str:
     """``value`` if it is a Slurm job id; a UserError naming it otherwise (it would reach scancel/sacct)."""
     if not is_job_id(value):
         shown = repr(value)[:60]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable
 from specdraft.errors import UserError
 from specdraft.execute.executor import Executor, Observation, ProgressFn
 from specdraft.execute.slurm import commands as slurmcmd
+from specdraft.runs.paths import SBATCH, SUBMITIT
 from specdraft.runs.record import RunRecord, now_iso
 from specdraft.runs.rundir import TERMINAL, update_record
 
@@ -37,10 +38,10 @@ class SlurmExecutor(Executor):
         """--python, else `python` inside a container image, else this interpreter (the venv's, on a shared FS)."""
         if explicit:
             return explicit
-        return "python" if plan.spec.slurm.container_image else sys.executable
+        return "python" if plan.slurm.container_image else sys.executable
 
     def intent_files(self, request) -> dict[str, tuple[str, int]]:
-        return {"sbatch.sh": (request.render.script, 0o755)}
+        return {SBATCH: (request.render.script, 0o755)}
 
     def ready(self, request, warn: Callable[[str], None]) -> None:
         """Build submitit's executor (a machine without srun fails here, with nothing written) and ask the cluster
@@ -54,7 +55,7 @@ class SlurmExecutor(Executor):
             raise UserError(
                 f"cannot submit to Slurm here: {err}", "run on a Slurm login node, or use --executor local"
             ) from None
-        preflight.require(plan.spec, warn, after="; nothing was submitted")
+        preflight.require(plan, warn, after="; nothing was submitted")
 
     def start(self, request, on_progress: ProgressFn) -> RunRecord:
         from specdraft.execute.slurm import submit
@@ -86,10 +87,9 @@ class SlurmExecutor(Executor):
         )
 
     def started_summary(self, record: RunRecord, plan) -> str:
-        spec = plan.spec
         return (
-            f"submitted Slurm job {record.job_id}: {plan.world_size} task(s) on {spec.cluster.num_nodes} "
-            f"node(s), partition {spec.slurm.partition or '(default)'}"
+            f"submitted Slurm job {record.job_id}: {plan.world_size} task(s) on {plan.cluster.num_nodes} "
+            f"node(s), partition {plan.slurm.partition or '(default)'}"
         )
 
     def _recover(self, record: RunRecord) -> tuple[str | None, str | None]:
@@ -144,7 +144,7 @@ class SlurmExecutor(Executor):
     def log_paths(self, record: RunRecord, rank: int) -> tuple[str, str]:
         # The names the rendered script gives srun (--output=RUN/submitit/%j_%t_log.out; submitit's convention).
         job = record.job_id or "none"
-        return f"submitit/{job}_{rank}_log.out", f"submitit/{job}_{rank}_log.err"
+        return f"{SUBMITIT}/{job}_{rank}_log.out", f"{SUBMITIT}/{job}_{rank}_log.err"
 
     def restarts(self, record: RunRecord) -> int | None:
         """How often Slurm restarted the job (requeues), from scontrol, else sacct; None when neither knows."""

@@ -3,19 +3,23 @@
 Checked against the partition and its nodes: the partition exists; the node count; tasks x CPUs per task per node;
 GPUs per node (gres); memory asked in `slurm.extra_sbatch_args`; the time limit. Every problem names the spec field,
 what was asked and what the cluster has. Node states are ignored on purpose: a drained node may come back, so only
-what no node of the partition could ever give is refused.
+what no node of the partition could ever give is refused. A layout or its plan is checked alike: only their cluster
+and slurm sections are read, which the plan's resolved sections spell as the spec does.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable, Literal, overload
+from typing import Callable, Literal, Union, overload
 
 from specdraft.errors import Problem, SpecError, UserError
 from specdraft.execute.slurm import commands as slurmcmd
+from specdraft.plan.model import LaunchPlan
 from specdraft.spec import derived
 from specdraft.spec.schema import LayoutSpec
+
+Job = Union[LayoutSpec, LaunchPlan]  # what preflight reads of either: .cluster and .slurm
 
 _UNLIMITED = ("UNLIMITED", "INFINITE", "NONE", "")
 _MEM_OPTION = re.compile(r"--(mem|mem-per-cpu|mem-per-gpu)=([0-9]+)([KMGT]?)B?", re.IGNORECASE)
@@ -132,7 +136,7 @@ def read_partition(name: str | None) -> tuple[Partition | None, list[str]]:
     return Partition(**{**part.__dict__, "nodes": parse_nodes(answer.stdout)}), names
 
 
-def _memory_mb(spec: LayoutSpec) -> list[tuple[str, str, int]]:
+def _memory_mb(spec: Job) -> list[tuple[str, str, int]]:
     """(field path, option text, MB per node) for each memory option in slurm.extra_sbatch_args."""
     cluster, slurm = spec.cluster, spec.slurm
     scale = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
@@ -153,7 +157,7 @@ def _memory_mb(spec: LayoutSpec) -> list[tuple[str, str, int]]:
     return out
 
 
-def check(spec: LayoutSpec, part: Partition | None, names: list[str]) -> list[Problem]:
+def check(spec: Job, part: Partition | None, names: list[str]) -> list[Problem]:
     """Every reason the request can never run on ``part``; [] when it could."""
     cluster, slurm = spec.cluster, spec.slurm
     if part is None:
@@ -268,18 +272,14 @@ def check(spec: LayoutSpec, part: Partition | None, names: list[str]) -> list[Pr
 
 
 @overload
-def require(spec: LayoutSpec, warn: Callable[[str], None], *, strict: Literal[True], after: str = "") -> Partition: ...
+def require(spec: Job, warn: Callable[[str], None], *, strict: Literal[True], after: str = "") -> Partition: ...
 
 
 @overload
-def require(
-    spec: LayoutSpec, warn: Callable[[str], None], *, strict: bool = False, after: str = ""
-) -> Partition | None: ...
+def require(spec: Job, warn: Callable[[str], None], *, strict: bool = False, after: str = "") -> Partition | None: ...
 
 
-def require(
-    spec: LayoutSpec, warn: Callable[[str], None], *, strict: bool = False, after: str = ""
-) -> Partition | None:
+def require(spec: Job, warn: Callable[[str], None], *, strict: bool = False, after: str = "") -> Partition | None:
     """Raise SpecError (exit 2) listing every reason the cluster can never run ``spec``'s job (``after`` is added to
     the heading). A cluster that does not answer is a warning (sbatch will give its own answer) and None, or a
     UserError when ``strict``."""
@@ -298,7 +298,7 @@ def require(
     return part
 
 
-def describe(spec: LayoutSpec, part: Partition) -> str:
+def describe(spec: Job, part: Partition) -> str:
     """One line on what was asked of which partition, for `validate --cluster`."""
     cluster, slurm = spec.cluster, spec.slurm
     gpus = "" if cluster.gpu == "cpu" else f", {cluster.gpus_per_node} GPUs"

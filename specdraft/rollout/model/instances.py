@@ -5,17 +5,11 @@ from __future__ import annotations
 from specdraft.errors import Problem
 from specdraft.plan.memory import draft_params, layer_params
 from specdraft.plan.model import KvBudget, RolloutInstance, RolloutPlan
-from specdraft.spec.derived import head_dim, kv_heads, max_model_len, num_speculative_tokens
+from specdraft.spec.derived import head_dim, kv_heads, max_model_len, num_speculative_tokens, rollout_gpus
 from specdraft.spec.gpus import CATALOGUE
 from specdraft.spec.schema import LayoutSpec
 
 KV_DTYPE_BYTES = 2  # vLLM's default bf16 KV cache
-
-
-def rollout_gpus(spec: LayoutSpec) -> int:
-    r, c = spec.rollout, spec.cluster
-    nodes = c.num_nodes if r.colocated else r.num_nodes
-    return nodes * c.gpus_per_node
 
 
 def model_params(spec: LayoutSpec) -> int:

@@ -14,13 +14,16 @@ import math
 import os
 from dataclasses import dataclass, replace
 
-from specdraft.errors import UserError
+from specdraft.errors import UserError, echo, shorten
 from specdraft.fsutil import read_regular_text
 from specdraft.rollout.model.costmodel import expected_accepted
+from specdraft.runs import files as runfiles
+from specdraft.runs.paths import MAX_METRICS_BYTES, METRICS
+from specdraft.spec.bounds import INT_RANGES
 from specdraft.spec.schema import LayoutSpec
 
 MAX_JSON_BYTES = 1 << 20
-MAX_METRICS_BYTES = 64 << 20
+MAX_K = INT_RANGES["rollout.num_speculative_tokens"][1]  # the layout's own bound on draft tokens per step
 LAST_ROWS = 5  # a run's figure: the mean accept_len over its last co-training steps (one step is noisy)
 
 
@@ -65,63 +68,95 @@ def read(path: str) -> MeasuredDraft:
     if os.path.isdir(path):
         return _from_run(path)
     text = read_regular_text(path, MAX_JSON_BYTES, "--acceptance-from file")
-    try:
+    fix = "pass `specdraft rollout measure RUN --format json` output, or a run folder"
+    try:  # a file the user names, not a run file: its numbers are bounded field by field below
         data = json.loads(text)
-    except json.JSONDecodeError as err:
+    except (ValueError, RecursionError) as err:  # ValueError: JSONDecodeError, or an integer of 4,300+ digits
         raise UserError(
-            f"--acceptance-from {path} is not JSON ({err})",
-            "pass `specdraft rollout measure RUN --format json` output, or a run folder",
+            f"--acceptance-from {path} is not JSON a measurement holds ({shorten(str(err))})", fix
         ) from None
-    if (
-        not isinstance(data, dict)
-        or not _number(data.get("accept_len"))
-        or not isinstance(data.get("k"), int)
-        or isinstance(data.get("k"), bool)
-        or data["k"] < 1
-    ):
-        raise UserError(
-            f"--acceptance-from {path} has no accept_len (a number) and k (an integer >= 1)",
-            "pass `specdraft rollout measure RUN --format json` output",
-        )
-    return MeasuredDraft(float(data["accept_len"]), data["k"], "decoding", path)
+    if not isinstance(data, dict) or "accept_len" not in data or "k" not in data:
+        raise UserError(f"--acceptance-from {path} has no accept_len and k", fix)
+    k = _checked_k(data["k"], f"--acceptance-from {path}: k")
+    accept_len = _checked_accept_len(data["accept_len"], k, f"--acceptance-from {path}: accept_len")
+    if "acceptance" in data:
+        _check_rates(data["acceptance"], f"--acceptance-from {path}: acceptance")
+    return MeasuredDraft(accept_len, k, "decoding", path)
 
 
 def _from_run(folder: str) -> MeasuredDraft:
-    metrics = os.path.join(folder, "metrics.jsonl")
-    if not os.path.exists(metrics):
+    text = runfiles.read_text(folder, METRICS, MAX_METRICS_BYTES)
+    if text is None:
         raise UserError(
-            f"--acceptance-from {folder}: no metrics.jsonl there",
+            f"--acceptance-from {folder}: no {METRICS} there",
             "name a run folder that trained a draft, or a `rollout measure --format json` file",
         )
     rows = []
-    for line in read_regular_text(metrics, MAX_METRICS_BYTES, "metrics file").splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if (
-            isinstance(row, dict)
-            and _number(row.get("accept_len"))
-            and isinstance(row.get("acceptance"), list)
-            and row["acceptance"]
-        ):
-            rows.append(row)
+            row = runfiles.parse_json(line, METRICS)
+        except runfiles.BadRunFile:
+            continue  # not a step's row (a line cut short by a crash, say): as the run's own readers skip it
+        if not isinstance(row, dict) or row.get("accept_len") is None or not isinstance(row.get("acceptance"), list):
+            continue  # a policy warm-up step, or a row of another shape: it measures no draft
+        where = f"--acceptance-from {os.path.join(folder, METRICS)} line {number}"
+        rates = _check_rates(row["acceptance"], f"{where}: acceptance")
+        k = _checked_k(len(rates), f"{where}: len(acceptance) (the k it was measured with)")
+        rows.append((_checked_accept_len(row["accept_len"], k, f"{where}: accept_len"), k, row.get("step")))
     if not rows:
         raise UserError(
-            f"--acceptance-from {folder}: its metrics.jsonl has no co-training step with an accept_len",
+            f"--acceptance-from {folder}: its {METRICS} has no co-training step with an accept_len",
             "let the run train its draft past training.warmup_steps",
         )
     last = rows[-LAST_ROWS:]
     return MeasuredDraft(
-        sum(r["accept_len"] for r in last) / len(last),
-        len(last[-1]["acceptance"]),
+        sum(accept_len for accept_len, _, _ in last) / len(last),
+        last[-1][1],
         "training",
-        f"{folder} (metrics.jsonl, steps {last[0].get('step')}-{last[-1].get('step')})",
+        f"{folder} ({METRICS}, steps {echo(last[0][2])}-{echo(last[-1][2])})",
     )
 
 
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+# Every number of a measurement is bounded before any arithmetic: an accept_len of 1e308, or one below the target's
+# own token, would otherwise become a projected speedup.
+FIX = "a measurement specdraft wrote never holds this: measure again (`specdraft rollout measure RUN --format json`)"
+
+
+def _finite(value) -> bool:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        return False
+
+
+def _checked_k(value, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_K:
+        raise UserError(
+            f"{where} = {echo(value)}: must be an integer in 1..{MAX_K} (draft tokens per verify step)", FIX
+        )
+    return value
+
+
+def _checked_accept_len(value, k: int, where: str) -> float:
+    if not _finite(value) or not 1 <= value <= k + 1:
+        raise UserError(
+            f"{where} = {echo(value)}: must be a finite number in 1..{k + 1} at k = {k} (the target's own token plus "
+            "at most k accepted drafts per verify step)",
+            FIX,
+        )
+    return float(value)
+
+
+def _check_rates(values, where: str) -> list:
+    if not isinstance(values, list) or not values or len(values) > MAX_K:
+        got = f" (it has {len(values):,})" if isinstance(values, list) else ""
+        raise UserError(f"{where} = {echo(values)}: must be a list of 1..{MAX_K} acceptance rates{got}", FIX)
+    for i, rate in enumerate(values):
+        if not _finite(rate) or not 0 <= rate <= 1:
+            raise UserError(f"{where}[{i}] = {echo(rate)}: must be a finite rate in [0, 1]", FIX)
+    return values
 
 
 def with_measured(spec: LayoutSpec, measured: MeasuredDraft) -> LayoutSpec:

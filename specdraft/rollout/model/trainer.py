@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdraft.plan.compile import num_microbatches, parallel_plan
+from specdraft.plan.compile import parallel_dims
 from specdraft.plan.memory import draft_params
 from specdraft.rollout.model.instances import model_params
-from specdraft.spec.derived import head_dim, world_size
+from specdraft.spec.derived import head_dim
 from specdraft.spec.gpus import CATALOGUE
 from specdraft.spec.schema import LayoutSpec
 
@@ -79,7 +79,7 @@ class TrainerModel:
 
 def from_spec(spec: LayoutSpec) -> TrainerModel:
     """The trainer of the layout: Megatron's tp x cp x pp x dp on the training GPUs."""
-    sizes = parallel_plan(spec)
+    sizes = parallel_dims(spec)
     m = spec.model
     gpu = CATALOGUE[spec.cluster.gpu]
     width = m.num_attention_heads * head_dim(m)
@@ -97,11 +97,11 @@ def from_spec(spec: LayoutSpec) -> TrainerModel:
     else:
         sync = weight_bytes / r.tp / INTER_NODE_BW  # each rollout GPU pulls its shard over the network
     return TrainerModel(
-        gpus=world_size(spec),
+        gpus=sizes.world_size,
         dp=sizes.dp,
         pp=sizes.pp,
-        microbatches=num_microbatches(spec, sizes.dp),
-        micro_batch_size=spec.training.micro_batch_size,
+        microbatches=sizes.num_microbatches,
+        micro_batch_size=sizes.micro_batch_size,
         packing=spec.training.packing,
         flops_per_token=per_token,
         attn_flops_coef=attn,

@@ -26,6 +26,7 @@ from specdraft.rollout.schedule import dispatch, scheduler, verl
 from specdraft.rollout.schedule.adaptive_tp import PlannerConfig, RemainingPredictor
 from specdraft.rollout.sim.generation import GenConfig, choose_start, simulate_generation
 from specdraft.rollout.sim.simulator import SimConfig, plan_steps, simulate
+from specdraft.spec.bounds import MAX_CHECK_EVERY, MIN_CHECK_EVERY
 from specdraft.spec.schema import LayoutSpec
 
 
@@ -87,8 +88,12 @@ def _check(opts: SimulateOptions) -> None:
         raise UserError(f"--tp-predictor {opts.tp_predictor!r} is not known", "use request or population")
     if opts.tp_start != "auto" and not str(opts.tp_start).isdigit():
         raise UserError(f"--tp-start {opts.tp_start!r} is not auto or a TP size", "e.g. --tp-start auto or 1")
-    if opts.check_every_steps < 1:
-        raise UserError(f"--check-every {opts.check_every_steps} must be >= 1", "e.g. 64 decode steps")
+    if not MIN_CHECK_EVERY <= opts.check_every_steps <= MAX_CHECK_EVERY:
+        raise UserError(
+            f"--check-every {opts.check_every_steps} is outside {MIN_CHECK_EVERY}..{MAX_CHECK_EVERY:,} decode steps "
+            "(the planner runs at every check-point; below 16 it costs more and plans the same)",
+            "e.g. --check-every 64",
+        )
     LengthModel(median=opts.median, sigma=opts.sigma, correlation=opts.correlation).check()
 
 

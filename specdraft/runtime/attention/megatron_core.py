@@ -24,23 +24,32 @@ class CoreAttentionChoice:
     name: str
     detail: str
 
-    def layer_spec(self, num_experts: int | None = None):
+    def layer_spec(self, num_experts: int | None = None, normalization: str = "RMSNorm", qk_layernorm: bool = False):
         """The megatron GPT layer spec that realises this choice, with megatron's MoE layer (router, token
-        dispatcher, SequentialMLP experts) as the MLP when ``num_experts`` is set."""
+        dispatcher, SequentialMLP experts) as the MLP when ``num_experts`` is set, ``normalization``'s norms
+        (TE's spec reads it from the TransformerConfig) and per-head query/key norms with ``qk_layernorm``."""
         from megatron.core.models.gpt import gpt_layer_specs
 
         if self.name == "te":
-            return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(num_experts=num_experts)
-        from specdraft.runtime.models.norms import RMSNorm
+            return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
+                num_experts=num_experts, qk_layernorm=qk_layernorm
+            )
+        from specdraft.runtime.models.norms import norm_class
 
         if num_experts:
             from specdraft.runtime.models import moe
 
             moe.without_transformer_engine()
-        spec = gpt_layer_specs.get_gpt_layer_local_spec(num_experts=num_experts, normalization="RMSNorm")
-        spec.submodules.self_attention.submodules.core_attention = BranchCoreAttention
+        spec = gpt_layer_specs.get_gpt_layer_local_spec(
+            num_experts=num_experts, normalization=normalization, qk_layernorm=qk_layernorm
+        )
+        attention = spec.submodules.self_attention.submodules
+        attention.core_attention = BranchCoreAttention
         # Norms that also run under sequence parallelism (megatron's torch norm refuses it).
-        spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = RMSNorm
+        norm = norm_class(normalization)
+        spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = norm
+        if qk_layernorm:
+            attention.q_layernorm = attention.k_layernorm = norm
         return spec
 
 

@@ -14,13 +14,15 @@ vocabulary restricts the target's distribution to it (vocab_map.py).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdraft.plan.model import LaunchPlan
+from specdraft.plan.model import LaunchPlan, RopeScaling
 from specdraft.runtime.attention.branch import branch_attention
 from specdraft.runtime.models.hf.mapping import padded_vocab
 from specdraft.runtime.models.vocab.parallel import mask_padding
@@ -38,18 +40,36 @@ class DraftShape:
     target_vocab: int
     num_layers: int
     tp: int = 1
-    rope_base: float = 10000.0  # megatron's rotary_base default, the target's RoPE
-    norm_eps: float = 1e-5  # megatron's layernorm_epsilon default, the target's RMSNorm eps
+    rope_base: float = 10000.0  # the target's model.rotary_base (EAGLE-3 drafts keep the target's rope_theta)
+    norm_eps: float = 1e-5  # the target's model.norm_epsilon (EAGLE-3 drafts keep its rms_norm_eps)
+    rope_scaling: Optional[RopeScaling] = None  # the target's Llama-3.1 scaling, as the draft's config.json has it
 
     @property
     def reduced_vocab(self) -> bool:
         return self.vocab != self.target_vocab
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+def inverse_frequencies(d: int, base: float, scaling: RopeScaling | None, device=None) -> torch.Tensor:
+    """(d/2,) RoPE inverse frequencies, with Llama-3.1's scaling when given (transformers'
+    _compute_llama3_parameters, megatron-core's RotaryEmbedding._apply_scaling): wavelengths past
+    original/low_freq_factor are divided by factor, those under original/high_freq_factor kept, those between
+    blended."""
+    inv = 1.0 / base ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
+    if scaling is None:
+        return inv
+    original = scaling.original_max_position_embeddings
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > original / scaling.low_freq_factor, inv / scaling.factor, inv)
+    smooth = (original / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= original / scaling.high_freq_factor) & (wavelen <= original / scaling.low_freq_factor)
+    return torch.where(medium, blended, scaled)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, base: float, scaling: RopeScaling | None = None) -> torch.Tensor:
     """Rotate-half RoPE. x: (t, h, d); positions: (t,) global positions within each sequence."""
     d = x.shape[-1]
-    inv = 1.0 / base ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)  # (d/2,)
+    inv = inverse_frequencies(d, base, scaling, x.device)  # (d/2,)
     angles = positions.to(torch.float32)[:, None] * inv[None, :]  # (t, d/2)
     cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[:, None, :].to(x.dtype)  # (t, 1, d)
     sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[:, None, :].to(x.dtype)
@@ -132,8 +152,8 @@ class DraftLayer(nn.Module):
         s = self.shape
         x = self.attention_input(hidden, emb)
         t = x.shape[0]
-        q = rope(self.q_proj(x)[0].view(t, s.heads // s.tp, s.head_dim), positions, s.rope_base)
-        k = rope(self.k_proj(x)[0].view(t, s.kv_heads // s.tp, s.head_dim), positions, s.rope_base)
+        q = rope(self.q_proj(x)[0].view(t, s.heads // s.tp, s.head_dim), positions, s.rope_base, s.rope_scaling)
+        k = rope(self.k_proj(x)[0].view(t, s.kv_heads // s.tp, s.head_dim), positions, s.rope_base, s.rope_scaling)
         v = self.v_proj(x)[0].view(t, s.kv_heads // s.tp, s.head_dim)
         return q, k, v
 
@@ -249,8 +269,11 @@ def draft_shape(plan: LaunchPlan, tp: int | None = None) -> DraftShape:
         kv_heads=m.num_query_groups,
         head_dim=m.head_dim,
         ffn=m.ffn_hidden_size,
-        vocab=plan.draft_vocab_size,
+        vocab=plan.draft.vocab_size,
         target_vocab=m.vocab_size,
-        num_layers=plan.spec.draft.num_layers,
+        num_layers=plan.draft.num_layers,
         tp=plan.parallel.tp if tp is None else tp,
+        rope_base=float(m.rotary_base),
+        norm_eps=m.norm_epsilon,
+        rope_scaling=m.rope_scaling,
     )

@@ -40,9 +40,9 @@ def transformer_config(plan: LaunchPlan, dtype: torch.dtype, device=None):
 
     from specdraft.runtime.models import moe
 
-    m, par, p = plan.model, plan.parallel, plan.spec.parallel
+    m, par = plan.model, plan.parallel
     cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
-    if plan.spec.training.dtype == "fp8":
+    if plan.training.dtype == "fp8":
         raise ValueError(
             "training.dtype=fp8 needs TransformerEngine's FP8 GEMMs, but specdraft's runtime builds "
             "megatron's local (non-TE) layers; an fp8 layout plans and renders for Megatron-LM "
@@ -70,10 +70,10 @@ def transformer_config(plan: LaunchPlan, dtype: torch.dtype, device=None):
         context_parallel_size=par.cp,
         virtual_pipeline_model_parallel_size=par.vpp,
         sequence_parallel=par.sequence_parallel,
-        num_layers_in_first_pipeline_stage=p.first_stage_layers,
-        num_layers_in_last_pipeline_stage=p.last_stage_layers,
-        account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
-        account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split,
+        num_layers_in_first_pipeline_stage=par.first_stage_layers,
+        num_layers_in_last_pipeline_stage=par.last_stage_layers,
+        account_for_embedding_in_pipeline_split=par.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=par.account_for_loss_in_pipeline_split,
         pipeline_dtype=dtype,
         params_dtype=dtype,
         bf16=dtype == torch.bfloat16,
@@ -82,10 +82,13 @@ def transformer_config(plan: LaunchPlan, dtype: torch.dtype, device=None):
         perform_initialization=True,
         gated_linear_unit=m.swiglu,
         activation_func=F.silu if m.swiglu else F.gelu,
-        normalization="RMSNorm",
-        add_bias_linear=False,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
+        normalization=m.normalization,
+        layernorm_epsilon=m.norm_epsilon,
+        add_bias_linear=m.add_bias_linear,
+        add_qkv_bias=m.add_qkv_bias,
+        qk_layernorm=m.qk_layernorm,
+        hidden_dropout=m.hidden_dropout,
+        attention_dropout=m.attention_dropout,
         bias_activation_fusion=False,
         masked_softmax_fusion=False,
         persist_layer_norm=False,
@@ -94,7 +97,7 @@ def transformer_config(plan: LaunchPlan, dtype: torch.dtype, device=None):
         gradient_accumulation_fusion=False,
         cp_comm_type=par.cp_comm_type if par.cp > 1 else None,
         batch_p2p_comm=batch_p2p,
-        **_recompute_kwargs(plan.spec.training.recompute),
+        **_recompute_kwargs(plan.training.recompute),
         **moe.config_kwargs(plan),
     )
 
@@ -106,13 +109,13 @@ def block_spec(device, dtype: torch.dtype, model: ModelShape, num_layers: int):
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
     from specdraft.runtime.attention.megatron_core import select_core_attention
-    from specdraft.runtime.models.norms import RMSNorm
+    from specdraft.runtime.models.norms import norm_class
 
     choice = select_core_attention(device, dtype, model.head_dim)
-    layer = choice.layer_spec(model.num_experts)
+    layer = choice.layer_spec(model.num_experts, model.normalization, model.qk_layernorm)
     if choice.name == "te":
         return layer
-    return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=RMSNorm)
+    return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=norm_class(model.normalization))
 
 
 def build_chunks(
@@ -148,6 +151,10 @@ def build_chunks(
             post_process=last,
             share_embeddings_and_output_weights=m.tie_embeddings,
             position_embedding_type="rope",
+            rotary_base=m.rotary_base,
+            # megatron-core's Llama-3.1 scaling takes only the factor; validate refuses other low/high/original.
+            rope_scaling=m.rope_scaling is not None,
+            rope_scaling_factor=m.rope_scaling.factor if m.rope_scaling is not None else 8.0,
             vp_stage=v if par.vpp else None,
         )
         model.to(device)
@@ -165,7 +172,7 @@ def build_chunks(
 def init_parameters(
     model: torch.nn.Module, offset: int, tp: int, seed: int, tied: bool = False, vocab: int | None = None
 ) -> None:
-    """N(0, 0.02) weights from a generator seeded by the parameter's global name; norms to 1.
+    """N(0, 0.02) weights from a generator seeded by the parameter's global name; norm weights 1, biases 0.
 
     The full tensor is drawn and this TP rank's slice taken, so the values do not depend on tp, pp or vpp.
     SwiGLU's fused fc1 is [gate; up] per TP shard, so its full tensor is split as two halves. An MoE expert's
@@ -185,6 +192,9 @@ def init_parameters(
         gname = global_name(name, offset)
         if tied and gname == "output_layer.weight":
             gname = "embedding.word_embeddings.weight"
+        if gname.endswith("bias"):
+            param.zero_()  # linear and LayerNorm biases, as megatron initialises them
+            continue
         if "norm" in gname:
             param.fill_(1.0)
             continue

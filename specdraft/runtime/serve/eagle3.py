@@ -16,7 +16,7 @@ import torch
 
 from specdraft.plan.model import LaunchPlan
 from specdraft.runtime.models.hf.export import check_pair, policy_config, policy_max_positions
-from specdraft.runtime.serve.folder import write_folder, write_text
+from specdraft.runtime.serve.folder import save_safetensors, write_folder, write_text
 from specdraft.runtime.serve.offline import ExportError, require_one_layer
 
 FORMAT_VERSION = 1
@@ -59,7 +59,7 @@ def tensors(state: dict[str, torch.Tensor], plan: LaunchPlan) -> dict[str, torch
             raise ExportError(f"draft tensor {name!r} has no EAGLE-3 name", "this is a bug in specdraft; report it")
         out[key] = value.detach().cpu().contiguous()
     # The head's rows past the draft vocabulary pad it to a tp multiple (a live draft gathered at tp > 1).
-    out["lm_head.weight"] = out["lm_head.weight"][: plan.draft_vocab_size].contiguous()
+    out["lm_head.weight"] = out["lm_head.weight"][: plan.draft.vocab_size].contiguous()
     aux = list(plan.draft.aux_layers)
     order = sorted(range(len(aux)), key=aux.__getitem__)
     if order != list(range(len(aux))):
@@ -84,7 +84,7 @@ def config(plan: LaunchPlan, dtype: torch.dtype) -> dict:
         "head_dim": m.head_dim,
         "num_hidden_layers": 1,
         "vocab_size": m.vocab_size,
-        "draft_vocab_size": plan.draft_vocab_size,
+        "draft_vocab_size": plan.draft.vocab_size,
         "rms_norm_eps": shape.norm_eps,
         "rope_theta": shape.rope_base,
         # the policy's: vLLM serves the two as a pair (a draft limited to a shorter context loses acceptance past it)
@@ -98,6 +98,18 @@ def config(plan: LaunchPlan, dtype: torch.dtype) -> dict:
         "torch_dtype": str(dtype).removeprefix("torch."),
         "eagle_aux_hidden_state_layer_ids": vllm_aux_ids(aux),  # vLLM: the inputs of these layers
         "eagle_config": {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": aux},  # SGLang: outputs
+        **({"rope_scaling": rope_scaling(shape.rope_scaling)} if shape.rope_scaling is not None else {}),
+    }
+
+
+def rope_scaling(scaling) -> dict:
+    """The draft's (the target's) Llama-3.1 RoPE scaling as transformers and vLLM read it from config.json."""
+    return {
+        "rope_type": "llama3",
+        "factor": scaling.factor,
+        "low_freq_factor": scaling.low_freq_factor,
+        "high_freq_factor": scaling.high_freq_factor,
+        "original_max_position_embeddings": scaling.original_max_position_embeddings,
     }
 
 
@@ -105,15 +117,13 @@ def write(folder: Path, plan: LaunchPlan, state: dict[str, torch.Tensor], proven
     """Write config.json, model.safetensors and the provenance marker into ``folder``, which appears whole
     (folder.write_folder); an earlier specdraft export there is replaced, anything else refused. Refuses a draft
     whose config does not pair with the run's policy export (hf.export.check_pair)."""
-    from safetensors.torch import save_file
-
     named = tensors(state, plan)
     dtype = named["fc.weight"].dtype
     draft_config = config(plan, dtype)
     check_pair(policy_config(plan), draft_config)
 
     def fill(tmp: Path) -> None:
-        save_file(named, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_safetensors(named, tmp / "model.safetensors")
         write_text(tmp / "config.json", json.dumps(draft_config, indent=2) + "\n")
 
     record = {

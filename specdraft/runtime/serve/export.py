@@ -12,26 +12,32 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-PUBLISH_DIR = "draft"  # RUN_DIR/draft/step-N/: the versioned drafts a rollout engine reloads between RL steps
+from specdraft.runs.paths import DRAFTS, RunPaths
 
 
 def published_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / PUBLISH_DIR / f"step-{step}"
+    """RUN_DIR/draft/step-N/: the versioned drafts a rollout engine reloads between RL steps; refused (LinkOut) when
+    draft/ is a link, which would send the write out of the run folder."""
+    paths = RunPaths(run_dir)
+    paths.real_dir(DRAFTS)
+    return paths.published(step)
 
 
-def export_checkpoint(run_dir: Path, step: int | None, output: Path) -> dict:
-    """Write the draft of ``run_dir``'s checkpoint at ``step`` (the newest when None) to ``output``."""
+def export_checkpoint(run_dir: Path, step: int | None, output: Path, plan_sha256: str | None = None) -> dict:
+    """Write the draft of ``run_dir``'s checkpoint at ``step`` (the newest when None) to ``output``; with
+    ``plan_sha256``, plan.json must be the bytes the CLI verified."""
     from specdraft.runtime.serve import offline
 
-    plan = offline.read_run_plan(run_dir)
+    plan = offline.read_run_plan(run_dir, plan_sha256)
     offline.require_draft(plan, run_dir)
     offline.require_one_layer(plan)  # both refusals before torch is imported
     offline.check_export_target(output)
     folder, meta = offline.checkpoint(run_dir, step)
+    offline.require_same_model(plan, folder, meta)
     from specdraft.runtime.serve import eagle3 as eagle3_format  # torch: only once the inputs passed
 
     with offline.single_process():
-        _, draft = offline.load(plan, folder, target=False)
+        _, draft = offline.load(plan, folder, target=False, meta=meta)
         state = draft.state_dict()
         written = eagle3_format.write(
             output,
@@ -49,19 +55,22 @@ def export_checkpoint(run_dir: Path, step: int | None, output: Path) -> dict:
         "step": int(meta["step"]),
         "checkpoint": str(folder),
         "tensors": eagle3_format.num_tensors(written),
-        "draft_vocab_size": plan.draft_vocab_size,
+        "draft_vocab_size": plan.draft.vocab_size,
         "vocab_size": plan.model.vocab_size,
     }
 
 
-def export_policy(run_dir: Path, step: int | None, output: Path, max_shard_bytes: int | None = None) -> dict:
+def export_policy(
+    run_dir: Path, step: int | None, output: Path, max_shard_bytes: int | None = None, plan_sha256: str | None = None
+) -> dict:
     """Write the policy of ``run_dir``'s checkpoint at ``step`` (the newest when None) to ``output`` as a HF folder.
 
     Loaded on the CPU in the export's dtype (the input checkpoint's, else the run's), so an fp32 or bf16 import
-    round-trips exactly; safetensors shards of at most ``max_shard_bytes`` (default 5 GB)."""
+    round-trips exactly; safetensors shards of at most ``max_shard_bytes`` (default 5 GB). With ``plan_sha256``,
+    plan.json must be the bytes the CLI verified."""
     from specdraft.runtime.serve import offline
 
-    plan = offline.read_run_plan(run_dir)
+    plan = offline.read_run_plan(run_dir, plan_sha256)
     offline.check_export_target(output)
     folder, meta = offline.checkpoint(run_dir, step)
     import torch
@@ -115,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run", type=Path, help="the run folder")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest complete one)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="the folder to write")
+    parser.add_argument("--plan-sha256", required=True, help="sha256 of the plan.json the CLI verified")
     parser.add_argument("--policy", action="store_true", help="the policy as a Hugging Face checkpoint, not the draft")
     parser.add_argument("--max-shard-bytes", type=int, default=None, help="--policy: the largest safetensors shard")
     args = parser.parse_args(argv)
@@ -122,9 +132,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.policy:
         return run_tool(
-            lambda: export_policy(args.run.absolute(), args.step, args.output.absolute(), args.max_shard_bytes)
+            lambda: export_policy(
+                args.run.absolute(), args.step, args.output.absolute(), args.max_shard_bytes, args.plan_sha256
+            )
         )
-    return run_tool(lambda: export_checkpoint(args.run.absolute(), args.step, args.output.absolute()))
+    return run_tool(lambda: export_checkpoint(args.run.absolute(), args.step, args.output.absolute(), args.plan_sha256))
 
 
 if __name__ == "__main__":

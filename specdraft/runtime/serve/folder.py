@@ -7,30 +7,62 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Callable
 
+from specdraft.errors import file_error
+from specdraft.fsutil import make_temp_dir, umask_mode
 from specdraft.runtime.serve.offline import EXPORT_MARKER, check_export_target
 
 
 def write_folder(folder: Path, fill: Callable[[Path], None], record: dict) -> Path:
-    """``fill(tmp)`` writes the export's files into ``tmp``; ``record`` plus the files' sha256 becomes the marker."""
+    """``fill(tmp)`` writes the export's files into ``tmp``; ``record`` plus the files' sha256 becomes the marker.
+    What a user or a filesystem causes (a read-only folder, a full disk, a name too long) is a FileError naming
+    ``folder``."""
     folder = Path(folder).absolute()
+    try:
+        return _write_folder(folder, fill, record)
+    except OSError as err:
+        user = file_error(err, folder, "write the export")
+        if user is None:
+            raise
+        raise user from None
+
+
+def save_safetensors(named: dict, path: Path) -> None:
+    """safetensors' save_file, whose I/O errors (a Rust SafetensorError) become the OSError they report."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(named, str(path), metadata={"format": "pt"})
+    except SafetensorError as err:
+        found = re.search(r"\(os error (\d+)\)", str(err))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from None
+
+
+def _write_folder(folder: Path, fill: Callable[[Path], None], record: dict) -> Path:
     folder.parent.mkdir(parents=True, exist_ok=True)
     check_export_target(folder)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name[:100]}.", suffix=".tmp", dir=folder.parent))
+    # The folder and its files get what the umask allows, like any the user creates: the serving job of a colleague
+    # or a group reads the export it is meant to load (mkdtemp's 0o700 and safetensors' 0o600 would keep it out).
+    tmp = make_temp_dir(folder.parent, f".{folder.name[:100]}.", ".tmp")
     try:
         fill(tmp)
         for path in tmp.iterdir():
+            os.chmod(path, umask_mode(0o666))
             fsync_file(path)
         record = {**record, "files": {p.name: sha256(p) for p in sorted(tmp.iterdir())}}
         write_text(tmp / EXPORT_MARKER, json.dumps(record, indent=1, sort_keys=True) + "\n")
         fsync_dir(tmp)
         old = None
         if folder.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{folder.name[:100]}.", suffix=".old", dir=folder.parent))
+            old = make_temp_dir(folder.parent, f".{folder.name[:100]}.", ".old")
             os.rename(folder, old / "export")
         os.rename(tmp, folder)
         fsync_dir(folder.parent)

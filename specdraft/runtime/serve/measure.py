@@ -85,12 +85,20 @@ def measure_loaded(
 
 
 def measure_run(
-    run_dir: Path, *, step: int | None, draft_step: int | None, k: int, prompts: int, prompt_length: int, max_new: int
+    run_dir: Path,
+    *,
+    step: int | None,
+    draft_step: int | None,
+    k: int,
+    prompts: int,
+    prompt_length: int,
+    max_new: int,
+    plan_sha256: str | None = None,
 ) -> dict:
     from specdraft.runtime.serve import offline
 
     check_args(k, prompts, prompt_length, max_new)
-    plan = offline.read_run_plan(run_dir)
+    plan = offline.read_run_plan(run_dir, plan_sha256)
     offline.require_draft(plan, run_dir)
     need = prompt_length + max_new + k
     if need > plan.model.seq_length:
@@ -101,17 +109,20 @@ def measure_run(
             f"lower --max-new-tokens to {max(1, plan.model.seq_length - prompt_length - k)}",
         )
     target_folder, target_meta = offline.checkpoint(run_dir, step, "--step")
+    offline.require_same_model(plan, target_folder, target_meta)
     target_step = int(target_meta["step"])
-    draft_folder, draft_meta = offline.checkpoint(
-        run_dir, target_step if draft_step is None else draft_step, "--draft-step"
-    )
+    if draft_step is None or draft_step == target_step:  # one checkpoint: checked (hashed) once
+        draft_folder, draft_meta = target_folder, target_meta
+    else:
+        draft_folder, draft_meta = offline.checkpoint(run_dir, draft_step, "--draft-step")
+        offline.require_same_model(plan, draft_folder, draft_meta)
     with offline.single_process():
         device, dtype = offline.device_and_dtype(plan)
         if draft_folder == target_folder:
-            target, draft = offline.load(plan, target_folder, device=device, dtype=dtype)
+            target, draft = offline.load(plan, target_folder, device=device, dtype=dtype, meta=target_meta)
         else:
-            target, _ = offline.load(plan, target_folder, draft=False, device=device, dtype=dtype)
-            _, draft = offline.load(plan, draft_folder, target=False, device=device, dtype=dtype)
+            target, _ = offline.load(plan, target_folder, draft=False, device=device, dtype=dtype, meta=target_meta)
+            _, draft = offline.load(plan, draft_folder, target=False, device=device, dtype=dtype, meta=draft_meta)
         out = measure_loaded(
             plan,
             target,
@@ -127,7 +138,7 @@ def measure_run(
         run=str(run_dir),
         target_step=target_step,
         draft_step=int(draft_meta["step"]),
-        draft_vocab_size=plan.draft_vocab_size,
+        draft_vocab_size=plan.draft.vocab_size,
         vocab_size=plan.model.vocab_size,
     )
     return out
@@ -144,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=DEFAULT_PROMPTS)
     parser.add_argument("--prompt-length", type=int, default=DEFAULT_PROMPT_LENGTH)
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW)
+    parser.add_argument("--plan-sha256", required=True, help="sha256 of the plan.json the CLI verified")
     args = parser.parse_args(argv)
     from specdraft.runtime.serve.offline import run_tool
 
@@ -156,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             prompts=args.prompts,
             prompt_length=args.prompt_length,
             max_new=args.max_new_tokens,
+            plan_sha256=args.plan_sha256,
         )
     )
 

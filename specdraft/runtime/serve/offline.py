@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import math
 import os
 import tempfile
 from pathlib import Path
 
 from specdraft.errors import SpecdraftError
-from specdraft.plan.model import ChunkPlan, LaunchPlan, RankPlacement, StagePlan
+from specdraft.plan.codec import PlanFormatError
+from specdraft.plan.compile import one_process_plan
+from specdraft.plan.model import LaunchPlan
 from specdraft.runs import checkpoints as files
+from specdraft.runs import files as runfiles
+from specdraft.runs.marker import MARKER, CorruptCheckpoint
+from specdraft.runs.paths import MAX_PLAN_BYTES, PLAN, RunPaths, link_note, step_name
 
 EXPORT_MARKER = "specdraft-export.json"  # an export's provenance file; also what makes a folder safe to replace
 
@@ -33,16 +40,22 @@ class ExportError(LoadError):
     """A draft or an output folder the EAGLE-3 export cannot take (more than one decoder layer, a foreign folder)."""
 
 
-def read_run_plan(run_dir: Path) -> LaunchPlan:
-    from specdraft.runtime.entry import read_plan
-
-    path = Path(run_dir) / "plan.json"
-    if not path.is_file():
+def read_run_plan(run_dir: Path, sha256: str | None = None) -> LaunchPlan:
+    """RUN/plan.json, read once (no link, bounded). With ``sha256`` (what the CLI verified against a fresh compile
+    with assemble's reader, and passes to the payload) the bytes must be exactly those."""
+    source = str(Path(run_dir) / PLAN)
+    data = runfiles.read_bytes(run_dir, PLAN, MAX_PLAN_BYTES)
+    if data is None:
         raise LoadError(
-            f"{run_dir} has no plan.json: it is not a specdraft run folder",
+            f"{run_dir} has no {PLAN}: it is not a specdraft run folder",
             "name a run folder that `specdraft launch` created",
         )
-    return read_plan(path)
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise LoadError(f"{source} changed after specdraft verified it", "run the command again")
+    try:
+        return LaunchPlan.from_dict(runfiles.parse_json(data, source))
+    except (PlanFormatError, RecursionError) as err:
+        raise LoadError(f"{source}: {str(err)[:300]}", "use the specdraft version that wrote this run folder") from None
 
 
 def require_draft(plan: LaunchPlan, run_dir: Path) -> None:
@@ -55,9 +68,9 @@ def require_draft(plan: LaunchPlan, run_dir: Path) -> None:
 
 def require_one_layer(plan: LaunchPlan) -> None:
     """EAGLE-3 as vLLM and SGLang load it has one decoder layer (`midlayer`)."""
-    if plan.spec.draft.num_layers != 1:
+    if plan.draft.num_layers != 1:
         raise ExportError(
-            f"draft.num_layers is {plan.spec.draft.num_layers}; the EAGLE-3 format vLLM and SGLang load "
+            f"draft.num_layers is {plan.draft.num_layers}; the EAGLE-3 format vLLM and SGLang load "
             "has one decoder layer (`midlayer`)",
             "export a run whose draft has one layer",
         )
@@ -75,78 +88,52 @@ def check_export_target(folder: Path) -> None:
 
 
 def checkpoint(run_dir: Path, step: int | None, option: str = "--step") -> tuple[Path, dict]:
-    """The complete checkpoint of ``run_dir`` at ``step`` (the newest when None), with its marker."""
-    found = files.complete_checkpoints(Path(run_dir), lambda message: None)
-    if not found:
-        raise LoadError(
-            f"run {run_dir} has no complete checkpoint in {files.checkpoints_root(run_dir)}",
-            "launch it with training.save_interval=N (a stop signal also saves one)",
-        )
+    """The checkpoint of ``run_dir`` at ``step`` (when None, the newest with a marker), with its marker, checked in
+    full: every file's sha256, no link, safe metadata. A damaged one is refused by name, never passed over for an
+    older one."""
+    paths = RunPaths(run_dir)
+    links: list[Path] = []
+    try:
+        dirs = paths.step_dirs(links)
+    except SpecdraftError as err:
+        raise LoadError(getattr(err, "message", str(err)), getattr(err, "fix", "")) from None
+    found = files.complete_checkpoints(paths.root, lambda message: None)
+    have = ", ".join(str(meta["step"]) for _, meta in reversed(found)) or "none"
     if step is None:
-        return found[0]
-    for folder, meta in found:
-        if int(meta["step"]) == step:
-            return folder, meta
-    have = ", ".join(str(meta["step"]) for _, meta in reversed(found))
-    raise LoadError(
-        f"{option} {step}: run {run_dir} has no complete checkpoint at step {step} (it has steps {have})",
-        f"use {option} with one of {have}",
-    )
+        marked = [folder for _, folder in dirs if runfiles.size(folder, MARKER) is not None]
+        if not marked:
+            raise LoadError(
+                f"run {run_dir} has no complete checkpoint in {paths.checkpoints}",
+                "launch it with training.save_interval=N (a stop signal also saves one)",
+            )
+        folder = marked[0]
+    else:
+        link = [p for p in links if p.name == step_name(step)]
+        if link:
+            raise LoadError(f"{option} {step}: {link_note(link[0])}", "remove the link; copy the checkpoint instead")
+        hits = [folder for n, folder in dirs if n == step]
+        if not hits:
+            raise LoadError(
+                f"{option} {step}: run {run_dir} has no complete checkpoint at step {step} (it has steps {have})",
+                f"use {option} with one of {have}",
+            )
+        folder = hits[0]
+    try:
+        return folder, files.check_checkpoint(folder, hash_limit=math.inf)
+    except CorruptCheckpoint as why:
+        others = ", ".join(str(meta["step"]) for other, meta in reversed(found) if other != folder)
+        fix = f"use {option} with another checkpoint: {others}" if others else "it is the run's only checkpoint"
+        raise LoadError(f"checkpoint {folder} cannot be used: {why}", fix) from None
 
 
-def single_plan(plan: LaunchPlan) -> LaunchPlan:
-    """``plan``'s model and draft on one process: tp = cp = pp = dp = 1, one stage holding every layer."""
-    n = plan.model.num_layers
-    spec = plan.spec
-    spec_parallel = dataclasses.replace(
-        spec.parallel,
-        tp=1,
-        cp=1,
-        pp=1,
-        dp=1,
-        ep=1,
-        etp=None,
-        vpp=None,
-        sequence_parallel=False,
-        first_stage_layers=None,
-        last_stage_layers=None,
-        account_for_embedding_in_pipeline_split=False,
-        account_for_loss_in_pipeline_split=False,
-        hierarchical_cp_sizes=None,
-    )
-    parallel = dataclasses.replace(
-        plan.parallel,
-        tp=1,
-        cp=1,
-        pp=1,
-        dp=1,
-        ep=1,
-        etp=1,
-        edp=1,
-        vpp=None,
-        sequence_parallel=False,
-        hierarchical_cp_sizes=None,
-        pad_multiple=2,
-    )
-    stage = StagePlan(
-        pp=0,
-        first_layer=0,
-        last_layer=n - 1,
-        num_layers=n,
-        chunks=(ChunkPlan(vpp=0, first_layer=0, last_layer=n - 1, num_layers=n),),
-    )
-    rank = RankPlacement(global_rank=0, node=0, local_rank=0, tp=0, cp=0, dp=0, pp=0, ep=0, etp=0, edp=0)
-    draft = dataclasses.replace(plan.draft, stage=0, ranks=(0,))
-    return dataclasses.replace(
-        plan,
-        spec=dataclasses.replace(spec, parallel=spec_parallel),
-        parallel=parallel,
-        world_size=1,
-        num_microbatches=1,
-        ranks=(rank,),
-        stages=(stage,),
-        draft=draft,
-    )
+def require_same_model(plan: LaunchPlan, folder: Path, meta: dict) -> None:
+    """The checkpoint holds this run's model and draft shape (a checkpoint copied in from another run may not)."""
+    diffs = files.shape_differences(meta, plan)
+    if diffs:
+        raise LoadError(
+            f"checkpoint {folder} holds another model shape than its run's plan: {'; '.join(diffs)}",
+            "name a checkpoint this run wrote",
+        )
 
 
 @contextlib.contextmanager
@@ -179,27 +166,35 @@ def device_and_dtype(plan: LaunchPlan):
     import torch
 
     if torch.cuda.is_available():
-        t = plan.spec.training.dtype
+        t = plan.training.dtype
         return torch.device("cuda:0"), torch.float32 if t == "fp32" else torch.bfloat16
     return torch.device("cpu"), torch.float32
 
 
-def load(plan: LaunchPlan, folder: Path, *, target: bool = True, draft: bool = True, device=None, dtype=None):
-    """(target GPTModel or None, Eagle3Draft or None) of ``plan``'s run, unsharded, with ``folder``'s weights.
+def load(
+    plan: LaunchPlan, folder: Path, *, target: bool = True, draft: bool = True, device=None, dtype=None, meta=None
+):
+    """(target GPTModel or None, Eagle3Draft or None) of ``plan``'s run, unsharded, with ``folder``'s weights
+    (``meta``: its checked marker; read and checked here when not given).
 
     Call inside `single_process()`. The draft carries its vocabulary mapping (d2t/t2d) from the checkpoint.
     """
-    from megatron.core import dist_checkpointing
+    if meta is None:
+        try:
+            meta = files.check_checkpoint(Path(folder))
+        except CorruptCheckpoint as why:
+            raise LoadError(f"checkpoint {folder} cannot be used: {why}") from None
     from torch.distributed.checkpoint.api import CheckpointException
 
     from specdraft.runtime.models.draft import Eagle3Draft, draft_shape
     from specdraft.runtime.models.target import build_chunks, transformer_config
-    from specdraft.runtime.train.checkpoint import _prefixed, _quiet_writer
+    from specdraft.runtime.train import safe_load
+    from specdraft.runtime.train.checkpoint import _prefixed
 
-    one = single_plan(plan)
+    one = one_process_plan(plan)
     if device is None or dtype is None:
         device, dtype = device_and_dtype(plan)
-    seed = plan.spec.training.seed
+    seed = plan.training.seed
     template: dict = {}
     model = the_draft = None
     if target:
@@ -210,8 +205,11 @@ def load(plan: LaunchPlan, folder: Path, *, target: bool = True, draft: bool = T
         the_draft = Eagle3Draft(draft_shape(one), config).to(device, dtype)
         template["draft"] = _prefixed(the_draft.sharded_state_dict(prefix=""), "draft.")
     try:
-        with _quiet_writer():
-            loaded = dist_checkpointing.load(template, str(folder))
+        loaded = safe_load.load(template, Path(folder), meta)
+    except CorruptCheckpoint as why:
+        raise LoadError(
+            f"checkpoint {folder} is refused: {why}", "load only checkpoints you or your cluster wrote"
+        ) from None
     except (Exception, CheckpointException) as err:
         raise LoadError(
             f"checkpoint {folder} could not be loaded into this specdraft's model: "
@@ -229,19 +227,37 @@ def load(plan: LaunchPlan, folder: Path, *, target: bool = True, draft: bool = T
 
 def run_tool(work) -> int:
     """The offline tools' shared main: megatron's warnings quieted, the result as one JSON line on stdout, a LoadError
-    as the one-line payload error the CLI shows (exit 2)."""
+    (or any other error of the user's: a refused run file) as the one-line payload error the CLI shows (exit 2).
+    SIGTERM or SIGHUP (the CLI passing on its stop) raise, so what a tool half-wrote is removed (an export's temp
+    folder) before it exits 130."""
     import json
+    import signal
     import sys
     import warnings
 
-    from specdraft.errors import payload_error_line
-    from specdraft.runtime.models.hf.checkpoint import CheckpointError
+    def stop(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
+
+    from specdraft.errors import file_error, payload_error_line
 
     warnings.filterwarnings("ignore", category=UserWarning, module="megatron")  # config deprecations, TE absent
     try:
         result = work()
-    except (LoadError, CheckpointError) as err:  # ExportError too
-        print(payload_error_line(err.message, err.fix), file=sys.stderr, flush=True)
+    except KeyboardInterrupt as err:
+        print(f"[specdraft] stopped ({err or 'SIGINT'})", file=sys.stderr, flush=True)
+        return 130
+    except SpecdraftError as err:  # LoadError, ExportError, a refused run file
+        message, fix = getattr(err, "message", str(err)), getattr(err, "fix", "")
+        print(payload_error_line(message, fix), file=sys.stderr, flush=True)
+        return 2
+    except OSError as err:  # a read-only or full disk, a name too long: the user's, naming the path
+        user = file_error(err)
+        if user is None:
+            raise
+        print(payload_error_line(user.message, user.fix), file=sys.stderr, flush=True)
         return 2
     print(json.dumps(result), flush=True)
     return 0

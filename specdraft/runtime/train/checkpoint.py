@@ -9,44 +9,28 @@ the data position (the step index: data.py derives every batch from it; for a da
 epoch and index, packing.py, restored on resume) and every RNG state (torch CPU; on a CUDA
 device also CUDA's and megatron's CUDA RNG tracker; per global rank, restored only under the same layout). The
 learning rate is constant (no schedule to save). On-disk layout, markers and the choice of checkpoint:
-runs/checkpoints.py.
+runs/checkpoints.py; every file's sha256 goes into the marker (each rank hashes a share) and is checked before a
+resume loads it; the load itself is runtime/train/safe_load.py.
 """
 
 from __future__ import annotations
 
-import contextlib
-import queue
+import os
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from specdraft.runs import checkpoints as files
+from specdraft.runs.marker import CorruptCheckpoint, check_hashes, hash_files, manifest_files
+from specdraft.runs.paths import CHECKPOINTS
 from specdraft.runtime.context import RankContext
+from specdraft.runtime.train.safe_load import quiet_writer
 
 ADAM_STATE = ("exp_avg", "exp_avg_sq")  # AdamW's per-parameter tensors (amsgrad off); "step" is shared
 MAIN = "fp32_param"  # the fp32 main weight of a bf16/fp16 parameter (megatron's name for it)
-
-
-@contextlib.contextmanager
-def _quiet_writer():
-    """Synchronous saves without the writer's extra process, and without torch's deprecation chatter per rank.
-
-    dist_checkpointing's torch_dist writer hands its results back through a queue it builds, on first use, with a
-    *spawned* multiprocessing Manager: one more interpreter per rank, left orphaned when the rank leaves through
-    os._exit (entry.exit_now) and killed by the USR2 Slurm sends to every process of the step. A synchronous save
-    puts and gets in this same process, so a plain queue.Queue does the job (the writers it forks stay as they are).
-    """
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    if filesystem_async._results_queue is None:
-        filesystem_async._results_queue = queue.Queue()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=FutureWarning, message=".*(DTensor|load_state_dict).*")
-        yield
 
 
 def _prefixed(sharded: dict, prefix: str) -> dict:
@@ -180,7 +164,7 @@ def save(ctx: RankContext, trainer, step: int) -> Path:
     from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
 
     started = time.perf_counter()
-    folder = files.step_dir(ctx.run_dir, step)
+    folder = ctx.paths.step(step)
     steps = torch.tensor(
         [
             optimizer_step(trainer.optimizer),
@@ -201,20 +185,27 @@ def save(ctx: RankContext, trainer, step: int) -> Path:
         "data": trainer.data.position(step),
     }
     if ctx.global_rank == 0:
-        if folder.exists():  # a leftover of an abandoned future (a resume from an older step): replace it
-            files.remove(folder)
+        ctx.paths.real_dir(CHECKPOINTS)  # a link in its place would send the save out of the run folder
+        if os.path.lexists(folder):  # a leftover of an abandoned future (a resume from an older step): replace it
+            files.remove(folder, ctx.paths)
         folder.mkdir(parents=True)
     dist.barrier()
     state = sharded_state(trainer, rng=True, draft_optimizer=draft_step > 0)
     state["meta"] = meta  # common (rank 0 writes it); identical on every rank
-    with _quiet_writer():
+    with quiet_writer():
         dist_checkpointing.save(state, str(folder), sharded_strategy=get_default_save_sharded_strategy("torch_dist"))
     dist.barrier()
+    names: list = [None]
     if ctx.global_rank == 0:
-        rows = files.metrics_rows(ctx.metrics_path, step)
-        (folder / files.METRICS).write_text("".join(r + "\n" for r in rows), encoding="utf-8")
-        files.write_marker(folder, meta)
-        files.prune(ctx.run_dir, ctx.plan.spec.training.keep_checkpoints)
+        files.write_metrics(folder, files.metrics_rows(ctx.run_dir, step))
+        names[0] = manifest_files(folder)
+    dist.broadcast_object_list(names, src=0)
+    # Every rank hashes a share of the files (a checkpoint is read once, in parallel), rank 0 writes them all.
+    shares: list = [None] * dist.get_world_size()
+    dist.all_gather_object(shares, hash_files(folder, names[0][ctx.global_rank :: dist.get_world_size()]))
+    if ctx.global_rank == 0:
+        files.write_marker(folder, meta, {rel: entry for share in shares for rel, entry in share.items()})
+        files.prune(ctx.run_dir, ctx.plan.training.keep_checkpoints)
     dist.barrier()  # nobody leaves (a preempted job exits next) before the marker is on disk
     if ctx.global_rank == 0:
         print(f"[specdraft] saved {folder} in {time.perf_counter() - started:.2f}s", flush=True)
@@ -222,7 +213,7 @@ def save(ctx: RankContext, trainer, step: int) -> Path:
 
 
 def _load(trainer, folder: Path, meta: dict, rng: bool) -> None:
-    from megatron.core import dist_checkpointing
+    from specdraft.runtime.train import safe_load
 
     draft_optimizer = trainer.draft is not None and meta["draft_optimizer_step"] > 0
     # fp32 main weights come from the checkpoint when it has them (a bf16/fp16 run), else from the loaded weights.
@@ -231,8 +222,7 @@ def _load(trainer, folder: Path, meta: dict, rng: bool) -> None:
     if draft_optimizer:
         _init_optimizer_state(trainer.draft_optimizer, meta["draft_optimizer_step"])
     template = sharded_state(trainer, rng=rng, draft_optimizer=draft_optimizer, mains=mains)
-    with _quiet_writer():
-        loaded = dist_checkpointing.load(template, str(folder))
+    loaded = safe_load.load(template, folder, meta)
     for v, chunk in enumerate(trainer.chunks):
         chunk.load_state_dict(loaded["target"][f"chunk{v}"])
     _copy_optimizer(trainer.optimizer, loaded["target_optimizer"])
@@ -261,50 +251,72 @@ def _copy_optimizer(opt, loaded: dict) -> None:
             main.copy_(loaded[f"{MAIN}.{i}"] if f"{MAIN}.{i}" in loaded else param)
 
 
-def restore(ctx: RankContext, trainer) -> tuple[int, dict]:
-    """Resume as ctx asks: load the chosen checkpoint on every rank, rewrite metrics.jsonl to its step (rank 0,
-    atomically). Returns (first step to run, what to record in the result). No resume: (0, {})."""
+def _verify(ctx: RankContext, folder: Path, meta: dict) -> str:
+    """Every rank checks the sha256 of a share of the checkpoint's files; the first problem found (the same text
+    on every rank), or "" when every file is as saved."""
+    world = dist.get_world_size()
+    try:
+        check_hashes(folder, meta, sorted(meta["manifest"])[ctx.global_rank :: world])
+        mine = ""
+    except CorruptCheckpoint as why:
+        mine = str(why)
+    found: list = [None] * world
+    dist.all_gather_object(found, mine)
+    return next((f for f in found if f), "")
+
+
+def _try_load(ctx: RankContext, trainer, folder: Path, meta: dict, rng: bool) -> str:
+    """Load on every rank; "" when every rank loaded, else why (this rank's reason, or that a peer failed)."""
     # torch's DCP raises CheckpointException, a BaseException, for a checkpoint it cannot read.
     from torch.distributed.checkpoint.api import CheckpointException
 
+    error = ""
+    try:
+        _load(trainer, folder, meta, rng)
+    except CorruptCheckpoint as why:  # refused metadata (safe_load): say so as it is, on every rank
+        error = str(why)
+    except (Exception, CheckpointException) as err:
+        error = f"{type(err).__name__}: {err}"
+    failed = torch.tensor([1.0 if error else 0.0], device=trainer.device)
+    dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+    if not failed.item():
+        return ""
+    if error:
+        print(
+            f"[specdraft] rank {ctx.global_rank}: loading {folder} failed: {error[:2000]}", file=sys.stderr, flush=True
+        )
+    return error or "another rank could not load it"
+
+
+def restore(ctx: RankContext, trainer) -> tuple[int, dict]:
+    """Resume as ctx asks: check the chosen checkpoint's content hashes and load it on every rank, rewrite
+    metrics.jsonl to its step (rank 0, atomically). Returns (first step to run, what to record in the result).
+    No resume: (0, {})."""
     if ctx.resume is None:
         return 0, {}
     choice: list = [None]
     if ctx.global_rank == 0:
         try:
-            choice[0] = ("ok", files.choose(ctx.run_dir, ctx.plan, ctx.resume, ctx.resume_from, _warn))
+            choice[0] = ("ok", files.choose(ctx.run_dir, ctx.plan, ctx.resume, ctx.resume_from, _warn, ctx.steps))
         except files.ResumeError as err:
             choice[0] = ("error", str(err))
     dist.broadcast_object_list(choice, src=0)  # one decision, the same on every rank
     kind, value = choice[0]
     if kind == "error":
         raise files.ResumeError(value)
-    skipped = []
+    skipped, reasons = [], []
     for folder, meta in value:
         rng = files.same_layout(meta, ctx.plan)
-        error = ""
-        try:
-            _load(trainer, folder, meta, rng)
-        except (Exception, CheckpointException) as err:
-            error = f"{type(err).__name__}: {err}"
-        failed = torch.tensor([1.0 if error else 0.0], device=trainer.device)
-        dist.all_reduce(failed, op=dist.ReduceOp.MAX)
-        if not failed.item():
+        why = _verify(ctx, folder, meta) or _try_load(ctx, trainer, folder, meta, rng)
+        if not why:
             break
-        if error:
-            print(
-                f"[specdraft] rank {ctx.global_rank}: loading {folder} failed: {error[:2000]}",
-                file=sys.stderr,
-                flush=True,
-            )
         skipped.append(str(folder))
+        reasons.append(f"{folder}: {why[:600]}")
         if ctx.global_rank == 0:
-            _warn(f"skipping checkpoint {folder}: it could not be loaded (see the ranks' errors above)")
+            _warn(f"skipping checkpoint {folder}: {why[:2000]}")
     else:
         if value:
-            raise files.ResumeError(
-                f"no checkpoint could be loaded (tried {', '.join(skipped)}); see the ranks' errors above"
-            )
+            raise files.ResumeError(f"no checkpoint could be loaded: {'; '.join(reasons)}")
         if ctx.global_rank == 0:  # a requeued job that never saved starts over: its old rows go
             files.rewrite_metrics(ctx.run_dir, [])
         dist.barrier()
@@ -314,7 +326,7 @@ def restore(ctx: RankContext, trainer) -> tuple[int, dict]:
     if note and ctx.global_rank == 0:
         _warn(note)
     if ctx.global_rank == 0:
-        files.rewrite_metrics(ctx.run_dir, files.metrics_rows(folder / files.METRICS, step))
+        files.rewrite_metrics(ctx.run_dir, files.metrics_rows(folder, step))
         print(
             f"[specdraft] resumed from {folder} (step {step}, "
             f"{'same layout' if rng else 'saved under another layout: resharded, RNG streams not carried'})",

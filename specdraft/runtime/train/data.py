@@ -66,7 +66,7 @@ class MarkovData:
         """The data of ``plan``'s run: every rank, and every tool that reads the run afterwards, builds the same."""
         return cls(
             vocab_size=plan.model.vocab_size,
-            row_tokens=plan.spec.training.micro_batch_size * plan.model.seq_length,
+            row_tokens=plan.parallel.micro_batch_size * plan.model.seq_length,
             pad_multiple=plan.parallel.pad_multiple,
             seed=plan.data.seed,
             drift_interval=plan.data.drift_interval,

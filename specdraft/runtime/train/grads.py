@@ -1,7 +1,7 @@
 """The gradients across ranks: each summed over the ranks that hold the same parameter and saw other tokens (dense:
-dp x cp; experts: expert dp; sequence-parallel norms and router: also tp; a tied embedding: first and last stage),
-and the global grad norm that counts every shard exactly once. Summed, never averaged: the losses are normalised
-over the global batch."""
+dp x cp; experts: expert dp; sequence-parallel norms and router, and QK norms: also tp; a tied embedding: first and
+last stage), and the global grad norm that counts every shard exactly once. Summed, never averaged: the losses are
+normalised over the global batch."""
 
 from __future__ import annotations
 
@@ -20,15 +20,18 @@ class TargetParams:
     dense: tuple  # replicated over dp x cp; TP-sharded or TP-replicated
     experts: tuple  # routed experts: sharded over ep and etp, replicated over the expert data-parallel group
     has_experts: bool  # an MoE model (a stage without layers still joins the expert norm's all-reduce)
+    qk_norms: tuple = ()  # of dense: the per-head query/key norms, TP-replicated but fed by this rank's heads only
 
     @classmethod
     def of(cls, chunks) -> "TargetParams":
-        dense, experts = [], []
+        dense, experts, qk_norms = [], [], []
         for chunk in chunks:
             for name, param in chunk.named_parameters():
                 (experts if moe.is_expert(name) else dense).append(param)
+                if "q_layernorm" in name or "k_layernorm" in name:  # megatron's finalize_model_grads test
+                    qk_norms.append(param)
         has_experts = any(getattr(c.config, "num_moe_experts", None) for c in chunks)
-        return cls(tuple(dense), tuple(experts), has_experts)
+        return cls(tuple(dense), tuple(experts), has_experts, tuple(qk_norms))
 
     def all(self) -> list:
         return [*self.dense, *self.experts]
@@ -36,18 +39,18 @@ class TargetParams:
 
 def reduce_target_grads(params: TargetParams, sequence_parallel: bool) -> None:
     """Sum each grad over the ranks that hold the same parameter and saw other tokens: dense ones over dp x cp,
-    experts over megatron's expert data-parallel group (the ranks holding the same expert shard), and parameters
-    tagged `sequence_parallel` (norms, the MoE router) also over tp, since each TP rank saw 1/tp of the tokens."""
+    experts over megatron's expert data-parallel group (the ranks holding the same expert shard), and also over
+    tp: parameters tagged `sequence_parallel` (norms, the MoE router), since each TP rank saw 1/tp of the tokens,
+    and the QK norms, since each TP rank normalised 1/tp of the heads (each parameter once, as megatron does)."""
     from megatron.core import parallel_state as ps
 
     dense = [p for p in params.dense if p.grad is not None]
     experts = [p for p in params.experts if p.grad is not None]
     all_reduce_grads(dense, ps.get_data_parallel_group(with_context_parallel=True))
     all_reduce_grads(experts, ps.get_expert_data_parallel_group())
-    if sequence_parallel:
-        all_reduce_grads(
-            [p for p in dense if getattr(p, "sequence_parallel", False)], ps.get_tensor_model_parallel_group()
-        )
+    qk = {id(p) for p in params.qk_norms}
+    over_tp = [p for p in dense if id(p) in qk or (sequence_parallel and getattr(p, "sequence_parallel", False))]
+    all_reduce_grads(over_tp, ps.get_tensor_model_parallel_group())
 
 
 def reduce_tied_embedding_grads(params: TargetParams) -> None:

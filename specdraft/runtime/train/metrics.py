@@ -12,10 +12,13 @@ backward used (null otherwise), `skipped_step` true when an inf/NaN gradient ski
 from __future__ import annotations
 
 import json
+import os
 
 import torch
 import torch.distributed as dist
 
+from specdraft.runs import files as runfiles
+from specdraft.runs.paths import METRICS
 from specdraft.runtime.context import RankContext
 from specdraft.runtime.models import moe
 
@@ -72,7 +75,8 @@ class StepMetrics:
             record["data"] = position
         self.last = record
         if self.ctx.global_rank == 0:
-            with open(self.ctx.metrics_path, "a", encoding="utf-8") as handle:
+            # No link followed: a metrics.jsonl planted as a link must not send the rows out of the run folder.
+            with os.fdopen(runfiles.open_append(self.ctx.run_dir, METRICS), "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record) + "\n")
             accept = " ".join(f"{a:.2f}" for a in record["acceptance"])
             print(

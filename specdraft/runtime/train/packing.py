@@ -52,7 +52,7 @@ class PackedData:
         return cls(
             corpus,
             vocab_size=plan.model.vocab_size,
-            row_tokens=plan.spec.training.micro_batch_size * plan.model.seq_length,
+            row_tokens=plan.parallel.micro_batch_size * plan.model.seq_length,
             rows_per_step=plan.num_microbatches * plan.parallel.dp,
             length_multiple=plan.data.length_multiple,
             seed=plan.data.seed,
@@ -151,6 +151,8 @@ class PackedData:
             start, why = (0, 0), "it was written with the built-in Markov data"
         elif saved.get("digest") != self.corpus.digest:
             start, why = (0, 0), f"it was written with other data (digest {str(saved.get('digest'))[:12]})"
+        elif not 0 <= int(saved["index"]) <= len(self.corpus.samples):  # the marker's types are checked (runs/)
+            start, why = (0, 0), f"its sample index {saved['index']} is past this data's {len(self.corpus.samples)}"
         else:
             start, why = (int(saved["epoch"]), int(saved["index"])), None
         self._starts = {s: p for s, p in self._starts.items() if s < step}

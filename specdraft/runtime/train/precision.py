@@ -299,7 +299,12 @@ def optimizer_steps(trainer) -> dict:
 
     target, scaler, device = trainer.optimizer, trainer.loss_scaler, trainer.device
     tp = trainer.target_params
-    views = TargetParams(tuple(target.grad_views(tp.dense)), tuple(target.grad_views(tp.experts)), tp.has_experts)
+    views = TargetParams(
+        tuple(target.grad_views(tp.dense)),
+        tuple(target.grad_views(tp.experts)),
+        tp.has_experts,
+        tuple(target.grad_views(tp.qk_norms)),
+    )
     if str(getattr(trainer, "step", -1)) in os.environ.get(NONFINITE_ENV, "").split(",") and dist.get_rank() == 0:
         next(v.grad for v in views.all() if v.grad is not None).view(-1)[0] = float("inf")
     reduce_target_grads(views, trainer.sequence_parallel)

@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 
-from specdraft.runs.checkpoints import PREEMPTED_EXIT  # noqa: F401 - the exit code entry.py returns after a stop
+from specdraft.runs.paths import PREEMPTED_EXIT  # noqa: F401 - the exit code entry.py returns after a stop
 
 REQUEUE_TIMEOUT_S = 30.0
 
@@ -134,7 +134,7 @@ def request_requeue(plan, environ, timeout_s: float = REQUEUE_TIMEOUT_S) -> dict
     Returns {"requeued": bool, "reason": str, "restarts": n}; never raises (the checkpoint is already safe)."""
     job_id = environ.get("SLURM_JOB_ID")
     done = restarts(environ)
-    limit = plan.spec.slurm.max_requeues
+    limit = plan.slurm.max_requeues
     if not job_id:
         return {"requeued": False, "reason": "not running under Slurm (no SLURM_JOB_ID)", "restarts": done}
     if done >= limit:

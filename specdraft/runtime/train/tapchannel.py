@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from specdraft.plan.model import LaunchPlan
+from specdraft.runs import files as runfiles
 
 
 def tap_order(tap) -> tuple[int, int]:
@@ -112,7 +114,8 @@ class TapChannel:
             raise RuntimeError(f"TapChannel: microbatches {sorted(self._works)} were received but never consumed")
         if self.audit_dir is not None and self._audit:
             self.audit_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.audit_dir / f"rank-{self.rank:05d}.jsonl", "a", encoding="utf-8") as handle:
+            fd = runfiles.open_append(self.audit_dir, f"rank-{self.rank:05d}.jsonl")  # no link followed
+            with os.fdopen(fd, "a", encoding="utf-8") as handle:
                 for record in self._audit:
                     handle.write(json.dumps(record) + "\n")
             self._audit = []

@@ -34,9 +34,9 @@ class CoTrainer:
     def __init__(self, ctx: RankContext):
         from megatron.core import parallel_state as ps
 
-        plan, spec = ctx.plan, ctx.plan.spec
+        plan = ctx.plan
         self.ctx, self.plan, self.ps = ctx, plan, ps
-        par, m, d, t = plan.parallel, plan.model, spec.draft, spec.training
+        par, m, d, t = plan.parallel, plan.model, plan.draft, plan.training
         self.device = torch.device(ctx.device)
         # The spec's dtype on every device: bf16/fp16 parameters with fp32 main weights (precision.py).
         self.precision = precision.Policy.of(t)
@@ -49,7 +49,7 @@ class CoTrainer:
                 f"the interleaved schedule needs num_microbatches ({self.num_microbatches}) to be a "
                 f"multiple of pp ({par.pp}); change training.global_batch_size"
             )
-        self.row_tokens = t.micro_batch_size * m.seq_length
+        self.row_tokens = par.micro_batch_size * m.seq_length
         self.steps_ttt = d.ttt_steps
         self.seed = t.seed
         torch.manual_seed(self.seed)
@@ -113,7 +113,7 @@ class CoTrainer:
                 return (-(-rows // self.tp) if self.sequence_parallel else rows, h)
             return shapes[tap]
 
-        audit = ctx.run_dir / "taps" if os.environ.get(AUDIT_ENV) == "1" else None
+        audit = ctx.paths.taps if os.environ.get(AUDIT_ENV) == "1" else None
         channel = TapChannel(
             plan,
             ctx.global_rank,

@@ -35,8 +35,8 @@ def run(ctx: RankContext) -> dict:
     metrics = StepMetrics(ctx, trainer)
     step = make_step(trainer)
     vote = preempt.StopVote(trainer.device)
-    interval = ctx.plan.spec.training.save_interval
-    publish_every = ctx.plan.spec.draft.export_interval
+    interval = ctx.plan.training.save_interval
+    publish_every = ctx.plan.draft.export_interval
     saved = None
     with preempt.graceful():
         for index in range(start, ctx.steps):

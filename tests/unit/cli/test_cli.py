@@ -66,7 +66,9 @@ def test_plan_json_is_byte_identical_and_written_atomically(tmp_path):
     assert first.returncode == 0 and first.stdout == second.stdout
     data = json.loads(first.stdout)
     for key in (
-        "world_size",
+        "parallel",
+        "cluster",
+        "training",
         "ranks",
         "stages",
         "model",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.support.cli import run_cli
 from tests.support.paths import REPO
 
@@ -126,3 +128,19 @@ def test_length_presets_and_the_verl_tp_are_checked():
     assert out.returncode == 0, out.stderr
     work = json.loads(out.stdout)["workload"]
     assert (work["lengths"], work["median"], work["sigma"], work["cap"]) == ("deepscaler", 2700, 0.5, 8192)
+
+
+def test_check_every_has_a_lower_bound_that_keeps_adaptive_tp_bounded():
+    """The planner runs at every check-point, so its cost grows as 1/--check-every (1 step cost ~50x the default);
+    below MIN_CHECK_EVERY the option and the library both refuse, naming the bound."""
+    from specdraft.errors import UserError
+    from specdraft.rollout.report.compare import SimulateOptions
+    from specdraft.rollout.report.compare import run as simulate
+    from specdraft.spec.bounds import MIN_CHECK_EVERY
+    from specdraft.spec.load import load_layout
+
+    out = run("simulate", "--adaptive-tp", "--check-every", "1", "--seeds", "1")
+    assert out.returncode == 2 and "--check-every" in out.stderr and str(MIN_CHECK_EVERY) in out.stderr
+    assert "Traceback" not in out.stderr
+    with pytest.raises(UserError, match=f"outside {MIN_CHECK_EVERY}[.][.]"):
+        simulate(load_layout(None, []), SimulateOptions(adaptive_tp=True, check_every_steps=MIN_CHECK_EVERY - 1))

@@ -17,8 +17,9 @@ import pytest
 
 from specdraft.execute import launch, monitor
 from specdraft.execute.slurm import commands as slurmcmd
-from specdraft.runs.checkpoints import MARKER, write_marker
+from specdraft.runs.checkpoints import MARKER
 from specdraft.runs.rundir import read_record
+from tests.support.checkpoints import fake_checkpoint
 from tests.unit.execute.test_launch_hostile import _behave, _run_folder, slurm_stubs  # noqa: F401 - slurm_stubs is a fixture
 
 
@@ -39,14 +40,7 @@ def _results(folder: Path, preempted: dict | None, world_size: int = 2, **fields
 
 
 def _checkpoint(folder: Path, step: int, complete: bool = True) -> Path:
-    path = folder / "checkpoints" / f"step-{step}"
-    path.mkdir(parents=True)
-    (path / "__0_0.distcp").write_bytes(b"x" * 100)
-    if complete:
-        write_marker(
-            path, {"step": step, "spec_sha256": "0" * 64, "model": {}, "parallel": {}, "draft": {}, "world_size": 2}
-        )
-    return path
+    return fake_checkpoint(folder / "checkpoints" / f"step-{step}", None, step, complete=complete, shard=b"x" * 100)
 
 
 def test_a_slurm_job_that_failed_only_by_stopping_at_a_checkpoint_is_preempted(tmp_path, slurm_stubs, monkeypatch):
@@ -130,12 +124,11 @@ def test_a_run_with_a_checkpoint_says_how_to_continue_it(tmp_path, state):
     folder = _run_folder(tmp_path / "run", executor="local", job_id="local-4242", state=state)
     _checkpoint(folder, 6)
 
-    class Plan:
+    class Plan:  # what problem() reads of a plan
         world_size = 2
 
-        class spec:
-            class slurm:
-                time = "00:10:00"
+        class slurm:
+            time = "00:10:00"
 
     message = monitor.problem(folder, read_record(folder), state, Plan)
     assert (

@@ -11,7 +11,9 @@ import pytest
 
 from specdraft.assemble import compile
 from specdraft.perf.costs import Shape
-from specdraft.perf.estimate import Estimator, layout_of
+from specdraft.perf.estimate import Estimator
+from specdraft.perf.layout import layout_of
+from specdraft.plan.compile import parallel_dims
 from specdraft.plan.memory import activation_bytes_per_layer
 from specdraft.spec.schema import ClusterSpec, DraftSpec, LayoutSpec, ModelSpec, ParallelSpec, TrainingSpec
 
@@ -76,8 +78,10 @@ def test_tp_exposure_follows_each_overlap_mode():
     def tp_comm(**kw):
         spec = spec_of(tp=4, nodes=1, **kw)
         est = Estimator(spec)
-        shape = Shape(4, 1, kw.get("sp", False), "none", 1, 1, 4)
-        layer = est.costs.layer(shape, est.bandwidths(layout_of(spec)))
+        lay = layout_of(spec)
+        shape = Shape.of(lay.dims, "none")
+        assert shape == (4, 1, kw.get("sp", False), "none", 1, 1, 4)
+        layer = est.costs.layer(shape, est.bandwidths(lay))
         return layer.tp_comm, est.costs, est.bandwidths(layout_of(spec))
 
     overlap, costs, bw = tp_comm(sp=True, overlap=True)
@@ -105,11 +109,11 @@ def test_activation_memory_is_table_2_with_k_and_v_at_the_gqa_width(tp, groups):
     spec = spec_of(tp=tp, groups=groups)
     tokens, h = 4096, 4096
     ffn_term = 4 * spec.model.ffn_hidden_size / h
-    got = activation_bytes_per_layer(spec, tokens, ffn_term)
+    got = activation_bytes_per_layer(spec, parallel_dims(spec), tokens, ffn_term)
     ratio = (groups or 32) / 32
     assert got == pytest.approx(tokens * h * (10 + (24 - 4 * (1 - ratio)) / tp), rel=1e-12)
     sp = dataclasses.replace(spec, parallel=dataclasses.replace(spec.parallel, sequence_parallel=tp > 1))
     if tp > 1:
-        assert activation_bytes_per_layer(sp, tokens, ffn_term) == pytest.approx(
+        assert activation_bytes_per_layer(sp, parallel_dims(sp), tokens, ffn_term) == pytest.approx(
             tokens * h * (34 - 4 * (1 - ratio)) / tp, rel=1e-12
         )

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from specdraft.assemble import compile
+from specdraft.plan.compile import parallel_dims
 from specdraft.plan.stages import chunk_layout
 from tests.support.layouts import valid_layouts
 
@@ -80,7 +81,7 @@ def test_stage_map_equals_megatron_layer_offsets(spec):
 
     spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, num_experts=None, moe_ffn_hidden_size=None))
     config = _megatron_config(spec)
-    for rank, chunks in enumerate(chunk_layout(spec)):
+    for rank, chunks in enumerate(chunk_layout(spec.model.num_layers, parallel_dims(spec))):
         for v, (first, count) in enumerate(chunks):
             vp_stage = v if config.virtual_pipeline_model_parallel_size else None
             assert get_transformer_layer_offset(config, vp_stage=vp_stage, pp_rank=rank) == first, (rank, v)

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from specdraft.assemble import check, compile
-from specdraft.plan.compile import plan_memory
+from specdraft.plan.compile import parallel_dims, plan_memory
 from specdraft.plan.stages import chunk_layout
 from specdraft.spec.load import load_layout
 from tests.support.paths import REPO
@@ -39,7 +39,7 @@ def test_126_layers_over_pp8_vpp8_with_embedding_and_loss_counted():
             *ACCOUNT_BOTH,
         ],
     )
-    chunks = chunk_layout(spec)
+    chunks = chunk_layout(spec.model.num_layers, parallel_dims(spec))
     assert chunks[0][0] == (0, 1)  # the embedding takes the first slot
     assert chunks[-1][-1] == (125, 1)  # the loss takes the last
     assert chunks[1][0] == (1, 2) and chunks[0][1] == (15, 2)

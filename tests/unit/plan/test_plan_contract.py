@@ -48,7 +48,9 @@ def test_derived_values_are_resolved_once_in_the_plan():
         (lambda d: d["ranks"][3].pop("pp"), "ranks[3]: missing pp"),
         (lambda d: d["ranks"][0].update(tp="0"), "ranks[0].tp: expected int"),
         (lambda d: d["parallel"].update(extra=1), "parallel: unknown extra"),
-        (lambda d: d.update(world_size=True), "world_size: expected int"),
+        (lambda d: d["parallel"].update(world_size=True), "parallel.world_size: expected int"),
+        (lambda d: d["parallel"].update(world_size=1000), "parallel: tp*cp*pp*dp = 4 differs from world_size = 1000"),
+        (lambda d: d["parallel"].update(edp=3), "parallel: edp = 3 where these sizes give 2"),
         (lambda d: d["spec"]["parallel"].update(tp="x"), "spec.parallel.tp"),
         (lambda d: d["memory"][0].update(fraction=float("nan")), "memory[0].fraction"),
     ],
@@ -76,8 +78,8 @@ def test_another_schema_version_is_refused_naming_both():
 def test_a_hand_edited_plan_is_refused_by_recompiling_its_spec():
     plan = compile(load_layout(None))
     data = json.loads(plan.to_json())
-    data["world_size"] = 1000
-    with pytest.raises(UserError, match="sections that differ: world_size"):
+    data["parallel"]["cp_comm_type"] = "a2a"
+    with pytest.raises(UserError, match="sections that differ: parallel"):
         verify(parse_plan(json.dumps(data), "plan.json"), "plan.json")
     data = json.loads(plan.to_json())
     data["name"] = data["spec"]["name"] = "../../etc/x"

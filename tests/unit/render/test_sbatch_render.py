@@ -256,11 +256,9 @@ def test_values_that_cannot_be_made_safe_are_refused(name, fields, path):
 
 def test_a_hand_edited_plan_cannot_smuggle_values_into_the_script():
     plan = _plan()
-    spec = dataclasses.replace(
-        plan.spec, slurm=dataclasses.replace(plan.spec.slurm, env={"X;touch /tmp/p": "1"}, container_image="a\nb")
-    )
+    slurm = dataclasses.replace(plan.slurm, env={"X;touch /tmp/p": "1"}, container_image="a\nb")
     with pytest.raises(ValueError, match="slurm.env key.*container_image|container_image.*slurm.env key"):
-        render_sbatch(dataclasses.replace(plan, spec=spec), "/r", python=PYTHON)
+        render_sbatch(dataclasses.replace(plan, slurm=slurm), "/r", python=PYTHON)
     with pytest.raises(ValueError, match="run folder"):
         render_sbatch(plan, "/r/50%/x", python=PYTHON)
 

@@ -180,13 +180,15 @@ def test_malformed_profile_names_the_line(tmp_path, text, needle):
 
 
 def test_max_num_seqs_is_a_rollout_setting_the_engine_and_the_render_share():
+    from specdraft.assemble import compile
     from specdraft.render.vllm import engine_settings
     from specdraft.rollout.model.instances import check_rollout
 
     assert layout().rollout.max_num_seqs == 1024 and COST.max_num_seqs == 1024  # VeRL's default
     small = layout("rollout.max_num_seqs=64")
     assert costmodel.from_spec(small).max_num_seqs == 64
-    assert engine_settings(small).max_num_seqs == 64 and engine_settings(small).problems() == []
+    settings = engine_settings(compile(small))
+    assert settings.max_num_seqs == 64 and settings.problems() == []
     errors, _ = check_rollout(layout("rollout.max_num_seqs=0"))
     assert [(p.path, p.value) for p in errors] == [("rollout.max_num_seqs", 0)]
     assert "must be >= 1" in errors[0].rule and "1024" in errors[0].fix

@@ -15,6 +15,7 @@ from specdraft.errors import SpecError
 from specdraft.runs import checkpoints as files
 from specdraft.runtime.train import preempt
 from specdraft.spec.load import load_layout
+from tests.support.checkpoints import fake_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -23,35 +24,33 @@ def plan():
 
 
 def _fake(run_dir, plan, step, *, complete=True, **meta_overrides):
-    """A step folder with two 'shards'; with a marker describing ``plan`` unless incomplete."""
-    folder = files.step_dir(run_dir, step)
-    folder.mkdir(parents=True)
-    (folder / "__0_0.distcp").write_bytes(b"x" * (10 + step))
-    (folder / "common.pt").write_bytes(b"c")
-    if complete:
-        meta = {**files.describe(plan), "step": step, "target_optimizer_step": step, "draft_optimizer_step": 0}
-        files.write_marker(folder, {**meta, **meta_overrides})
-    return folder
+    """A step folder with 'shards' and metadata; with a marker describing ``plan`` unless incomplete."""
+    return fake_checkpoint(files.step_dir(run_dir, step), plan, step, complete=complete, **meta_overrides)
 
 
 def test_a_marker_records_layout_shape_spec_and_a_manifest_that_catches_damage(tmp_path, plan):
     folder = _fake(tmp_path, plan, 3)
-    meta = files.read_marker(folder)
+    meta = files.check_checkpoint(folder, hash_limit=float("inf"))
     assert meta["step"] == 3 and meta["spec_sha256"] == plan.spec_sha256
     assert meta["parallel"]["cp"] == plan.parallel.cp and meta["model"]["hidden_size"] == plan.model.hidden_size
-    assert meta["manifest"] == {"__0_0.distcp": 13, "common.pt": 1}
+    assert {rel: entry["size"] for rel, entry in meta["manifest"].items()} == {
+        ".metadata": (folder / ".metadata").stat().st_size,
+        "__0_0.distcp": 13,
+        "common.pt": 1,
+    }
+    assert meta["draft"]["vocab_size"] == plan.draft.vocab_size
     (folder / "__0_0.distcp").write_bytes(b"x")
     with pytest.raises(files.CorruptCheckpoint, match="__0_0.distcp has 1 bytes, the marker says 13"):
-        files.read_marker(folder)
+        files.check_checkpoint(folder)
     (folder / "__0_0.distcp").unlink()
     with pytest.raises(files.CorruptCheckpoint, match="__0_0.distcp is missing"):
-        files.read_marker(folder)
+        files.check_checkpoint(folder)
     (folder / files.MARKER).write_text("{not json")
-    with pytest.raises(files.CorruptCheckpoint, match="unreadable"):
-        files.read_marker(folder)
+    with pytest.raises(files.CorruptCheckpoint, match="not valid JSON"):
+        files.check_checkpoint(folder)
     (folder / files.MARKER).unlink()
     with pytest.raises(files.CorruptCheckpoint, match="no completion marker"):
-        files.read_marker(folder)
+        files.check_checkpoint(folder)
 
 
 def test_resume_takes_the_newest_complete_one_and_names_what_it_skips(tmp_path, plan):
@@ -59,7 +58,7 @@ def test_resume_takes_the_newest_complete_one_and_names_what_it_skips(tmp_path, 
         _fake(tmp_path, plan, step)
     _fake(tmp_path, plan, 6, complete=False)
     broken = _fake(tmp_path, plan, 5)
-    (broken / "common.pt").write_bytes(b"longer")
+    (broken / "common.pt").write_bytes(b"longer")  # shard sizes are checked at the choice, hashes at the load
     warnings = []
     found = files.choose(tmp_path, plan, "newest", None, warnings.append)
     assert [f.name for f, _ in found] == ["step-4", "step-2"]
@@ -115,7 +114,7 @@ def test_metrics_rows_keep_each_step_below_the_checkpoint_once_in_order(tmp_path
         line = json.dumps({"step": step, "target_loss": step / 7})
         lines.append(line[: len(line) // 2] if torn else line)
     path.write_text("\n".join(lines) + ("\n" if lines else ""))
-    kept = [json.loads(line)["step"] for line in files.metrics_rows(path, upto)]
+    kept = [json.loads(line)["step"] for line in files.metrics_rows(path.parent, upto)]
     assert kept == sorted({s for s, torn in rows if not torn and s < upto})
 
 

@@ -17,6 +17,9 @@ loaded through AutoTokenizer) turns a data file into samples, and the samples in
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 
@@ -164,7 +167,11 @@ def test_bad_rows_are_named_by_line_and_field(tmp_path, folders):
 
 def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path, folders):
     data = write_jsonl(tmp_path / "t.jsonl", [{"text": "hello world"}])
-    plan = compile(load_layout(None, [f"data.path={data}", f"model.path={folders['none']}", "model.vocab_size=256"]))
+    small = tmp_path / "small"  # the tokenizer's 320 tokens beside a config.json of 256 (it fills model.vocab_size)
+    shutil.copytree(folders["none"], small)
+    config = json.loads((small / "config.json").read_text())
+    (small / "config.json").write_text(json.dumps({**config, "vocab_size": 256}))
+    plan = compile(load_layout(None, [f"data.path={data}", f"model.path={small}", "model.vocab_size=256"]))
     with pytest.raises(DataError, match=rf"has {VOCAB_SIZE} tokens, more than model.vocab_size \(256\)"):
         load_corpus(plan)
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from specdraft.assemble import compile
+from specdraft.errors import SpecError
 from specdraft.runtime.models.hf import mapping, reader
 from specdraft.runtime.models.hf.checkpoint import CheckpointError, folder_of, open_checkpoint
 from specdraft.spec.load import load_layout
@@ -201,11 +202,15 @@ def test_a_checkpoint_is_checked_before_anything_loads_with_every_problem_named(
     with pytest.raises(CheckpointError, match="model-00004-of-00004.safetensors: tensor '.*' ends at byte"):
         open_checkpoint(plan.model, cut)
 
-    with pytest.raises(CheckpointError, match="a dense model but the plan's model has num_experts 4"):
-        open_checkpoint(_plan(llama, *hf_models.overrides(llama, "mixtral")[-4:]).model, llama)
-    (tmp_path / "empty").mkdir()
+    # A layout whose MoE fields disagree with the dense config.json is refused by the spec, naming both.
+    with pytest.raises(SpecError, match="model.num_experts = 4: disagrees with .*config.json"):
+        _plan(llama, *hf_models.overrides(llama, "mixtral")[-4:])
+    (tmp_path / "tokenizer-only").mkdir()
+    assert folder_of(str(tmp_path / "tokenizer-only")) is None, "no weights: the layout's model, random weights"
+    weights_only = _copy(llama, tmp_path / "weights-only")
+    (weights_only / "config.json").unlink()
     with pytest.raises(CheckpointError, match="is a folder without config.json"):
-        folder_of(str(tmp_path / "empty"))
+        folder_of(str(weights_only))
     assert folder_of("meta-llama/Llama-3.1-8B") is None, "a hub id keeps random weights"
 
 
@@ -225,7 +230,7 @@ def test_launch_refuses_a_bad_checkpoint_with_one_message_before_any_rank_starts
     arch = _copy(llama, tmp_path / "gpt2")
     config = json.loads((arch / "config.json").read_text())
     (arch / "config.json").write_text(json.dumps({**config, "architectures": ["GPT2LMHeadModel"]}))
-    cases["arch"] = (arch, "architectures ['GPT2LMHeadModel'] (model_type 'llama') is not a family specdraft imports")
+    cases["arch"] = (arch, "GPT2LMHeadModel")  # refused by the spec, which reads config.json first
     shard = _copy(llama, tmp_path / "shard")
     (shard / "model-00002-of-00004.safetensors").unlink()
     cases["shard"] = (shard, "names shards that are not in")

@@ -8,16 +8,19 @@ import json
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from specdraft.assemble import check, compile
-from specdraft.perf.estimate import Estimator, estimate, layout_of
+from specdraft.errors import SpecError
+from specdraft.perf.estimate import Estimator, estimate
+from specdraft.perf.layout import layout_of
 from specdraft.plan.compile import plan_memory
 from specdraft.plan.memory import peak_lower_bound
 from specdraft.search.ranking import search
 from specdraft.search.space import bases, candidate_spec, splits
-from specdraft.spec.derived import edp, resolved_dp
 from specdraft.spec.load import load_layout, spec_sha256
 from specdraft.spec.schema import ClusterSpec, LayoutSpec, ModelSpec, TrainingSpec
+from specdraft.spec.validate import divisors
 from tests.support.cli import run_cli
 from tests.support.layouts import valid_layouts
 from tests.support.paths import REPO
@@ -62,11 +65,12 @@ def naive_order(spec: LayoutSpec) -> list[tuple[float, LayoutSpec]]:
     """Every candidate through the whole validation, estimated one spec at a time, best first."""
     out = []
     for base in bases(spec, frozenset()):
-        for split in splits(spec, base.pp, frozenset()):
-            m = spec.training.global_batch_size // (base.mbs * base.dp)
-            if split.vpp and (m < base.pp or m % base.pp):
+        d = base.dims
+        for split in splits(spec, d.pp, frozenset()):
+            m = spec.training.global_batch_size // (d.micro_batch_size * d.dp)
+            if split.vpp and (m < d.pp or m % d.pp):
                 continue
-            for stage in range(base.pp):
+            for stage in range(d.pp):
                 candidate = candidate_spec(spec, base, split, stage)
                 if not check(candidate)[0]:
                     out.append((estimate(candidate).step_time_s, candidate))
@@ -109,7 +113,7 @@ def test_fast_placements_equal_the_full_step_and_bounds_hold(spec):
     assert fast == pytest.approx(full, rel=1e-9)
     assert est.lower_bound(lay, lay.vpp) <= full * (1 + 1e-12)
     peak = max(s.total for s in plan_memory(spec))
-    assert peak_lower_bound(spec, resolved_dp(spec), edp(spec)) <= peak + 1
+    assert peak_lower_bound(spec, lay.dims) <= peak + 1
 
 
 def test_json_rows_carry_the_issue_keys_and_yaml_round_trips(tmp_path):
@@ -146,7 +150,7 @@ def test_pins_fix_fields_and_bad_pins_are_refused():
         top_k=4,
         pins=frozenset({"parallel.tp", "training.micro_batch_size"}),
     )
-    assert result.rows and all(r.layout.tp == 8 and r.layout.mbs == 1 for r in result.rows)
+    assert result.rows and all(r.layout.dims.tp == 8 and r.layout.dims.micro_batch_size == 1 for r in result.rows)
     out = run("search", str(BIG), "--pin", "parallel.tpp=8")
     assert out.returncode == 2 and "parallel.tp" in out.stderr and "Traceback" not in out.stderr
     out = run("search", str(BIG), "--pin", "model.num_layers=8")
@@ -158,3 +162,29 @@ def test_pins_fix_fields_and_bad_pins_are_refused():
 def test_nothing_fits_is_a_clear_error():
     out = run("search", str(BIG), "cluster.num_nodes=1", "--pin", "parallel.pp=1")
     assert out.returncode == 2 and "no valid layout" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_cluster_over_the_gpu_bound_gets_the_bound_from_search_as_from_validate():
+    """Over 131,072 GPUs no layout is valid, and "add nodes" would be the opposite of the fix: search names the
+    bound with validate's own message."""
+    over = ["cluster.num_nodes=16385", "cluster.gpus_per_node=8"]
+    searched, validated = run("search", *over), run("validate", *over)
+    assert searched.returncode == validated.returncode == 2
+    assert "131,072 GPUs" in searched.stderr and "add nodes" not in searched.stderr
+    assert searched.stderr == validated.stderr
+    with pytest.raises(SpecError, match="bound of 131,072 GPUs"):
+        search(load_layout(None, over))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(min_value=-5, max_value=20_000)
+    | st.sampled_from([2**24, 2**31 - 1, 2**4 * 3**3 * 5**2 * 7 * 11 * 13 * 17])
+)
+def test_divisors_by_factorisation_equal_trial_division(n):
+    if n > 20_000:  # trial division of the largest bounds would take seconds: check every divisor's cofactor
+        got = divisors(n)
+        assert got == sorted(set(got)) and all(n % d == 0 for d in got) and got == [n // d for d in reversed(got)]
+        assert len(got) == {2**24: 25, 2**31 - 1: 2, 2**4 * 3**3 * 5**2 * 7 * 11 * 13 * 17: 5 * 4 * 3 * 2**4}[n]
+        return
+    assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0] if n > 0 else divisors(n) == []

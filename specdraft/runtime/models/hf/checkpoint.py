@@ -84,12 +84,15 @@ def stored_dtype(tensors: dict[str, TensorInfo]) -> str:
 
 
 def folder_of(model_path: str) -> Path | None:
-    """The HF folder ``model.path`` names (a directory holding config.json), else None: a hub id or a path that
-    is not there keeps the random initialisation, as before. A directory without config.json is refused."""
+    """The HF folder ``model.path`` names (a directory holding config.json), else None: a hub id, a path that is
+    not there, or a folder of tokenizer files only (the layout then writes the model fields) keeps the random
+    initialisation. A directory with safetensors weights but no config.json is refused."""
     path = Path(model_path).expanduser()
     if not path.is_dir():
         return None
     if not (path / CONFIG).is_file():
+        if not any(path.glob("*.safetensors")) and not (path / "model.safetensors.index.json").exists():
+            return None
         raise CheckpointError(
             f"model.path {str(path)!r} is a folder without {CONFIG}, so it is no Hugging Face checkpoint",
             "name a folder written by save_pretrained (config.json + safetensors), or a path that does not exist "

@@ -51,7 +51,7 @@ def export_dtype(plan: LaunchPlan) -> torch.dtype:
         stored = stored_dtype(read_tensors(folder))
         if stored in SAFETENSORS_DTYPES:
             return SAFETENSORS_DTYPES[stored]
-    return TRAINING_DTYPES[plan.spec.training.dtype]
+    return TRAINING_DTYPES[plan.training.dtype]
 
 
 def policy_config(plan: LaunchPlan, dtype: torch.dtype | None = None) -> dict:

@@ -47,11 +47,11 @@ def mapping(counts: torch.Tensor, draft_vocab: int) -> tuple[torch.Tensor, torch
 def draft_vocabulary(data, plan: LaunchPlan) -> tuple[torch.Tensor, torch.Tensor]:
     """(d2t, t2d) of ``plan``'s run: the same on every rank (a function of the spec and the seeded data only).
     A data file (packing.PackedData) counts each of its samples once, as SpecForge counts its dataset."""
-    t = plan.spec.training
+    t = plan.training
     if not isinstance(data, MarkovData):
-        return mapping(data.label_counts(), plan.draft_vocab_size)
+        return mapping(data.label_counts(), plan.draft.vocab_size)
     counts = count_tokens(data, range(t.warmup_steps, t.train_iters), plan.num_microbatches * plan.parallel.dp)
-    return mapping(counts, plan.draft_vocab_size)
+    return mapping(counts, plan.draft.vocab_size)
 
 
 class Restriction:
