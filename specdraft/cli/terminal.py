@@ -29,8 +29,12 @@ def plain(value: object, *, one_line: bool = False) -> str:
     return _LINE_BREAKS.sub(" ", text) if one_line else text
 
 
+_BRACKET = re.compile(r"(\\*)\[")
+
+
 def safe(value: object, *, one_line: bool = False) -> str:
     """`plain` text for a rich markup string: its '[' cannot open a tag."""
-    from rich.markup import escape  # rich only once something is printed
-
-    return escape(plain(value, one_line=one_line))
+    # rich's own escape() leaves a '[' that does not close into a tag ('[a'), which a later ']' can complete:
+    # every '[' is escaped here, with the backslashes before it doubled so they stay literal.
+    text = _BRACKET.sub(lambda m: m.group(1) * 2 + "\\[", plain(value, one_line=one_line))
+    return text + "\\" if text.endswith("\\") and not text.endswith("\\\\") else text
