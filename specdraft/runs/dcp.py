@@ -66,7 +66,9 @@ class _StandIn:
         pass
 
 
-class _Checker(pickle.Unpickler):
+class AllowlistUnpickler(pickle.Unpickler):
+    """Unpickles DCP metadata ``data`` naming only ALLOWED_GLOBALS; `resolve` says what an allowed global becomes."""
+
     def __init__(self, data: bytes, source: str):
         super().__init__(io.BytesIO(data))
         self.source = source
@@ -74,7 +76,10 @@ class _Checker(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if not allowed(module, name):
             raise refuse_global(module, name, self.source)
-        return _StandIn
+        return self.resolve(module, name)
+
+    def resolve(self, module: str, name: str):
+        return _StandIn  # the check calls nothing
 
     def persistent_load(self, pid):
         raise UnsafeCheckpoint(f"{self.source} is refused: it holds a persistent id, which DCP metadata never does")
@@ -84,7 +89,7 @@ def check_metadata(data: bytes, source: str) -> None:
     """Refuse (UnsafeCheckpoint, CorruptCheckpoint) DCP metadata bytes that name a global the format never holds or
     are not a pickle at all; nothing in them is called."""
     try:
-        _Checker(data, source).load()
+        AllowlistUnpickler(data, source).load()
     except CorruptCheckpoint:
         raise
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as err:

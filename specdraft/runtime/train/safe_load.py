@@ -5,14 +5,13 @@ the set-up the save and the load share."""
 from __future__ import annotations
 
 import contextlib
-import io
 import pickle
 import queue
 import threading
 import warnings
 from pathlib import Path
 
-from specdraft.runs.dcp import UnsafeCheckpoint, allowed, refuse_global
+from specdraft.runs.dcp import AllowlistUnpickler, UnsafeCheckpoint
 from specdraft.runs.marker import CorruptCheckpoint
 from specdraft.runs.paths import MAX_DCP_METADATA_BYTES
 
@@ -42,18 +41,9 @@ def quiet_writer():
         yield
 
 
-class _Restricted(pickle.Unpickler):
-    def __init__(self, data: bytes, source: str):
-        super().__init__(io.BytesIO(data))
-        self.source = source
-
-    def find_class(self, module: str, name: str):
-        if not allowed(module, name):
-            raise refuse_global(module, name, self.source)
-        return super().find_class(module, name)
-
-    def persistent_load(self, pid):
-        raise UnsafeCheckpoint(f"{self.source} is refused: it holds a persistent id, which DCP metadata never does")
+class _Restricted(AllowlistUnpickler):
+    def resolve(self, module: str, name: str):
+        return pickle.Unpickler.find_class(self, module, name)  # the real class: this read builds the metadata
 
 
 def read_metadata(data: bytes, source: str, files: frozenset[str]):
