@@ -32,6 +32,26 @@ class Row:
     cu_seqlens: torch.Tensor  # (n+1,) int64, global
 
 
+def pack_row(sequences: list[tuple[torch.Tensor, torch.Tensor, int]]) -> Row:
+    """One packed row from (tokens (n,), loss mask (n-1,) over the labels tokens[1:], padded length) per sequence:
+    each sequence zero-padded to its length, labels shifted by one, positions restarting at 0."""
+    tokens, labels, mask, positions = [], [], [], []
+    for content, trained, length in sequences:
+        n = len(content)
+        seq = torch.zeros(length, dtype=torch.long)
+        seq[:n] = content
+        lab = torch.zeros(length, dtype=torch.long)
+        lab[: n - 1] = content[1:]
+        m = torch.zeros(length)
+        m[: n - 1] = trained
+        tokens.append(seq)
+        labels.append(lab)
+        mask.append(m)
+        positions.append(torch.arange(length))
+    cu = torch.tensor([0] + [length for _, _, length in sequences]).cumsum(0)
+    return Row(torch.cat(tokens), torch.cat(labels), torch.cat(mask), torch.cat(positions), cu)
+
+
 class MarkovData:
     """The seeded data source of one run."""
 
@@ -100,28 +120,19 @@ class MarkovData:
             take = int(torch.randint(1, units + 1, (1,), generator=g)) if len(lengths) < 3 else units
             lengths.append(take * self.quantum)
             units -= take
-        tokens, labels, mask, positions = [], [], [], []
+        sequences = []
         successors = self.successors_at(step)
         for length in lengths:
             # A few padding tokens at the end of some sequences, as packing with per-sequence padding leaves.
             pad = int(torch.randint(0, min(4, length // 2) + 1, (1,), generator=g))
             content = length - pad
-            seq = torch.empty(length, dtype=torch.long)
+            seq = torch.empty(content, dtype=torch.long)
             seq[0] = torch.randint(0, self.vocab_size, (1,), generator=g)
             picks = torch.multinomial(self.probs, content - 1, replacement=True, generator=g)
             for i in range(1, content):
                 seq[i] = successors[seq[i - 1], picks[i - 1]]
-            seq[content:] = 0
-            lab = torch.zeros(length, dtype=torch.long)
-            lab[: content - 1] = seq[1:content]
-            m = torch.zeros(length)
-            m[: content - 1] = 1.0
-            tokens.append(seq)
-            labels.append(lab)
-            mask.append(m)
-            positions.append(torch.arange(length))
-        cu = torch.tensor([0] + lengths).cumsum(0)
-        return Row(torch.cat(tokens), torch.cat(labels), torch.cat(mask), torch.cat(positions), cu)
+            sequences.append((seq, torch.ones(content - 1), length))
+        return pack_row(sequences)
 
     def step_rows(self, step: int, num_rows: int) -> list[Row]:
         return [self.row(step, i) for i in range(num_rows)]

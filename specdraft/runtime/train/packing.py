@@ -16,7 +16,7 @@ import hashlib
 import torch
 
 from specdraft.runtime.train.corpus import Corpus
-from specdraft.runtime.train.data import MarkovData, Row
+from specdraft.runtime.train.data import MarkovData, Row, pack_row
 
 ORDER_SEED = 0xDA7A5EED  # the sample order's seed namespace, apart from the Markov chain's and the weights'
 
@@ -114,22 +114,9 @@ class PackedData:
     def _row(self, ids: list[int]) -> Row:
         lengths = [self.lengths[i] for i in ids]
         lengths[-1] += self.row_tokens - sum(lengths)  # the leftover pads the row's last sequence
-        tokens, labels, mask, positions = [], [], [], []
-        for i, length in zip(ids, lengths):
-            sample = self.corpus.samples[i]
-            n = len(sample.tokens)
-            seq = torch.zeros(length, dtype=torch.long)
-            seq[:n] = sample.tokens
-            lab = torch.zeros(length, dtype=torch.long)
-            lab[: n - 1] = sample.tokens[1:]
-            m = torch.zeros(length)
-            m[: n - 1] = sample.trained[1:].float()  # row p predicts token p+1: loss where that one is trained
-            tokens.append(seq)
-            labels.append(lab)
-            mask.append(m)
-            positions.append(torch.arange(length))
-        cu = torch.tensor([0] + lengths).cumsum(0)
-        return Row(torch.cat(tokens), torch.cat(labels), torch.cat(mask), torch.cat(positions), cu)
+        # row p predicts token p+1: loss where that one is trained
+        samples = [self.corpus.samples[i] for i in ids]
+        return pack_row([(s.tokens, s.trained[1:].float(), length) for s, length in zip(samples, lengths)])
 
     def label_counts(self) -> torch.Tensor:
         """(V,) int64: how often each token is a loss-bearing label over the file (each sample once)."""
