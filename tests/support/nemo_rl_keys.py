@@ -88,6 +88,7 @@ KEYS: dict[str, str] = {
     "grpo.seed": "int",
     "grpo.async_grpo.enabled": "bool",
     "grpo.async_grpo.max_trajectory_age_steps": "int",
+    "grpo.async_grpo.in_flight_weight_updates": "bool",
     "loss_fn.use_importance_sampling_correction": "bool",
     "loss_fn.ratio_clip_min": "float",
     "loss_fn.ratio_clip_max": "float",

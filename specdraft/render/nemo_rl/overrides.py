@@ -60,7 +60,12 @@ def nemo_rl_overrides(plan: LaunchPlan) -> dict:
         "grpo": {
             "max_num_steps": t.train_iters,
             "seed": t.seed,
-            "async_grpo": {"enabled": r.max_policy_lag > 0, "max_trajectory_age_steps": max(r.max_policy_lag, 1)},
+            "async_grpo": {
+                "enabled": r.max_policy_lag > 0,
+                "max_trajectory_age_steps": max(r.max_policy_lag, 1),
+                # Beyond a lag of 1 only in-flight weight updates let generation run ahead (grpo.py warns).
+                "in_flight_weight_updates": r.max_policy_lag > 1,
+            },
         },
         "checkpointing": {"enabled": True, "save_period": t.save_interval} if t.save_interval else {"enabled": False},
     }

@@ -152,7 +152,13 @@ def test_dedicated_rollout_nodes_and_async_grpo_are_carried():
         "resources": {"gpus_per_node": 8, "num_nodes": 1},
     }
     assert cfg["cluster"] == {"gpus_per_node": 8, "num_nodes": 2}  # NeMo-RL's cluster is training + generation nodes
-    assert cfg["grpo"]["async_grpo"] == {"enabled": True, "max_trajectory_age_steps": 1}
+    assert cfg["grpo"]["async_grpo"] == {
+        "enabled": True,
+        "max_trajectory_age_steps": 1,
+        "in_flight_weight_updates": False,
+    }
+    lag2 = _plan(QWEN, [*RUNNABLE, "rollout.max_policy_lag=2"]).renders.nemo_rl["grpo"]["async_grpo"]
+    assert lag2["max_trajectory_age_steps"] == 2 and lag2["in_flight_weight_updates"] is True
     assert cfg["loss_fn"] == {"use_importance_sampling_correction": True}
     assert cfg["policy"]["sequence_packing"] == {"enabled": False}
     assert cfg["policy"]["draft"]["model_name"] is None  # a model_name would override num_layers and the taps
