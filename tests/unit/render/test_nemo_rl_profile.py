@@ -3,6 +3,7 @@ the type NeMo-RL reads; every shipped layout is accepted or refused with the lim
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,9 @@ import pytest
 from specdraft.assemble import compile
 from specdraft.render.nemo_rl import PROFILE, not_carried, refusals, render_text
 from specdraft.render.nemo_rl.grpo import grpo_keys, merge
-from specdraft.render.nemo_rl.profile import COMMIT, NOT_READ, RULES
+from specdraft.render.nemo_rl.profile import CARRIED, COMMIT, FROM_CHECKPOINT, NOT_CARRIED, NOT_READ, RULES
 from specdraft.spec.load import load_layout
+from specdraft.spec.schema import LayoutSpec
 from tests.support.cli import run_cli
 from tests.support.nemo_rl_keys import COMMIT as TABLE_COMMIT
 from tests.support.nemo_rl_keys import KEYS, type_ok
@@ -200,3 +202,27 @@ def test_render_refuses_and_validate_warns():
     assert valid.returncode == 0 and "Colocated async GRPO" in valid.stdout and "2 warnings" in valid.stdout
     accepted = run_cli("render", QWEN, *RUNNABLE, "--to", "nemo-rl")
     assert accepted.returncode == 0 and "colocated:\n      enabled: false" in accepted.stdout
+
+
+def _spec_fields() -> list[str]:
+    out = []
+    for section in dataclasses.fields(LayoutSpec):
+        kind = LayoutSpec.__dataclass_fields__[section.name].default_factory  # a section's dataclass, or MISSING
+        if section.name == "model":
+            out += [f"model.{f.name}" for f in dataclasses.fields(load_layout(QWEN).model)]
+        elif dataclasses.is_dataclass(kind):
+            out += [f"{section.name}.{f.name}" for f in dataclasses.fields(kind)]
+        else:
+            out.append(section.name)
+    return out
+
+
+def test_every_spec_field_is_carried_or_listed_as_not_carried():
+    listed = set(CARRIED) | set(NOT_CARRIED)
+    wildcards = {f.removesuffix("*") for f in listed | {FROM_CHECKPOINT} if f.endswith("*")}
+    missing = [f for f in _spec_fields() if f not in listed and not any(f.startswith(w) for w in wildcards)]
+    assert not missing, (
+        f"map these spec fields to a NeMo-RL key (profile.CARRIED) or list them as not carried: {missing}"
+    )
+    assert not set(CARRIED) & set(NOT_CARRIED)
+    assert all(key in KEYS for f, key in CARRIED.items() if f != "name")
