@@ -20,7 +20,8 @@ from specdraft.spec.schema import LayoutSpec, RopeScaling
 # 5: `parallel` is the resolved ParallelDims (world_size and num_microbatches moved into it, the batch and layer
 # split added); cluster, training and rollout_settings sections; slurm and draft carry their settings.
 # 6: the model section records the config.json that filled it.
-SCHEMA_VERSION = 6
+# 7: cluster.executor; slurm.mem and slurm.container_specdraft.
+SCHEMA_VERSION = 7
 Tap = Union[int, str]  # a target layer index, or "embedding" / "logits"
 
 
