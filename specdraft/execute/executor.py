@@ -129,7 +129,7 @@ def choose(requested: str | None, layout: str | None = None) -> tuple[Executor, 
             raise UserError(
                 f"{where} {name[:40]!r} is not an executor", " or ".join(f"use {where} {n}" for n in REGISTRY)
             )
-        why = "--executor" if where == "--executor" else "the layout's cluster.executor"
+        why = "requested" if where == "--executor" else "the layout's cluster.executor"
         if where == "--executor" and layout is not None and layout != name:
             why += f", over the layout's cluster.executor {layout}"
         return get(name), why

@@ -21,7 +21,7 @@ def test_the_layout_chooses_and_the_flag_overrides(tmp_path):
     out = run_cli("launch", "--dry-run", cwd=tmp_path)
     assert out.returncode == 0 and "executor: local (the layout's cluster.executor)" in out.stderr
     flag = run_cli("launch", "--dry-run", "--executor", "slurm", cwd=tmp_path)
-    assert "executor: slurm (--executor, over the layout's cluster.executor local)" in flag.stderr
+    assert "executor: slurm (requested, over the layout's cluster.executor local)" in flag.stderr
     bad = run_cli("launch", "--dry-run", "--executor", "k8s", cwd=tmp_path)
     assert bad.returncode == 2 and "--executor 'k8s' is not an executor" in bad.stderr
 
