@@ -23,13 +23,16 @@ RunArg = typer.Argument(
 def launch(
     args: Optional[List[str]] = TargetArgs,
     executor: Optional[str] = typer.Option(
-        None, "--executor", "-e", help="slurm or local (default: slurm when sbatch answers, else local)."
+        None,
+        "--executor",
+        "-e",
+        help="slurm or local (default: the layout's cluster.executor; with neither, launch refuses).",
     ),
     dry_run: bool = typer.Option(
         False,
         "--dry-run",
         help="Print the sbatch script (stdout) and the srun line and "
-        "per-rank command (stderr); create nothing, submit nothing.",
+        "per-rank command (stderr); write nothing, submit nothing.",
     ),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="The run folder (default: runs/<name>-<hash8>)."),
     force: bool = typer.Option(
@@ -133,6 +136,11 @@ def _print_dry_run(request, err) -> None:
     sys.stdout.write(request.render.script)
     err.print(
         f"# dry run: nothing written, nothing submitted. executor: {request.executor} ({request.executor_why})",
+        markup=False,
+    )
+    err.print(
+        "# the script reads the run folder's plan.json, which only a launch writes: run the same command without "
+        "--dry-run to write both and start it",
         markup=False,
     )
     err.print(f"# run folder: {plain(request.run_dir)}", markup=False)

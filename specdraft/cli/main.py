@@ -159,7 +159,9 @@ def explain(
 def render(
     args: Optional[List[str]] = typer.Argument(None, metavar="PLAN|LAYOUT [OVERRIDES...]"),
     to: str = typer.Option(..., "--to", help="megatron, nemo-rl or vllm."),
-    check: bool = typer.Option(False, "--check", help="vllm: also build vllm's EngineArgs where vllm is importable."),
+    check: bool = typer.Option(
+        False, "--check", help="vllm: let vLLM validate the settings (exit 2 when it refuses or is not installed)."
+    ),
 ) -> None:
     """Render a plan for Megatron-LM (argv), NeMo-RL (YAML overrides) or vLLM (engine settings)."""
     from specdraft.cli.args import load_plan
@@ -190,15 +192,9 @@ def render(
             )
         sys.stdout.write(json.dumps(vllm.engine_args, indent=2) + "\n")
         if check:
-            from specdraft.render.vllm import check_with_vllm
+            from specdraft.execute.vllm_check import check_with_vllm
 
-            try:
-                message = check_with_vllm(vllm.engine_args)
-            except ImportError:
-                message = (
-                    "vllm check skipped: vllm is not importable here (it needs a CUDA torch); run it on the cluster"
-                )
-            _console(stderr=True).print(message)
+            _console(stderr=True).print(check_with_vllm(vllm.engine_args), markup=False)
     else:
         raise UserError(f"--to {to!r} is not a render target", "use --to megatron, --to nemo-rl or --to vllm")
 

@@ -18,7 +18,7 @@ from specdraft.execute.request import LaunchRequest
 from specdraft.plan.model import LaunchPlan
 from specdraft.runs.record import RunRecord
 
-# name -> "module:class"; the order is the automatic choice's preference.
+# name -> "module:class".
 REGISTRY = {"slurm": "specdraft.execute.slurm.executor:SlurmExecutor", "local": "specdraft.execute.local:LocalExecutor"}
 
 
@@ -55,11 +55,6 @@ class Executor(ABC):
     name: ClassVar[str]
     runs_in_launcher: ClassVar[bool]  # the launcher process is the job (it holds the launch lock throughout)
     intent_state: ClassVar[str]  # the state recorded before `start`
-
-    @classmethod
-    def available(cls) -> tuple[bool, str]:
-        """Whether this machine can use the executor, and why (for the automatic choice)."""
-        return True, "always available"
 
     @abstractmethod
     def default_python(self, plan: LaunchPlan, explicit: str | None) -> str:
@@ -124,20 +119,23 @@ def get(name: str) -> Executor:
     return executor_class(name)()
 
 
-def choose(requested: str | None) -> tuple[Executor, str]:
-    """(executor, why): the requested one, else the first in REGISTRY order this machine can use."""
-    if requested is not None:
-        if requested not in REGISTRY:
+def choose(requested: str | None, layout: str | None = None) -> tuple[Executor, str]:
+    """(executor, why): `--executor`, else the layout's cluster.executor; with neither, UserError. specdraft never
+    picks one because it answers: a Slurm controller that happens to reach this machine is not the user's choice."""
+    for name, where in ((requested, "--executor"), (layout, "cluster.executor")):
+        if name is None:
+            continue
+        if name not in REGISTRY:
             raise UserError(
-                f"--executor {requested!r} is not an executor", " or ".join(f"use --executor {n}" for n in REGISTRY)
+                f"{where} {name[:40]!r} is not an executor", " or ".join(f"use {where} {n}" for n in REGISTRY)
             )
-        return get(requested), "requested"
-    reasons: list[str] = []
-    for name in REGISTRY:
-        ok, why = executor_class(name).available()
-        if ok:
-            return get(name), why if not reasons else "; ".join(reasons)
-        reasons.append(why)
+        why = "requested" if where == "--executor" else "the layout's cluster.executor"
+        if where == "--executor" and layout is not None and layout != name:
+            why += f", over the layout's cluster.executor {layout}"
+        return get(name), why
     raise UserError(
-        "no executor is available here: " + "; ".join(reasons), "install Slurm's client or use --executor local"
+        "no executor chosen: the layout sets no cluster.executor and --executor was not given, and specdraft never "
+        "picks a cluster by itself",
+        "pass --executor local (this machine) or --executor slurm, or set cluster.executor: local | slurm in the "
+        "layout",
     )

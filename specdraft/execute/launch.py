@@ -91,7 +91,7 @@ def prepare(
         # The file's structure before any allocation; its token lengths need the tokenizer: every rank checks them
         # before its first collective (runtime/train/corpus.py).
         check_file(plan.data.path, plan.data.format, plan.data.tokenizer)
-    chosen, why = executors.choose(executor)
+    chosen, why = executors.choose(executor, plan.cluster.executor)
     folder = run_dir_for(plan, run_dir)
     source = os.path.abspath(resume_from) if resume_from is not None else None
     total = steps if steps is not None else plan.training.train_iters

@@ -114,7 +114,7 @@ def data_plan(spec: LayoutSpec) -> DataPlan:
 
 def cluster_plan(spec: LayoutSpec) -> ClusterPlan:
     c = spec.cluster
-    return ClusterPlan(num_nodes=c.num_nodes, gpus_per_node=c.gpus_per_node, gpu=c.gpu)
+    return ClusterPlan(num_nodes=c.num_nodes, gpus_per_node=c.gpus_per_node, gpu=c.gpu, executor=c.executor)
 
 
 def training_plan(spec: LayoutSpec) -> TrainingPlan:
@@ -149,8 +149,10 @@ def slurm_plan(spec: LayoutSpec) -> SlurmPlan:
         account=s.account,
         qos=s.qos,
         cpus_per_task=s.cpus_per_task,
+        mem=s.mem,
         container_image=s.container_image,
         container_mounts=tuple(s.container_mounts),
+        container_specdraft=s.container_specdraft if s.container_image else None,
         env=dict(s.env),
         extra_sbatch_args=tuple(s.extra_sbatch_args),
         max_requeues=s.max_requeues,

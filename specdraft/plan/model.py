@@ -22,7 +22,8 @@ from specdraft.spec.schema import LayoutSpec, RopeScaling
 # 6: the model section records the config.json that filled it.
 # 7: rollout_settings says whether rollout is colocated, on how many dedicated nodes, and max_response_length
 # (the NeMo-RL render reads them).
-SCHEMA_VERSION = 7
+# 8: cluster.executor; slurm.mem and slurm.container_specdraft.
+SCHEMA_VERSION = 8
 Tap = Union[int, str]  # a target layer index, or "embedding" / "logits"
 
 

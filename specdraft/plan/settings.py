@@ -15,6 +15,7 @@ class ClusterPlan:
     num_nodes: int
     gpus_per_node: int
     gpu: str  # the catalogue's accelerator kind; cpu for local runs
+    executor: Optional[str]  # local or slurm, as the layout chose; None: `launch` needs --executor
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,8 +29,10 @@ class SlurmPlan:
     account: Optional[str]
     qos: Optional[str]
     cpus_per_task: int
+    mem: Optional[str]  # sbatch --mem, as written; None: the partition's default
     container_image: Optional[str]
     container_mounts: tuple[str, ...]
+    container_specdraft: Optional[str]  # image or mount: how specdraft gets into the container; None on the host
     env: dict
     extra_sbatch_args: tuple[str, ...]
     max_requeues: int

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from functools import cache
 
 from specdraft.plan.environment import nccl_env
 from specdraft.plan.model import LaunchPlan
-from specdraft.runs.paths import PLAN, SBATCH, SUBMITIT
+from specdraft.runs.paths import PLAN, REQUEUE_REQUEST, SBATCH, SUBMITIT
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -33,6 +34,20 @@ class SbatchRender:
     payload_argv: list[str]  # what every task runs: python -u -m specdraft.runtime.entry PLAN ...
 
 
+# The payload in slurm.container_specdraft=mount: the mounted package's folder goes first on sys.path inside the
+# interpreter, not through PYTHONPATH, whose value in the image (pyxis lets it win) may hold the image's own
+# packages. runpy runs the entry as `-m` would, in the same process, so srun's signals still reach it.
+MOUNTED_ENTRY = (
+    "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
+    'runpy.run_module("specdraft.runtime.entry", run_name="__main__", alter_sys=True)'
+)
+
+
+def specdraft_package() -> str:
+    """The folder of the specdraft package this process imports: what slurm.container_specdraft=mount mounts."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def payload_argv(
     python: str,
     plan_path: str,
@@ -41,9 +56,12 @@ def payload_argv(
     *,
     resume: bool = False,
     resume_from: str | None = None,
+    mounted_from: str | None = None,
 ) -> list[str]:
-    """The rank payload's argv; the resume flag (if any) is the same on every rank."""
-    argv = [python, "-u", "-m", "specdraft.runtime.entry", plan_path, "--workload", workload]
+    """The rank payload's argv; the resume flag (if any) is the same on every rank. ``mounted_from``: the folder
+    holding the mounted specdraft package, put first on sys.path (slurm.container_specdraft=mount)."""
+    entry = ["-m", "specdraft.runtime.entry"] if mounted_from is None else ["-c", MOUNTED_ENTRY, mounted_from]
+    argv = [python, "-u", *entry, plan_path, "--workload", workload]
     argv += ["--steps", str(steps)] if steps is not None else []
     argv += ["--resume"] if resume else []
     return argv + (["--resume-from", resume_from] if resume_from is not None else [])
@@ -69,7 +87,9 @@ def _template():
     return env.from_string(text)
 
 
-def unsafe_values(plan: LaunchPlan, run_dir: str, python: str, resume_from: str | None = None) -> list[str]:
+def unsafe_values(
+    plan: LaunchPlan, run_dir: str, python: str, resume_from: str | None = None, package: str | None = None
+) -> list[str]:
     """What the script cannot carry safely, quoted or not (line breaks end comments and #SBATCH lines; '%' is a
     Slurm filename pattern; '\\' is an escape to sbatch). Validation refuses these in layouts; this re-checks a
     hand-edited plan.json, the run folder and a --resume-from path."""
@@ -84,9 +104,16 @@ def unsafe_values(plan: LaunchPlan, run_dir: str, python: str, resume_from: str 
         "slurm.partition": slurm.partition or "",
         "slurm.account": slurm.account or "",
         "slurm.qos": slurm.qos or "",
+        "slurm.mem": slurm.mem or "",
         "slurm.container_image": slurm.container_image or "",
+        "the specdraft package": package or "",
     }
     one_line.update({f"slurm.container_mounts[{i}]": m for i, m in enumerate(slurm.container_mounts)})
+    if slurm.container_image:
+        # Both become pyxis mounts SRC:DST, in a list that ',' separates.
+        for what, value in (("run folder", run_dir), ("the specdraft package", package or "")):
+            if "," in value or ":" in value:
+                problems.append(f"{what} {value!r} contains ',' or ':', which a container mount cannot carry")
     one_line.update({f"slurm.extra_sbatch_args[{i}]": a for i, a in enumerate(slurm.extra_sbatch_args)})
     for what, value in one_line.items():
         if CONTROL.search(value):
@@ -102,6 +129,7 @@ def unsafe_values(plan: LaunchPlan, run_dir: str, python: str, resume_from: str 
         "slurm.partition": slurm.partition or "",
         "slurm.account": slurm.account or "",
         "slurm.qos": slurm.qos or "",
+        "slurm.mem": slurm.mem or "",
     }
     sbatch_lines.update({f"slurm.extra_sbatch_args[{i}]": a for i, a in enumerate(slurm.extra_sbatch_args)})
     for what, value in sbatch_lines.items():
@@ -125,18 +153,31 @@ def render_sbatch(
     steps: int | None = None,
     resume: bool = False,
     resume_from: str | None = None,
+    package: str | None = None,
 ) -> SbatchRender:
     """Render the sbatch script for ``plan`` in the run folder ``run_dir`` (an absolute, normalised path);
-    ``resume``/``resume_from`` (an absolute path) add the payload's --resume/--resume-from on every rank.
+    ``resume``/``resume_from`` (an absolute path) add the payload's --resume/--resume-from on every rank;
+    ``package`` is the specdraft package folder slurm.container_specdraft=mount mounts (default: this one's).
 
     Raises ValueError listing every value that cannot be made safe (see ``unsafe_values``)."""
-    problems = unsafe_values(plan, run_dir, python, resume_from)
+    slurm, cluster = plan.slurm, plan.cluster
+    container = slurm.container_image is not None
+    mount = container and slurm.container_specdraft == "mount"
+    package = (package or specdraft_package()) if mount else None
+    problems = unsafe_values(plan, run_dir, python, resume_from, package)
     if problems:
         raise ValueError("; ".join(problems))
-    slurm, cluster = plan.slurm, plan.cluster
     folder = f"{run_dir}/{SUBMITIT}"
     plan_path = f"{run_dir}/{PLAN}"
-    argv = payload_argv(python, plan_path, workload, steps, resume=resume, resume_from=resume_from)
+    argv = payload_argv(
+        python,
+        plan_path,
+        workload,
+        steps,
+        resume=resume,
+        resume_from=resume_from,
+        mounted_from=os.path.dirname(package) if package else None,
+    )
     command = shlex.join(argv)
     srun = [
         "srun",
@@ -145,10 +186,13 @@ def render_sbatch(
         f"--output={folder}/%j_%t_log.out",
         f"--error={folder}/%j_%t_log.err",
     ]
-    if slurm.container_image:
+    if container:
+        # The run folder at its own path (plan.json, checkpoints, results, the requeue request), after the
+        # layout's mounts so none of them hides it; then the specdraft package, read-only, when it is mounted.
+        mounts = [*slurm.container_mounts, f"{run_dir}:{run_dir}"]
+        mounts += [f"{package}:{package}:ro"] if package else []
         srun.append(f"--container-image={slurm.container_image}")
-    if slurm.container_mounts:
-        srun.append(f"--container-mounts={','.join(slurm.container_mounts)}")
+        srun.append(f"--container-mounts={','.join(mounts)}")
     srun_words = shlex.join(srun)
     script = _template().render(
         version=plan.specdraft_version,
@@ -163,10 +207,13 @@ def render_sbatch(
         tasks_per_node=cluster.gpus_per_node,
         gpus_per_node=0 if cluster.gpu == "cpu" else cluster.gpus_per_node,
         cpus_per_task=slurm.cpus_per_task,
+        mem=slurm.mem,
         time=slurm.time,
         partition=slurm.partition,
         account=slurm.account,
         qos=slurm.qos,
+        requeue=slurm.max_requeues > 0,
+        max_requeues=slurm.max_requeues,
         folder=folder,
         signal_delay=plan.slurm.signal_delay_s,
         extra_sbatch_args=slurm.extra_sbatch_args,
@@ -177,6 +224,10 @@ def render_sbatch(
         payload=command,
         port_base=PORT_BASE,
         port_span=PORT_SPAN,
+        container=container,
+        image=slurm.container_image,
+        package=package,
+        request=f"{run_dir}/{REQUEUE_REQUEST}",
     )
     return SbatchRender(
         script=script,

@@ -1,7 +1,7 @@
 """vLLM engine settings for rollout, kept as plain data and validated by a small schema of our own.
 
-vLLM pins a CUDA torch and cannot be installed everywhere; where it is importable, `check_with_vllm` proves
-that vllm.engine.arg_utils.EngineArgs accepts the render.
+`specdraft render --to vllm --check` has vLLM itself validate them (runtime/serve/vllm_check.py, in a subprocess:
+only the runtime imports vllm).
 """
 
 from __future__ import annotations
@@ -103,11 +103,3 @@ def vllm_settings(plan: LaunchPlan) -> VllmRender:
         num_instances=r.num_gpus // max(r.tp, 1),
         problems=tuple(settings.problems()),
     )
-
-
-def check_with_vllm(engine_args: dict) -> str:
-    """Build vllm's EngineArgs from the render; return a message. Raises ImportError where vllm is absent."""
-    from vllm.engine.arg_utils import EngineArgs  # only on a user's GPU cluster
-
-    EngineArgs(**engine_args)
-    return "vllm.engine.arg_utils.EngineArgs accepted the settings"

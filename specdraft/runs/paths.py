@@ -14,7 +14,7 @@ from specdraft.spec.bounds import MAX_WORLD_SIZE  # noqa: F401 - the one bound o
 
 # RUN/.specdraft-run plan.json run.json sbatch.sh .launch.lock .record.lock .specdraft-reserve metrics.jsonl
 # results/rank-NNNNN.json logs/rank-N.{out,err} (local) submitit/ (Slurm) attempts/<n>/ checkpoints/step-N/
-# draft/step-N/ taps/
+# draft/step-N/ taps/ requeue-request (container mode)
 RUN_MARKER = ".specdraft-run"  # makes a folder specdraft's (runs/rundir.py)
 PLAN = "plan.json"
 RECORD = "run.json"
@@ -31,6 +31,9 @@ CHECKPOINTS = "checkpoints"
 CHECKPOINT_MARKER = "specdraft-checkpoint.json"  # written last: a step folder without it does not count
 DRAFTS = "draft"  # RUN/draft/step-N/: the drafts published while training, for a rollout engine to reload
 TAPS = "taps"  # the TapChannel's audit log (SPECDRAFT_TAP_AUDIT=1)
+# Rank 0 in a container (no Slurm client there) asks the batch script, outside it, to requeue the job: one line,
+# "<job id> <restart count>", which the script compares with its own before it runs `scontrol requeue`.
+REQUEUE_REQUEST = "requeue-request"
 # Folders ranks and executors write into: each must be a real folder inside the run folder, never a link.
 WRITTEN_DIRS = (RESULTS, LOGS, SUBMITIT, ATTEMPTS, CHECKPOINTS, DRAFTS, TAPS)
 STEP_RE = re.compile(r"^step-(\d{1,12})$")
@@ -173,6 +176,10 @@ class RunPaths:
     @property
     def taps(self) -> Path:
         return self.root / TAPS
+
+    @property
+    def requeue_request(self) -> Path:
+        return self.root / REQUEUE_REQUEST
 
     def result(self, rank: int) -> Path:
         return self.root / result_name(rank)

@@ -110,6 +110,10 @@ class ClusterSpec:
     """GPUs (ranks) per node; `--ntasks-per-node` in the sbatch script."""
     gpu: str = "h100-80gb"
     """Accelerator kind from the catalogue (`specdraft explain cluster.gpu` lists them); `cpu` for local runs."""
+    executor: Optional[Literal["local", "slurm"]] = None
+    """Where `specdraft launch` runs the plan: slurm (sbatch through submitit) or local (one process per rank on
+    this machine); `launch --executor` overrides it. Null: launch refuses until one of the two says which, so it
+    never submits to a cluster that merely happened to answer."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -256,16 +260,29 @@ class SlurmSpec:
     """Wall-clock limit, [D-]HH:MM:SS or minutes."""
     cpus_per_task: int = 8
     """CPUs per task (--cpus-per-task)."""
+    mem: Optional[str] = None
+    """Memory per node (--mem): a number with an optional K, M, G or T suffix (M when none), e.g. 500G; 0 asks for
+    all of each node's memory; null = the partition's default."""
     container_image: Optional[str] = None
-    """Pyxis container image (--container-image); null runs on the host."""
+    """Pyxis container image (srun --container-image) in enroot's form [USER@][REGISTRY#]IMAGE[:TAG], e.g.
+    nvcr.io#nvidia/nemo-rl:v0.4.0 (a '#', not a '/', after the registry), or an absolute path to a squashfs file;
+    null runs on the host. The run folder is mounted at its own path; slurm.container_specdraft says how specdraft
+    gets in."""
     container_mounts: list[str] = field(default_factory=list)
-    """Pyxis mounts, SRC:DST[:FLAGS] each (--container-mounts)."""
+    """Pyxis mounts, SRC:DST[:FLAGS] each with absolute paths (--container-mounts); a local model.path, data.path
+    or --resume-from checkpoint must lie under one DST (the run folder is mounted by specdraft itself)."""
+    container_specdraft: Optional[Literal["image", "mount"]] = None
+    """How specdraft gets into slurm.container_image (required with one): image = the image has this specdraft
+    version installed; mount = the script mounts the specdraft package the launch runs from (read-only, at its own
+    path) and puts it first on the payload's sys.path, so only torch and megatron-core must be in the image."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables exported in the job script."""
     extra_sbatch_args: list[str] = field(default_factory=list)
     """Extra `#SBATCH` arguments, e.g. ["--exclusive", "--constraint=h100"]."""
     max_requeues: int = 3
-    """Self-requeues after the time-limit warning (USR2), each resuming from the checkpoint saved then; 0 = never."""
+    """Self-requeues after the time-limit warning (USR2), each resuming from the checkpoint saved then; 0 = never.
+    Above 0 the script asks for --requeue. On the host rank 0 runs `scontrol requeue`; in a container (which has
+    no Slurm client) it leaves a request in the run folder and the batch script requeues once srun returns."""
 
 
 @dataclass(frozen=True, kw_only=True)

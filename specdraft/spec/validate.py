@@ -12,6 +12,7 @@ from specdraft.spec.bounds import check as check_bounds
 from specdraft.spec.derived import default_aux_layers, kv_heads, resolved_dp
 from specdraft.spec.gpus import CATALOGUE
 from specdraft.spec.schema import LayoutSpec
+from specdraft.spec.validate_container import container_rules
 from specdraft.spec.validate_data import data_rules
 from specdraft.spec.validate_model import model_rules
 from specdraft.spec.validate_parallel import divisors, parallel_rules
@@ -187,6 +188,7 @@ def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
     _precision_rules(spec, err)
 
     slurm_rules(spec, err)
+    container_rules(spec, err)
     checkpoint_rules(spec, err)
     data_rules(spec, err, warn)
     return errors, warnings

@@ -8,7 +8,6 @@ JOB_ID ever get that far. No submitit import: `status`, `runs`, `logs` and `canc
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -167,15 +166,3 @@ def cancel(job_id: str, timeout: float | None = None) -> None:
     if answer.returncode != 0:
         detail = (answer.stderr.strip().splitlines() or [f"exit {answer.returncode}"])[-1][:300]
         raise UserError(f"scancel {job_id} failed: {detail}", f"`squeue --jobs={job_id}` shows the job")
-
-
-def available(timeout: float = 5.0) -> tuple[bool, str]:
-    """Whether this machine can submit: `sbatch` on PATH and the controller answering `sinfo`."""
-    if shutil.which("sbatch") is None:
-        return False, "sbatch is not on PATH"
-    answer = run(["sinfo", "-h", "-o", "%P"], timeout)
-    if answer is None:
-        return False, f"sbatch is on PATH but the Slurm controller did not answer within {timeout:g} s"
-    if answer.returncode != 0:
-        return False, "sbatch is on PATH but the Slurm controller does not answer"
-    return True, "sbatch is on PATH and the controller answers"

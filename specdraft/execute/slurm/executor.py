@@ -30,10 +30,6 @@ class SlurmExecutor(Executor):
     def __init__(self) -> None:
         self._submitit: PlanExecutor | None = None
 
-    @classmethod
-    def available(cls) -> tuple[bool, str]:
-        return slurmcmd.available()
-
     def default_python(self, plan, explicit: str | None) -> str:
         """--python, else `python` inside a container image, else this interpreter (the venv's, on a shared FS)."""
         if explicit:
@@ -49,6 +45,7 @@ class SlurmExecutor(Executor):
         from specdraft.execute.slurm import preflight, submit
 
         plan = request.plan
+        _check_container_paths(request)
         try:
             self._submitit = submit.make_executor(request.render, plan.world_size)
         except submit.SubmitRefused as err:
@@ -149,3 +146,20 @@ class SlurmExecutor(Executor):
     def restarts(self, record: RunRecord) -> int | None:
         """How often Slurm restarted the job (requeues), from scontrol, else sacct; None when neither knows."""
         return slurmcmd.restarts(record.job_id) if record.job_id else None
+
+
+def _check_container_paths(request) -> None:
+    """In a container the ranks see only the run folder and slurm.container_mounts: a --resume-from checkpoint
+    elsewhere would be missing there (model.path and data.path are validate's: spec/validate_container.py)."""
+    from specdraft.spec.validate_container import mount_target, under
+
+    slurm = request.plan.slurm
+    if not slurm.container_image or request.resume_from is None:
+        return
+    targets = [t for t in map(mount_target, slurm.container_mounts) if t] + [request.run_dir]
+    if not any(under(request.resume_from, t) for t in targets):
+        raise UserError(
+            f"--resume-from {request.resume_from} is not visible inside the container {slurm.container_image}: it "
+            "lies under neither the run folder nor any DST of slurm.container_mounts",
+            "add a mount that holds it (slurm.container_mounts=[SRC:DST]), or copy the checkpoint under one",
+        )

@@ -1,10 +1,10 @@
 """Preflight: ask the Slurm cluster (bounded scontrol/sinfo calls) whether a layout's request could ever run there.
 
 Checked against the partition and its nodes: the partition exists; the node count; tasks x CPUs per task per node;
-GPUs per node (gres); memory asked in `slurm.extra_sbatch_args`; the time limit. Every problem names the spec field,
-what was asked and what the cluster has. Node states are ignored on purpose: a drained node may come back, so only
-what no node of the partition could ever give is refused. A layout or its plan is checked alike: only their cluster
-and slurm sections are read, which the plan's resolved sections spell as the spec does.
+GPUs per node (gres); memory asked by `slurm.mem` or `slurm.extra_sbatch_args`; the time limit. Every problem names
+the spec field, what was asked and what the cluster has. Node states are ignored on purpose: a drained node may come
+back, so only what no node of the partition could ever give is refused. A layout or its plan is checked alike: only
+their cluster and slurm sections are read, which the plan's resolved sections spell as the spec does.
 """
 
 from __future__ import annotations
@@ -137,11 +137,13 @@ def read_partition(name: str | None) -> tuple[Partition | None, list[str]]:
 
 
 def _memory_mb(spec: Job) -> list[tuple[str, str, int]]:
-    """(field path, option text, MB per node) for each memory option in slurm.extra_sbatch_args."""
+    """(field path, option text, MB per node) for slurm.mem and each memory option in slurm.extra_sbatch_args."""
     cluster, slurm = spec.cluster, spec.slurm
     scale = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
     out = []
-    for i, arg in enumerate(slurm.extra_sbatch_args):
+    asked = [("slurm.mem", f"--mem={slurm.mem}")] if slurm.mem else []
+    asked += [(f"slurm.extra_sbatch_args[{i}]", arg) for i, arg in enumerate(slurm.extra_sbatch_args)]
+    for path, arg in asked:
         match = _MEM_OPTION.fullmatch(arg.strip())
         if not match:
             continue
@@ -153,7 +155,7 @@ def _memory_mb(spec: Job) -> list[tuple[str, str, int]]:
             "mem-per-gpu": mb * cluster.gpus_per_node,
         }[kind]
         if amount:  # --mem=0 asks for all of a node's memory
-            out.append((f"slurm.extra_sbatch_args[{i}]", arg, int(per_node)))
+            out.append((path, arg, int(per_node)))
     return out
 
 

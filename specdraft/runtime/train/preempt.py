@@ -84,14 +84,15 @@ class StopVote:
         return signal.SIGUSR2 if usr2 else signal.SIGTERM if term else None
 
 
-def stopped(rank: int, plan, signum: int, step: int, checkpoint) -> dict:
-    """After the agreed stop's checkpoint: rank 0 requeues the job when the signal was the time-limit warning; every
-    rank waits for it (a rank that exited first would make srun kill the step under rank 0's feet)."""
+def stopped(rank: int, plan, signum: int, step: int, checkpoint, run_dir=None) -> dict:
+    """After the agreed stop's checkpoint: rank 0 requeues the job when the signal was the time-limit warning (in a
+    container: asks the batch script to, through ``run_dir``); every rank waits for it (a rank that exited first
+    would make srun kill the step under rank 0's feet)."""
     import torch.distributed as dist
 
     requeue = None
     if signum == signal.SIGUSR2 and rank == 0:
-        requeue = request_requeue(plan, os.environ)
+        requeue = request_requeue(plan, os.environ, run_dir=run_dir)
         print(
             f"[specdraft] preempted after step {step}: "
             f"{'requeued' if requeue['requeued'] else 'not requeued'} ({requeue['reason']})",
@@ -128,9 +129,11 @@ def resume_mode_from_env(environ) -> str | None:
     return "auto" if environ.get("SLURM_JOB_ID") and restarts(environ) >= 1 else None
 
 
-def request_requeue(plan, environ, timeout_s: float = REQUEUE_TIMEOUT_S) -> dict:
+def request_requeue(plan, environ, timeout_s: float = REQUEUE_TIMEOUT_S, run_dir=None) -> dict:
     """`scontrol requeue $SLURM_JOB_ID`, bounded by ``timeout_s``, when slurm.max_requeues allows one more.
 
+    In a container (slurm.container_image) there is no Slurm client: the request goes to RUN/requeue-request, and
+    the batch script, outside the container, runs `scontrol requeue` once srun returns (templates/sbatch.j2).
     Returns {"requeued": bool, "reason": str, "restarts": n}; never raises (the checkpoint is already safe)."""
     job_id = environ.get("SLURM_JOB_ID")
     done = restarts(environ)
@@ -143,6 +146,8 @@ def request_requeue(plan, environ, timeout_s: float = REQUEUE_TIMEOUT_S) -> dict
             "restarts": done,
             "reason": f"slurm.max_requeues={limit} reached (this job was restarted {done} time(s))",
         }
+    if plan.slurm.container_image:
+        return _ask_the_batch_script(run_dir, job_id, done, limit)
     try:
         proc = subprocess.run(
             ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=timeout_s, check=False
@@ -153,3 +158,23 @@ def request_requeue(plan, environ, timeout_s: float = REQUEUE_TIMEOUT_S) -> dict
         why = (proc.stderr.strip() or proc.stdout.strip() or f"exit {proc.returncode}").splitlines()[-1]
         return {"requeued": False, "reason": f"scontrol requeue {job_id}: {why}", "restarts": done}
     return {"requeued": True, "reason": f"requeue {done + 1} of at most {limit}", "restarts": done}
+
+
+def _ask_the_batch_script(run_dir, job_id: str, done: int, limit: int) -> dict:
+    """Leave the request the batch script reads after srun: the job id and this attempt's restart count, so a stale
+    file from an earlier attempt never requeues a later one."""
+    from specdraft.errors import UserError
+    from specdraft.fsutil import atomic_write_text
+    from specdraft.runs.paths import RunPaths
+
+    if run_dir is None:
+        return {"requeued": False, "reason": "no run folder to leave the requeue request in", "restarts": done}
+    try:
+        atomic_write_text(RunPaths(run_dir).requeue_request, f"{job_id} {done}\n", what="requeue request")
+    except (OSError, UserError) as err:
+        return {"requeued": False, "reason": f"cannot write the requeue request: {err}", "restarts": done}
+    return {
+        "requeued": True,
+        "reason": f"requeue {done + 1} of at most {limit}, asked of the batch script (the container has no Slurm)",
+        "restarts": done,
+    }

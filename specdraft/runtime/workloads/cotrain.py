@@ -55,7 +55,7 @@ def run(ctx: RankContext) -> dict:
                     "steps": done,
                     "final": metrics.last,
                     **resumed,
-                    **preempt.stopped(ctx.global_rank, ctx.plan, stop, done, saved),
+                    **preempt.stopped(ctx.global_rank, ctx.plan, stop, done, saved, ctx.run_dir),
                 }
     dist.barrier()
     return {

@@ -4,10 +4,8 @@
 #   plan sha256 <plan-sha256>
 #   run folder  /scratch/runs/llama3.1-8b-pat
 #
-# Submit it with specdraft, which records the job in run.json and refuses to submit this plan twice:
-#   specdraft launch /scratch/runs/llama3.1-8b-pat/plan.json --run-dir /scratch/runs/llama3.1-8b-pat
-# By hand (then run.json records no job and nothing stops a second submission of the same plan):
-#   sbatch /scratch/runs/llama3.1-8b-pat/sbatch.sh
+# `specdraft launch` writes this script as /scratch/runs/llama3.1-8b-pat/sbatch.sh, beside the plan every task reads
+# (/scratch/runs/llama3.1-8b-pat/plan.json), submits it and records the job in run.json (it never submits the same plan twice).
 #
 #SBATCH --job-name=llama3.1-8b-pat-<plan8>
 #SBATCH --nodes=1
@@ -21,6 +19,7 @@
 #SBATCH --error=/scratch/runs/llama3.1-8b-pat/submitit/%j_0_log.err
 #SBATCH --open-mode=append
 #SBATCH --signal=USR2@90
+#SBATCH --requeue
 
 # Rendezvous for torch.distributed: rank 0 runs on the allocation's first node, and the port is a pure
 # function of the job id, so every task agrees on it without talking to the others.
@@ -35,7 +34,8 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 
 # srun runs the payload itself on every task (no per-task wrapper in between), so the USR2 time-limit warning and
-# Slurm's SIGTERM reach the runtime: it stops every rank at a step boundary, saves a checkpoint, requeues the job
-# (USR2, at most slurm.max_requeues times) and exits 75; the restarted job resumes on its own.
+# Slurm's SIGTERM reach the runtime: it stops every rank at a step boundary, saves a checkpoint and exits 75; after
+# USR2 the job is requeued (at most slurm.max_requeues = 3 times) and the restarted job resumes on its own.
+# On the host rank 0 runs `scontrol requeue` itself.
 # 8 tasks; every one runs: /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/llama3.1-8b-pat/plan.json --workload cotrain
 srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/llama3.1-8b-pat/submitit/%j_%t_log.out --error=/scratch/runs/llama3.1-8b-pat/submitit/%j_%t_log.err /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/llama3.1-8b-pat/plan.json --workload cotrain

@@ -146,11 +146,21 @@ def test_render_targets(tmp_path):
     assert megatron.returncode == 0 and megatron.stdout.startswith("--tensor-model-parallel-size 2")
     nemo = run("render", str(plan_file), "--to", "nemo-rl")  # an online draft with packing: NeMo-RL refuses it
     assert nemo.returncode == 2 and "does not support sequence packing yet" in nemo.stderr
-    vllm = run("render", str(plan_file), "--to", "vllm", "--check")
+    vllm = run("render", str(plan_file), "--to", "vllm")
     assert vllm.returncode == 0 and json.loads(vllm.stdout)["speculative_config"]["method"] == "eagle3"
-    assert "vllm check skipped" in vllm.stderr or "accepted" in vllm.stderr
     overrides = run("render", str(plan_file), "parallel.cp=2", "--to", "vllm")
     assert overrides.returncode == 2 and "not to a compiled plan.json" in overrides.stderr
+
+
+def test_a_vllm_check_that_cannot_run_is_not_a_pass(monkeypatch):
+    # vLLM's own check (runtime/serve/vllm_check.py) runs in tests/dist/test_vllm_check.py; here vLLM is missing.
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    out = run("render", "layouts/qwen3-8b.yaml", "--to", "vllm", "--check")
+    assert out.returncode == 2 and json.loads(out.stdout)["tensor_parallel_size"] == 1
+    assert "--check did not run: vLLM is not installed here, so nothing checked the settings" in out.stderr
 
 
 def test_balance_flag_applies_the_suggested_split():

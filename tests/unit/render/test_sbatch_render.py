@@ -159,8 +159,6 @@ def test_slurm_time(text, seconds):
 
 
 HOSTILE_SLURM = r"""
-  container_image: "nvcr.io/x:1$(touch {canary})`touch {canary}`;'\""
-  container_mounts: ["/data $(touch {canary}):/d;`touch {canary}`'"]
   env:
     EVIL_SUBST: "$(touch {canary})"
     EVIL_TICKS: "`touch {canary}`"
@@ -187,6 +185,15 @@ def test_hostile_values_are_inert_and_arrive_intact(tmp_path):
     canary = tmp_path / "PWNED"
     layout = _with_slurm(HOSTILE_SLURM.format(canary=canary))
     plan = compile(load_layout_text(layout, source="hostile"))
+    # validate refuses such an image and mount (spec/validate_container.py); a hand-edited plan.json still reaches
+    # the render, which must carry them inert.
+    hostile = dataclasses.replace(
+        plan.slurm,
+        container_image=f"nvcr.io#x:1$(touch {canary})`touch {canary}`;'\"",
+        container_mounts=(f"/data $(touch {canary}):/d;`touch {canary}`'",),
+        container_specdraft="image",
+    )
+    plan = dataclasses.replace(plan, slurm=hostile)
     run_dir = str(tmp_path / f"run $(touch {canary}) `touch {canary}` 'q' \"d\" ;x")
     python = f"/opt/my venv/bin/python $(touch {canary})"
     checkpoint = f"/ckpt/$(touch {canary}) `touch {canary}` 'q';x/step-3"
@@ -219,14 +226,14 @@ def test_hostile_values_are_inert_and_arrive_intact(tmp_path):
 
     argv = (record / "argv").read_bytes().decode().split("\0")[:-1]
     folder = f"{run_dir}/submitit"
-    slurm = plan.spec.slurm
+    slurm = plan.slurm
     assert argv[:6] == [
         "--unbuffered",
         "--kill-on-bad-exit=1",
         f"--output={folder}/%j_%t_log.out",
         f"--error={folder}/%j_%t_log.err",
         f"--container-image={slurm.container_image}",
-        f"--container-mounts={slurm.container_mounts[0]}",
+        f"--container-mounts={slurm.container_mounts[0]},{run_dir}:{run_dir}",
     ]
     assert argv[6:] == render.payload_argv and argv[-2:] == ["--resume-from", checkpoint]
     got = dict(item.split("=", 1) for item in (record / "env").read_bytes().decode().split("\0") if "=" in item)
