@@ -106,6 +106,7 @@ NOT_CARRIED: dict[str, str] = {
     "data.*": "NeMo-RL reads its data: section (a dataset and a math environment), not specdraft's data file",
     "slurm.*": "NeMo-RL is launched through Ray (its ray.sub), not specdraft's sbatch script",
     "cluster.gpu": "NeMo-RL uses the GPUs Ray finds",
+    "cluster.executor": "NeMo-RL is started by its own run script, not by specdraft launch",
     "rollout.enabled": "NeMo-RL always runs its generation backend",
     "rollout.prompt_length": "specdraft's KV-cache sizing only",
     "rollout.acceptance_rate": "specdraft's rollout model only",
