@@ -19,8 +19,8 @@ from specdraft.spec.schema import LayoutSpec, RopeScaling
 # 3: the model section says what the model is (norm, biases, dropout, RoPE, QK norm, path); 4: the data section.
 # 5: `parallel` is the resolved ParallelDims (world_size and num_microbatches moved into it, the batch and layer
 # split added); cluster, training and rollout_settings sections; slurm and draft carry their settings.
-# 6: the model section records the config.json that filled it.
-SCHEMA_VERSION = 6
+# 6: the model section records the config.json that filled it. 7: the draft's path and norm_before_residual.
+SCHEMA_VERSION = 7
 Tap = Union[int, str]  # a target layer index, or "embedding" / "logits"
 
 
@@ -163,6 +163,8 @@ class DraftPlan:
     clip_grad: float
     model: str  # the draft checkpoint rollout engines load
     export_interval: int
+    path: Optional[str]  # the EAGLE-3 checkpoint folder the draft starts from; None = random weights
+    norm_before_residual: bool  # layer 0's residual is hidden_norm's output (vLLM's norm_before_residual)
 
 
 @dataclass(frozen=True, kw_only=True)
