@@ -100,6 +100,11 @@ def validate(
     path, overrides = split_target(args)
     spec = load_layout(path, overrides)
     errors, warnings = check(spec)
+    if not errors:
+        from specdraft.assemble import compile
+        from specdraft.render.nemo_rl import refusals
+
+        warnings = warnings + refusals(compile(spec), severity="warning")  # what `render --to nemo-rl` refuses
     console = _console()
     print_warnings(console, warnings)
     if errors:
@@ -167,9 +172,13 @@ def render(
 
         sys.stdout.write(shlex.join(renders.megatron) + "\n")
     elif to == "nemo-rl":
-        from specdraft.render.nemo_rl import to_yaml
+        from specdraft.errors import SpecError
+        from specdraft.render.nemo_rl import PROFILE, refusals, render_text
 
-        sys.stdout.write(to_yaml(renders.nemo_rl))
+        refused = refusals(launch_plan)
+        if refused:
+            raise SpecError(refused, f"the NeMo-RL render of {launch_plan.name} (profile {PROFILE})")
+        sys.stdout.write(render_text(launch_plan))
     elif to == "vllm":
         import json
 

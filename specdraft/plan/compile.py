@@ -161,11 +161,14 @@ def rollout_settings(spec: LayoutSpec) -> RolloutSettings:
     r = spec.rollout
     return RolloutSettings(
         tp=r.tp,
+        colocated=r.colocated,
+        num_nodes=0 if r.colocated else r.num_nodes,
         num_gpus=derived.rollout_gpus(spec),
         speculative=r.speculative,
         num_speculative_tokens=derived.num_speculative_tokens(spec),
         gpu_memory_utilization=r.gpu_memory_utilization,
         max_model_len=derived.max_model_len(spec),
+        max_response_length=r.max_response_length,
         max_num_seqs=r.max_num_seqs,
         max_policy_lag=r.max_policy_lag,
         num_prompts_per_step=r.num_prompts_per_step,

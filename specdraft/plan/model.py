@@ -19,8 +19,10 @@ from specdraft.spec.schema import LayoutSpec, RopeScaling
 # 3: the model section says what the model is (norm, biases, dropout, RoPE, QK norm, path); 4: the data section.
 # 5: `parallel` is the resolved ParallelDims (world_size and num_microbatches moved into it, the batch and layer
 # split added); cluster, training and rollout_settings sections; slurm and draft carry their settings.
-# 6: the model section records the config.json that filled it. 7: the draft's path and norm_before_residual.
-SCHEMA_VERSION = 7
+# 6: the model section records the config.json that filled it.
+# 7: rollout_settings says whether rollout is colocated, on how many dedicated nodes, and max_response_length
+# (the NeMo-RL render reads them). 8: the draft's path and norm_before_residual.
+SCHEMA_VERSION = 8
 Tap = Union[int, str]  # a target layer index, or "embedding" / "logits"
 
 

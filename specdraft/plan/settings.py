@@ -63,11 +63,14 @@ class RolloutSettings:
     vLLM and NeMo-RL renders read them; `rollout` holds the planned instances)."""
 
     tp: int
+    colocated: bool  # rollout shares the training GPUs; false = dedicated nodes
+    num_nodes: int  # dedicated rollout nodes (rollout.num_nodes) when not colocated, else 0
     num_gpus: int  # the training nodes' GPUs when colocated, else rollout.num_nodes'
     speculative: bool  # rollout.speculative as written (the renders also need draft.enabled)
     num_speculative_tokens: int  # rollout.num_speculative_tokens, else draft.ttt_steps
     gpu_memory_utilization: float
     max_model_len: int  # rollout.max_model_len, else prompt_length + max_response_length
+    max_response_length: int
     max_num_seqs: int
     max_policy_lag: int
     num_prompts_per_step: int

@@ -159,7 +159,8 @@ PROBE = textwrap.dedent("""
     from specdraft.spec.load import load_layout
     compile(load_layout(None))
     # Run real commands in-process (plan text and json, validate, --help) through the CLI entry point.
-    for argv in (["plan"], ["plan", "--format", "json"], ["validate"], ["render", "--to", "nemo-rl"], ["--help"]):
+    nemo_rl = ["render", "--to", "nemo-rl", "draft.enabled=false", "rollout.max_policy_lag=0"]  # one it accepts
+    for argv in (["plan"], ["plan", "--format", "json"], ["validate"], nemo_rl, ["--help"]):
         sys.argv = ["specdraft", *argv]
         try:
             cli.main()

@@ -11,7 +11,7 @@ import pytest
 from specdraft.assemble import compile
 from specdraft.plan.codec import encode_value
 from specdraft.render.megatron import format_argv
-from specdraft.render.nemo_rl import to_dotlist, to_yaml
+from specdraft.render.nemo_rl import render_text, to_dotlist
 from specdraft.render.vllm import engine_settings
 from specdraft.spec.load import load_layout
 from tests.support.golden_util import check_golden
@@ -32,7 +32,7 @@ def test_megatron_argv_golden(layout):
 @pytest.mark.parametrize("layout", LAYOUTS, ids=IDS)
 def test_nemo_rl_overrides_golden(layout):
     plan = compile(load_layout(layout))
-    check_golden(f"nemo_rl/{layout.stem}.yaml", to_yaml(plan.renders.nemo_rl))
+    check_golden(f"nemo_rl/{layout.stem}.yaml", render_text(plan))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=IDS)
