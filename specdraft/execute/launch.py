@@ -85,8 +85,10 @@ def prepare(
             "launch with training.dtype=bf16; an fp8 layout still "
             "plans and renders for Megatron-LM (`specdraft render --to megatron`)",
         )
+    draft_notes: tuple[str, ...] = ()
     if workload == "cotrain":
         check_checkpoint(plan)
+        draft_notes = check_draft_checkpoint(plan)
     if workload == "cotrain" and plan.data.path is not None:
         # The file's structure before any allocation; its token lengths need the tokenizer: every rank checks them
         # before its first collective (runtime/train/corpus.py).
@@ -96,6 +98,7 @@ def prepare(
     source = os.path.abspath(resume_from) if resume_from is not None else None
     total = steps if steps is not None else plan.training.train_iters
     checkpoint, notes = check_resume(plan, folder, workload, resume, source, total)
+    notes = (*draft_notes, *notes)
     interpreter = chosen.default_python(plan, python)
     try:
         render = render_sbatch(
@@ -144,6 +147,18 @@ def check_checkpoint(plan: LaunchPlan) -> dict | None:
         )
     argv = ["--model", json.dumps(encode_value(plan.model)), "--path", path]
     return json.loads(payload.run("models.hf.check", argv, lambda line: None))
+
+
+def check_draft_checkpoint(plan: LaunchPlan) -> tuple[str, ...]:
+    """draft.path's config.json against the plan before anything is written or submitted (a plan.json launch has
+    not been through the layout's load-time check); returns its notes. The ranks check its tensors."""
+    from specdraft.errors import Problem, SpecError
+    from specdraft.plan.draft_checkpoint import review
+
+    _, findings, notes = review(plan)
+    if findings:
+        raise SpecError([Problem(path=f.field, value=f.value, rule=f.rule, fix=f.fix) for f in findings], "draft.path")
+    return tuple(notes)
 
 
 def check_resume(

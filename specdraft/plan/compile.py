@@ -344,6 +344,8 @@ def _build(
         clip_grad=d.clip_grad,
         model=d.model,
         export_interval=d.export_interval,
+        path=d.path,
+        norm_before_residual=d.norm_before_residual,
     )
     return LaunchPlan(
         schema_version=SCHEMA_VERSION,

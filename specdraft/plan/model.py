@@ -23,7 +23,8 @@ from specdraft.spec.schema import LayoutSpec, RopeScaling
 # 7: rollout_settings says whether rollout is colocated, on how many dedicated nodes, and max_response_length
 # (the NeMo-RL render reads them).
 # 8: cluster.executor; slurm.mem and slurm.container_specdraft.
-SCHEMA_VERSION = 8
+# 9: the draft's path and norm_before_residual.
+SCHEMA_VERSION = 9
 Tap = Union[int, str]  # a target layer index, or "embedding" / "logits"
 
 
@@ -166,6 +167,8 @@ class DraftPlan:
     clip_grad: float
     model: str  # the draft checkpoint rollout engines load
     export_interval: int
+    path: Optional[str]  # the EAGLE-3 checkpoint folder the draft starts from; None = random weights
+    norm_before_residual: bool  # layer 0's residual is hidden_norm's output (vLLM's norm_before_residual)
 
 
 @dataclass(frozen=True, kw_only=True)

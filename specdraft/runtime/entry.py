@@ -253,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
             from specdraft.runtime.models.hf.checkpoint import plan_checkpoint
 
             plan_checkpoint(plan)
+            from specdraft.runtime.models.eagle3_import import open_source
+
+            open_source(plan)  # draft.path: config.json and the safetensors headers against the plan's draft
         # The data file is read and tokenised before any collective: a bad file stops every rank with one message.
         data = _load_data(plan) if args.workload == "cotrain" else None
         device, backend = _device(plan, local_rank)

@@ -95,6 +95,10 @@ def load_layout_text(text: str, overrides: Sequence[str] = (), source: str = "<t
     spec, problems = build(LayoutSpec, data, "", stood_in)
     if hf is not None and spec is not None:
         problems += hf_config.disagreements(spec.model, hf, given)
+    if spec is not None and spec.draft.path is not None:
+        from specdraft.spec import draft_checkpoint
+
+        problems += draft_checkpoint.problems(spec)  # the EAGLE-3 checkpoint the draft starts from
     if problems:
         if spec is not None:
             # Run the field rules on what did load, so one pass reports everything, except the rules that read a

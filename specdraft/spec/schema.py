@@ -180,6 +180,14 @@ class DraftSpec:
     """Draft LM-head vocabulary: the target's most frequent training tokens (SpecForge's d2t/t2d); null = target's."""
     export_interval: int = 0
     """Steps between publishing the draft for vLLM/SGLang to RUN_DIR/draft/step-N/ (and after the last); 0 = off."""
+    path: Optional[str] = None
+    """Absolute path of a local EAGLE-3 checkpoint folder the draft starts from (vLLM's LlamaForCausalLMEagle3 as
+    `specdraft export` writes it, SpecForge's, or the speculators Eagle3Speculator format); null = random weights.
+    Its config.json must fit the policy and this section: shapes, vocabularies, aux layers (each format's own
+    numbering is converted to specdraft's), norm_before_residual (docs/models.md)."""
+    norm_before_residual: bool = False
+    """First draft layer: the residual is the hidden state after hidden_norm (vLLM's and speculators'
+    norm_before_residual); false = the un-normalised hidden state (SpecForge's layer, vLLM's default)."""
 
 
 @dataclass(frozen=True, kw_only=True)

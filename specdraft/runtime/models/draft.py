@@ -43,6 +43,7 @@ class DraftShape:
     rope_base: float = 10000.0  # the target's model.rotary_base (EAGLE-3 drafts keep the target's rope_theta)
     norm_eps: float = 1e-5  # the target's model.norm_epsilon (EAGLE-3 drafts keep its rms_norm_eps)
     rope_scaling: Optional[RopeScaling] = None  # the target's Llama-3.1 scaling, as the draft's config.json has it
+    norm_before_residual: bool = False  # layer 0's residual is hidden_norm's output (draft.norm_before_residual)
 
     @property
     def reduced_vocab(self) -> bool:
@@ -117,7 +118,8 @@ class DraftLayer(nn.Module):
     """One EAGLE-3 decoder layer (vLLM llama_eagle3.LlamaDecoderLayer, SpecForge llama3_eagle.LlamaDecoderLayer).
 
     Layer 0 normalises the token embedding (input_layernorm) and the incoming hidden state (hidden_norm) separately
-    and attends over their concatenation (2h wide q/k/v inputs); its residual is the *un-normalised* hidden state.
+    and attends over their concatenation (2h wide q/k/v inputs); its residual is the *un-normalised* hidden state,
+    or hidden_norm's output under norm_before_residual (vLLM's and speculators' flag of that name).
     A later layer normalises its h-wide input with input_layernorm, as a Llama layer does. Then o_proj plus the
     residual, post_attention_layernorm, SwiGLU MLP plus the residual. Names are EAGLE-3's, so the export only
     renames `layers.0.` to `midlayer.`.
@@ -158,8 +160,10 @@ class DraftLayer(nn.Module):
         return q, k, v
 
     def finish(self, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """Residual + SwiGLU MLP. attn: (t, H/tp, d) -> (t, h), reduced over tp by the row-parallel layers."""
-        out = hidden + self.o_proj(attn.flatten(1))[0]
+        """Residual + SwiGLU MLP. hidden: the layer's input (t, h); attn: (t, H/tp, d) -> (t, h), reduced over tp by
+        the row-parallel layers."""
+        residual = self.hidden_norm(hidden) if self.first and self.shape.norm_before_residual else hidden
+        out = residual + self.o_proj(attn.flatten(1))[0]
         x = self.post_attention_layernorm(out)
         return out + self.down_proj(F.silu(self.gate_proj(x)[0]) * self.up_proj(x)[0])[0]
 
@@ -276,4 +280,5 @@ def draft_shape(plan: LaunchPlan, tp: int | None = None) -> DraftShape:
         rope_base=float(m.rotary_base),
         norm_eps=m.norm_epsilon,
         rope_scaling=m.rope_scaling,
+        norm_before_residual=plan.draft.norm_before_residual,
     )

@@ -94,7 +94,8 @@ def config(plan: LaunchPlan, dtype: torch.dtype) -> dict:
         "attention_bias": False,
         "mlp_bias": False,
         "tie_word_embeddings": False,
-        "norm_before_residual": False,  # the residual is the un-normalised hidden state (vLLM's default path)
+        # False: layer 0's residual is the un-normalised hidden state (vLLM's default); an imported draft's own
+        "norm_before_residual": plan.draft.norm_before_residual,
         "torch_dtype": str(dtype).removeprefix("torch."),
         "eagle_aux_hidden_state_layer_ids": vllm_aux_ids(aux),  # vLLM: the inputs of these layers
         "eagle_config": {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": aux},  # SGLang: outputs

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from specdraft.runtime.attention.halo import gather_shifted, shift_rows
 from specdraft.runtime.attention.megatron_core import attention_summary
 from specdraft.runtime.context import RankContext
+from specdraft.runtime.models import eagle3_import
 from specdraft.runtime.models.draft import Eagle3Draft, draft_shape
 from specdraft.runtime.models.hf.checkpoint import plan_checkpoint
 from specdraft.runtime.models.hf.mapping import padded_vocab
@@ -80,6 +81,7 @@ class CoTrainer:
         self.draft_enabled = plan.draft.enabled
         self.draft_stage = plan.draft.stage
         self.draft = None
+        self.draft_init = "random"
         if self.draft_enabled and self.pp_rank == self.draft_stage:
             # The draft's layers never see sequence-parallel activations (taps are gathered over tp first).
             config = dataclasses.replace(transformer_config(plan, self.dtype, self.device), sequence_parallel=False)
@@ -87,6 +89,11 @@ class CoTrainer:
             init_parameters(self.draft, 0, self.tp, self.seed ^ 0x5EED, vocab=self.draft.shape.vocab)
             if self.draft.vocab is not None:  # a checkpoint's mapping, if one is loaded, replaces this one
                 self.draft.vocab.set(*(x.to(self.device) for x in draft_vocabulary(self.data, plan)))
+            # draft.path: a published EAGLE-3 checkpoint's weights (and d2t/t2d), this rank's slices only
+            source = eagle3_import.open_source(plan)
+            if source is not None:
+                eagle3_import.load(self.draft, source, plan, ps.get_tensor_model_parallel_rank())
+                self.draft_init = str(source.folder)
             self.draft_optimizer = precision.MainOptimizer(
                 list(self.draft.parameters()), lr=d.lr, policy=self.precision, device=self.device
             )
