@@ -13,14 +13,15 @@ from typing import Any, Optional, Union
 
 from specdraft.plan.codec import PlanFormatError, decode, encode_rows, encode_value
 from specdraft.plan.dims import ParallelDims
+from specdraft.plan.grpo import GrpoPlan
 from specdraft.plan.settings import ClusterPlan, RolloutSettings, SlurmPlan, TrainingPlan
 from specdraft.spec.schema import LayoutSpec, RopeScaling
 
 # 3: the model section says what the model is (norm, biases, dropout, RoPE, QK norm, path); 4: the data section.
 # 5: `parallel` is the resolved ParallelDims (world_size and num_microbatches moved into it, the batch and layer
 # split added); cluster, training and rollout_settings sections; slurm and draft carry their settings.
-# 6: the model section records the config.json that filled it.
-SCHEMA_VERSION = 6
+# 6: the model section records the config.json that filled it. 7: the grpo section, draft.refit_interval.
+SCHEMA_VERSION = 7
 Tap = Union[int, str]  # a target layer index, or "embedding" / "logits"
 
 
@@ -163,6 +164,7 @@ class DraftPlan:
     clip_grad: float
     model: str  # the draft checkpoint rollout engines load
     export_interval: int
+    refit_interval: int  # GRPO: steps between refits of the draft into the rollout engine
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -295,6 +297,7 @@ class LaunchPlan:
     tap_traffic: TapTraffic
     warnings: tuple[PlanWarning, ...]
     rollout_settings: RolloutSettings
+    grpo: GrpoPlan
     renders: Optional[Renders]  # None only between compile_core and assembly
     rollout: Optional[RolloutPlan]  # None when rollout planning is off
 

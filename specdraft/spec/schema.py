@@ -176,6 +176,8 @@ class DraftSpec:
     """Draft LM-head vocabulary: the target's most frequent training tokens (SpecForge's d2t/t2d); null = target's."""
     export_interval: int = 0
     """Steps between publishing the draft for vLLM/SGLang to RUN_DIR/draft/step-N/ (and after the last); 0 = off."""
+    refit_interval: int = 1
+    """GRPO: RL steps between refits of the co-trained draft into the rollout engine (the policy refits every step)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,6 +307,44 @@ class RolloutSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GrpoSpec:
+    """The `grpo` workload (docs/grpo.md): NeMo-RL's names for the step's sizes and its loss (loss_fn.*)."""
+
+    num_prompts_per_step: int = 8
+    """Prompts per RL step (NeMo-RL grpo.num_prompts_per_step)."""
+    num_generations_per_prompt: int = 4
+    """Responses sampled per prompt, the group its advantages are normalised in (grpo.num_generations_per_prompt)."""
+    max_new_tokens: int = 8
+    """Cap on generated tokens per response (NeMo-RL policy.generation.max_new_tokens)."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts (policy.generation.temperature); 0 = greedy."""
+    engine: Literal["builtin", "vllm"] = "builtin"
+    """Rollout engine on global rank 0: vLLM (speculative through the draft), or the built-in decode (fast tests)."""
+    task: Literal["reverse", "arithmetic", "markov"] = "reverse"
+    """Built-in verifiable task whose seeded prompts the run trains on: reverse a digit list, add two digits, or
+    continue the run's Markov chain."""
+    reward: str = "task"
+    """Reward: `task` (the task's own verifier), `math-verify` (the math_verify package) or a user's
+    `module:function` called as fn(prompt_ids, response_ids, info) -> float."""
+    reward_timeout_s: float = 10.0
+    """Seconds one reward call may take before the run stops with an error naming the prompt."""
+    sft_steps: int = 0
+    """Supervised warm-up steps on the task's reference answers before RL (the draft co-trains in them too)."""
+    normalize_rewards: bool = True
+    """Divide each group's advantages by its reward std (grpo.normalize_rewards)."""
+    use_leave_one_out_baseline: bool = False
+    """Baseline of a response = the mean reward of the other responses to its prompt
+    (grpo.use_leave_one_out_baseline)."""
+    ratio_clip_min: float = 0.2
+    """Ratio clip below 1 (loss_fn.ratio_clip_min): the ratio is clamped to [1 - min, 1 + max]."""
+    ratio_clip_max: float = 0.2
+    """Ratio clip above 1 (loss_fn.ratio_clip_max)."""
+    reference_policy_kl_penalty: float = 0.0
+    """Weight of the k3 KL to the frozen reference policy, the policy as RL starts
+    (loss_fn.reference_policy_kl_penalty); 0 keeps no reference."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class LayoutSpec:
     """A whole layout: model, cluster, parallelism, draft, training, data, Slurm and rollout."""
 
@@ -326,3 +366,5 @@ class LayoutSpec:
     """Slurm submission settings."""
     rollout: RolloutSpec = field(default_factory=RolloutSpec)
     """Rollout instances and scheduling."""
+    grpo: GrpoSpec = field(default_factory=GrpoSpec)
+    """The GRPO workload's rollouts, rewards and loss."""
