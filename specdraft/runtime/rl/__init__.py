@@ -1,1 +1,1 @@
-"""Reinforcement learning: the rollout engines, rewards, advantages, the GRPO loss and the prompt stream."""
+"""Reinforcement-learning post-training: the rollout engines (engine.py, engines/) and the GRPO pieces."""

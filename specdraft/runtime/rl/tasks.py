@@ -29,7 +29,7 @@ def _generator(seed: int, index: int) -> torch.Generator:
 class ReverseTask:
     """Reverse a list of 3-5 digits; reward = the fraction of the list's positions answered right."""
 
-    name, eos_id, max_answer = "reverse", EOS, 6
+    name, eos_id, max_answer, max_prompt_length = "reverse", EOS, 6, 7
 
     def prompt(self, seed: int, index: int) -> Prompt:
         g = _generator(seed, index)
@@ -49,7 +49,7 @@ class ReverseTask:
 class ArithmeticTask:
     """a + b for digits a, b; reward 1 for the exact sum's digits then eos, else 0."""
 
-    name, eos_id, max_answer = "arithmetic", EOS, 3
+    name, eos_id, max_answer, max_prompt_length = "arithmetic", EOS, 3, 5
 
     def prompt(self, seed: int, index: int) -> Prompt:
         a, b = torch.randint(0, 10, (2,), generator=_generator(seed, index)).tolist()
@@ -67,7 +67,7 @@ class MarkovTask:
     chain's most likely successor of the token before them. Responses run to max_new_tokens (no eos)."""
 
     name, eos_id = "markov", None
-    PROMPT_LENGTH = 8
+    PROMPT_LENGTH = max_prompt_length = 8
 
     def __init__(self, chain, max_new_tokens: int):
         self.chain, self.max_answer = chain, max_new_tokens  # chain: data.MarkovData of the run
