@@ -1,5 +1,6 @@
 """The prompt stream of a GRPO run: step s takes prompts [s * P, (s + 1) * P) of the task's seeded sequence, so
-its position is a pure function of the step; a checkpoint records it and a resume checks it."""
+its position is a pure function of the step, and the step a checkpoint records restores it (as for the Markov
+chain's rows: data.MarkovData)."""
 
 from __future__ import annotations
 
@@ -14,14 +15,15 @@ class PromptStream:
         first = step * self.num_per_step
         return [self.task.prompt(self.seed, first + i) for i in range(self.num_per_step)]
 
-    # The data position a checkpoint saves (the interface of train/data.MarkovData and train/packing.PackedData).
-    def position(self, step: int) -> dict:
-        return {"task": self.task.name, "next_prompt": step * self.num_per_step}
+    def next_prompt(self, step: int) -> int:
+        """The stream position before ``step``: the index of its first prompt."""
+        return step * self.num_per_step
 
-    def restore(self, step: int, saved: dict | None) -> str | None:
-        want = self.position(step)
-        if saved is not None and saved != want:
-            raise ValueError(f"the checkpoint's prompt position {saved} is not this run's {want} at step {step}")
+    # The data interface of train/data.MarkovData: no position beyond the step itself.
+    def position(self, step: int) -> None:
+        return None
+
+    def restore(self, step: int, saved: dict | None) -> None:
         return None
 
     def summary(self) -> dict:

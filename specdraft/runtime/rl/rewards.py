@@ -1,9 +1,6 @@
-"""Reward functions: the task's own verifier, `math-verify` (needs the math_verify package), or a user's
-`module:function`, each call bounded by a timeout; a reward that raises, hangs or returns a non-number is a
-RewardError naming the prompt (exit 2), not a dead job.
-
-A user function is called as fn(prompt: list[int], response: list[int], info: dict) -> float.
-"""
+"""Rewards: the task's verifier, `math-verify` or a user's `module:function` (fn(prompt_ids, response_ids, info) ->
+float, info = the task's facts + "prompt_index"), each call under a timeout; one that raises, hangs or returns a
+non-number is a RewardError naming the prompt (exit 2), not a dead job."""
 
 from __future__ import annotations
 
@@ -42,7 +39,11 @@ def resolve(reward: str, task) -> Callable[[Prompt, tuple[int, ...]], float]:
             f"grpo.reward = {reward!r}: cannot load it ({type(err).__name__}: {err})",
             "name an importable module and a function in it, as module:function (on PYTHONPATH on every node)",
         ) from None
-    return lambda prompt, response: fn(list(prompt.tokens), list(response), dict(prompt.info))
+
+    def call(prompt: Prompt, response: tuple[int, ...]):
+        return fn(list(prompt.tokens), list(response), {**prompt.info, "prompt_index": prompt.index})
+
+    return call
 
 
 def _math_verify() -> Callable[[Prompt, tuple[int, ...]], float]:

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from specdraft.runtime.context import RankContext
+from specdraft.runtime.workloads.cotrain import PAUSE_ENV
 
 RL_DIR = "rl"  # RUN_DIR/rl/: the HF folders the engine starts from, and rollouts.jsonl
 SFT_SEED = 0x5F7  # the warm-up's prompt stream, apart from the RL prompts'
@@ -55,6 +56,7 @@ def run(ctx: RankContext) -> dict:
             for index in range(start, ctx.steps):
                 phase, seconds, rollout = loop.step(index)
                 metrics.grpo_record(index, phase, seconds, rollout)
+                time.sleep(float(os.environ.get(PAUSE_ENV, "0")))  # tests: a kill's place, before the save
                 done = index + 1
                 stop = vote.agreed()
                 if stop is not None or (interval and (done % interval == 0 or done == ctx.steps)):
@@ -162,7 +164,6 @@ class Loop:
         self._train(index, samples, seconds)
         seconds.update(self.refit(index))
         seconds["step"] = time.perf_counter() - started
-        time.sleep(float(os.environ.get("SPECDRAFT_STEP_PAUSE_S", "0")))
         return "grpo", seconds, rollout
 
     def _sft_step(self, index: int) -> dict:
@@ -203,6 +204,7 @@ class Loop:
             "reward_std": float(values.std(unbiased=False)),
             "response_length": sum(lengths) / len(lengths),
             "finished_fraction": result["finished"],
+            "next_prompt": self.stream.next_prompt(index + 1),  # the stream's position after this step
             "engine": result["engine"],
         }
         return rollout, samples, {"generate": result["generate_s"], "score": result["score_s"]}
