@@ -1,0 +1,199 @@
+"""The built-in rollout engine (CPU torch, fast tests): transformers' own model class serves the HF policy folder,
+serve/speculative.draft_chain_batch drafts with the EAGLE-3 folder, and sampling.py verifies, so rollouts are exact
+samples of the policy (greedy at temperature 0). All sequences of a call decode as one right-padded batch; no KV
+cache: each pass recomputes every prefix, so target passes, not wall clock, are the figure it is built to show."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from specdraft.runtime.rl.engine import GenerationStats, Rollout
+from specdraft.runtime.rl.engines import sampling
+from specdraft.runtime.rl.engines.eagle3_draft import load_folder, load_named
+from specdraft.runtime.serve.speculative import draft_chain_batch
+
+
+@dataclass
+class _Sequence:
+    prompt_index: int
+    tokens: list[int]  # prompt + generated
+    num_prompt: int
+    aux: torch.Tensor | None = None  # (n_taps, rows, h): taps of the rows whose inputs are accepted tokens
+    done: bool = False
+    finished: bool = False
+
+    @property
+    def num_new(self) -> int:
+        return len(self.tokens) - self.num_prompt
+
+
+class BuiltinEngine:
+    def __init__(self, policy_dir: Path, draft_dir: Path | None, *, k: int, eos_id: int | None, device: str, seed: int):
+        import transformers
+
+        self.device, self.k, self.eos_id, self.seed = torch.device(device), k, eos_id, seed
+        model: Any = transformers.AutoModelForCausalLM.from_pretrained(str(policy_dir), dtype=torch.float32)
+        self.model: Any = model.to(self.device).eval()
+        self.draft = load_folder(Path(draft_dir), device) if draft_dir is not None else None
+        self._taps: dict[int, torch.Tensor] = {}
+        if self.draft is not None:
+            layers = self.model.model.layers
+            for tap in self.draft.aux_ids:  # vLLM's id i is the input of layer i = the output of layer i - 1
+                if not 1 <= tap <= len(layers):
+                    raise ValueError(f"the draft taps layer input {tap}; the policy has {len(layers)} layers")
+                layers[tap - 1].register_forward_hook(self._hook(tap))
+            self._to_target = self.draft.target_ids()
+
+    def _hook(self, tap: int):
+        def capture(module, inputs, output):
+            self._taps[tap] = (output[0] if isinstance(output, tuple) else output).detach()  # (B, L, h)
+
+        return capture
+
+    @torch.no_grad()
+    def _forward(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Right-padded batch of token lists -> logits (B, L, V) float32 and taps (n_taps, B, L, h) or None.
+        Padding sits after each row's tokens, so under the causal mask no real position sees it."""
+        length = max(len(r) for r in rows)
+        ids = torch.zeros(len(rows), length, dtype=torch.long)
+        for b, r in enumerate(rows):
+            ids[b, : len(r)] = torch.tensor(r)
+        self._taps.clear()
+        logits = self.model(input_ids=ids.to(self.device)).logits.float()
+        if self.draft is None:
+            return logits, None
+        return logits, torch.stack([self._taps[t] for t in self.draft.aux_ids])
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(ids.to(self.device))
+
+    @torch.no_grad()
+    def _propose(
+        self, seqs: list[_Sequence], k: int, temperature: float, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """k draft tokens for each sequence -> (B, k) target ids and, at temperature > 0, (B, k, V) their q."""
+        assert self.draft is not None
+        taps = [s.aux for s in seqs if s.aux is not None]
+        rows = [t.shape[1] for t in taps]  # the target processed all tokens but the last
+        length = max(rows)
+        aux = taps[0].new_zeros(taps[0].shape[0], len(seqs), length, taps[0].shape[2])
+        emb_ids = torch.zeros(len(seqs), length, dtype=torch.long)
+        for b, s in enumerate(seqs):
+            aux[:, b, : rows[b]] = taps[b]
+            emb_ids[b, : rows[b]] = torch.tensor(s.tokens[1 : rows[b] + 1])  # the token after each processed row
+        vocab = self.model.config.vocab_size
+
+        def pick(logits: torch.Tensor):  # (B, Vd) -> ((target ids (B,), q (B, V) or None), (B, h))
+            if temperature == 0:
+                draft_ids, q = logits.argmax(-1), None
+            else:
+                qd = sampling.probabilities(logits, temperature)
+                draft_ids = torch.multinomial(qd.cpu(), 1, generator=generator)[:, 0].to(logits.device)
+                q = qd
+                if self._to_target is not None:  # q over the target vocabulary: 0 outside the draft's
+                    q = qd.new_zeros(len(seqs), vocab).index_copy_(1, self._to_target, qd)
+            ids = draft_ids if self._to_target is None else self._to_target[draft_ids]
+            return (ids, q), self._embed(ids)
+
+        chain = draft_chain_batch(self.draft, aux, self._embed(emb_ids), torch.tensor(rows), k, pick)
+        drafts = torch.stack([c[0][0] for c in chain], dim=1).cpu()  # (B, k)
+        q = None if temperature == 0 else torch.stack([c[0][1] for c in chain], dim=1).cpu()  # (B, k, V)
+        return drafts, q
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        num_generations: int,
+        max_new_tokens: int,
+        temperature: float,
+        seed: int,
+    ) -> tuple[list[Rollout], GenerationStats]:
+        started = time.perf_counter()
+        generator = torch.Generator().manual_seed(seed)
+        seqs = [_Sequence(i, list(p), len(p)) for i, p in enumerate(prompts) for _ in range(num_generations)]
+        forwards = drafts_n = draft_tokens = accepted = 0
+        per_pos = [0] * self.k
+        logits, aux = self._forward([s.tokens for s in seqs])  # the prefill
+        forwards += len(seqs)
+        for b, s in enumerate(seqs):
+            self._extend(s, [self._sample(logits[b, s.num_prompt - 1], temperature, generator)], max_new_tokens)
+            if aux is not None:
+                s.aux = aux[:, b, : s.num_prompt]
+        while active := [s for s in seqs if not s.done]:
+            budget = [min(self.k, max_new_tokens - s.num_new - 1) if self.draft is not None else 0 for s in active]
+            k = max(budget)
+            proposed, q = self._propose(active, k, temperature, generator) if k > 0 else (torch.empty(0), None)
+            rows = [s.tokens + (proposed[b, : budget[b]].tolist() if k > 0 else []) for b, s in enumerate(active)]
+            logits, aux = self._forward(rows)
+            forwards += len(active)
+            for b, s in enumerate(active):
+                n, kb = len(s.tokens), budget[b]
+                verify = logits[b, n - 1 : n + kb].cpu()  # (kb + 1, V): after the context and after each draft
+                if kb == 0:
+                    new, a = [self._sample(verify[0], temperature, generator)], 0
+                else:
+                    guess = proposed[b, :kb].tolist()
+                    if temperature == 0:
+                        new, a = sampling.verify_greedy(verify, guess)
+                    else:
+                        p = sampling.probabilities(verify, temperature)
+                        assert q is not None  # proposals at temperature > 0 carry their q
+                        new, a = sampling.verify_sampled(p, q[b, :kb], guess, generator)
+                    drafts_n, draft_tokens, accepted = drafts_n + 1, draft_tokens + kb, accepted + a
+                    for i in range(a):
+                        per_pos[i] += 1
+                if aux is not None:
+                    s.aux = aux[:, b, : n + a]  # rows whose inputs are now accepted tokens
+                self._extend(s, new, max_new_tokens)
+        rollouts = [Rollout(s.prompt_index, tuple(s.tokens[s.num_prompt :]), s.finished) for s in seqs]
+        stats = GenerationStats(
+            num_generated_tokens=sum(len(r.response) for r in rollouts),
+            num_target_forwards=forwards,
+            num_drafts=drafts_n,
+            num_draft_tokens=draft_tokens,
+            num_accepted_tokens=accepted,
+            accepted_per_pos=tuple(per_pos),
+            seconds=time.perf_counter() - started,
+        )
+        return rollouts, stats
+
+    def _sample(self, logits: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
+        """One token from (V,) logits: the argmax at temperature 0."""
+        if temperature == 0:
+            return int(logits.argmax())
+        return int(torch.multinomial(sampling.probabilities(logits.cpu(), temperature), 1, generator=generator))
+
+    def _extend(self, s: _Sequence, new: list[int], max_new_tokens: int) -> None:
+        """Append tokens up to and including eos, and at most max_new_tokens in all; mark the sequence done."""
+        for token in new:
+            if s.num_new >= max_new_tokens:
+                break
+            s.tokens.append(token)
+            if self.eos_id is not None and token == self.eos_id:
+                s.done = s.finished = True
+                return
+        if s.num_new >= max_new_tokens:
+            s.done = True
+
+    def refit_policy(self, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
+        started = time.perf_counter()
+        load_named(self.model, weights, strict=False)
+        return time.perf_counter() - started
+
+    def refit_draft(self, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
+        if self.draft is None:
+            raise ValueError("this engine was opened without a draft: there is none to refit")
+        started = time.perf_counter()
+        self.draft.load(weights, strict=False)
+        self._to_target = self.draft.target_ids()
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        self.model = None
+        self.draft = None
