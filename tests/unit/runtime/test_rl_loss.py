@@ -85,3 +85,17 @@ def test_no_reference_means_no_kl_and_ratio_one_is_plain_policy_gradient():
     total, sums = clipped_pg_sums(logp, logp.clone(), adv, torch.ones(3), None, ClipSettings(0.2, 0.2, 0.0))
     assert float(total) == pytest.approx(-float(adv.sum()))
     assert float(sums["kl"]) == 0.0 and float(sums["clipped"]) == 0.0
+
+
+def test_packed_rows_put_the_loss_and_the_advantage_on_the_response_labels():
+    from specdraft.runtime.rl.batch import Sample, pack
+
+    samples = [Sample((1, 5, 6, 2), (7, 8, 3), 0.5), Sample((1, 9, 2), (4,), -1.0), Sample((1, 2), (5, 6), 2.0)]
+    rows, adv = pack(samples, row_tokens=32, length=16, num_rows=3)
+    first = rows[0]
+    assert first.cu_seqlens.tolist() == [0, 16, 32]
+    # sequence 0: labels 3..5 predict the response (7, 8, 3); sequence 1 (at 16): label 18 predicts 4
+    assert first.loss_mask.nonzero().flatten().tolist() == [3, 4, 5, 18]
+    assert first.labels[[3, 4, 5, 18]].tolist() == [7, 8, 3, 4]
+    assert adv[0][[3, 4, 5, 18]].tolist() == [0.5, 0.5, 0.5, -1.0] and adv[0].abs().sum() == 2.5
+    assert rows[1].loss_mask.sum() == 2 and rows[2].loss_mask.sum() == 0  # the last row is all padding
