@@ -5,6 +5,7 @@
   (tests/dist/test_cotrain_parity.py): SFT target rel 2e-5, policy loss and KL rel 2e-5 (abs 1e-7), draft rel 2e-4.
 - A run (pp2, 2 ranks) SIGKILLed on every rank mid-run resumes with --resume to a metrics.jsonl bit-identical, step
   for step, to what it logged before the kill (policy, draft, both optimizers, the reference, prompt position, RNG).
+  The HF and EAGLE-3 folders the resumed engine starts from, gathered in memory, equal `specdraft export`'s.
 - A reward function that raises is refused with exit 2 and a message naming the prompt; the failure is recorded.
 - From an SFT-warmed start on the built-in markov task the reward rises by >= 0.2 within 20 RL steps.
 """
@@ -106,7 +107,8 @@ def test_a_killed_grpo_run_resumes_exactly(tmp_path):
     run_dir = tmp_path / "killed"
     common = [
         "grpo.sft_steps=1", "grpo.reference_policy_kl_penalty=0.1", "draft.refit_interval=2",
-        "training.save_interval=2", "training.train_iters=5", "cluster.gpus_per_node=2", "parallel.cp=1",
+        "training.save_interval=2", "training.keep_checkpoints=3", "training.train_iters=5",
+        "cluster.gpus_per_node=2", "parallel.cp=1",
     ]  # fmt: skip
     write_plan(run_dir, common, layout=LAYOUT)
     run = RankRun.start(run_dir, 2, "--workload", "grpo", env={"SPECDRAFT_STEP_PAUSE_S": "2"})
@@ -121,6 +123,21 @@ def test_a_killed_grpo_run_resumes_exactly(tmp_path):
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(5)), "every step exactly once"
     assert _without_timing(rows[:4]) == _without_timing(uninterrupted), "bit-identical to the uninterrupted steps"
+    # The resume's engine started from RUN_DIR/rl/ folders gathered in memory from the restored step-2 weights
+    # (pp2): they equal the offline exports of that checkpoint, tensor for tensor.
+    from safetensors.torch import load_file
+
+    from specdraft.runtime.serve.export import export_checkpoint, export_policy
+
+    export_policy(run_dir, 2, tmp_path / "policy")
+    export_checkpoint(run_dir, 2, tmp_path / "draft")
+    for name in ("policy", "draft"):
+        live = load_file(str(run_dir / "rl" / name / "model.safetensors"))
+        offline = {}
+        for shard in sorted((tmp_path / name).glob("*.safetensors")):
+            offline.update(load_file(str(shard)))
+        assert sorted(live) == sorted(offline), name
+        assert all(live[k].equal(offline[k]) for k in live), name
 
 
 @pytest.mark.timeout(200)
