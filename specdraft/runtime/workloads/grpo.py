@@ -68,9 +68,9 @@ def run(ctx: RankContext) -> dict:
                         **resumed,
                         **preempt.stopped(ctx.global_rank, plan, stop, done, saved),
                     }
+        dist.barrier()
     finally:
-        loop.close()
-    dist.barrier()
+        loop.close()  # after the last collective: closing vLLM in-process tears its distributed state down
     return {
         "steps": ctx.steps,
         "final": metrics.last,

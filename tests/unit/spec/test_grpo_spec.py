@@ -22,7 +22,10 @@ def test_the_shipped_layout_compiles_with_its_grpo_section():
     g = plan.grpo
     assert (g.num_prompts_per_step, g.num_generations_per_prompt, g.task, g.engine) == (8, 4, "markov", "builtin")
     assert plan.model.head_dim == 32 and plan.draft.refit_interval == 1
-    assert _problems(GRPO, "grpo.engine=vllm") == ([], [])
+    errors, _ = _problems(GRPO, "grpo.engine=vllm")  # 4 ranks
+    assert [e.split(":")[0] for e in errors] == ["grpo.engine"] and "hangs" in errors[0]
+    one = ["grpo.engine=vllm", "cluster.gpus_per_node=1", "parallel.cp=1", "parallel.pp=1"]
+    assert _problems(GRPO, *one) == ([], [])
 
 
 def test_every_bad_grpo_value_is_reported_at_once():
@@ -58,7 +61,7 @@ def test_every_bad_grpo_value_is_reported_at_once():
 def test_digit_tasks_need_their_ids_and_vllm_on_cpu_needs_head_dim_32():
     errors, _ = _problems(None, "model.vocab_size=12", "grpo.task=reverse")
     assert any(e.startswith("grpo.task: the digit tasks need model.vocab_size >= 16") for e in errors)
-    _, warnings = _problems(None, "grpo.engine=vllm")  # tiny-cpu: head_dim 16
+    _, warnings = _problems(None, "grpo.engine=vllm", "cluster.gpus_per_node=1", "parallel.cp=1", "parallel.pp=1")
     assert warnings == ["grpo.engine: vLLM on CPU serves head_dim >= 32 only; this model's is 16"]
 
 
