@@ -113,7 +113,8 @@ def grpo_info(row: dict) -> str:
     def num(value, fmt: str) -> str:
         return format(value, fmt) if _is_number(value) else "?"
 
-    engine = row.get("engine") if isinstance(row.get("engine"), dict) else {}
+    found = row.get("engine")
+    engine: dict = found if isinstance(found, dict) else {}
     return (
         f"reward {num(row.get('reward_mean'), '.3f')}±{num(row.get('reward_std'), '.3f')}  "
         f"len {num(row.get('response_length'), '.1f')}  loss {num(row.get('policy_loss'), '.3f')}  "

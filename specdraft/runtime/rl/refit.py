@@ -6,6 +6,7 @@ EAGLE-3 tensors (serve/eagle3.py); and the HF folders the engine starts from, wr
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -15,8 +16,10 @@ from specdraft.runtime.models.hf import export as hf_export
 from specdraft.runtime.models.hf import mapping
 from specdraft.runtime.models.hf.checkpoint import FAMILIES, geometry
 
+Piece = tuple[str, Optional[tuple[int, int]], Optional[tuple[int, int]], torch.Tensor]  # HF name, rows, cols, block
 
-def _policy_pieces(trainer) -> list[tuple[str, tuple, tuple, torch.Tensor]]:
+
+def _policy_pieces(trainer) -> list[Piece]:
     """(HF name, rows, cols, block) of every slice of an HF tensor this rank holds and is the one to send."""
     ps, plan = trainer.ps, trainer.plan
     g = geometry(plan.model, FAMILIES[hf_export.policy_architecture(plan)])
@@ -52,7 +55,7 @@ def gather_policy(trainer) -> dict[str, torch.Tensor] | None:
     plan = trainer.plan
     pieces = _policy_pieces(trainer)
     world = dist.get_world_size()
-    received = [None] * world if dist.get_rank() == 0 else None
+    received: Any = [None] * world if dist.get_rank() == 0 else None
     dist.gather_object(pieces, received, dst=0)
     if received is None:
         return None
@@ -71,7 +74,7 @@ def gather_policy(trainer) -> dict[str, torch.Tensor] | None:
 
 def gather_draft(trainer) -> dict[str, torch.Tensor] | None:
     """Every rank: the draft's whole runtime state dict on global rank 0 (None elsewhere, or without a draft)."""
-    state = None
+    state: Optional[dict[str, Any]] = None
     if trainer.draft is not None and trainer.ctx.coords.dp == 0 and trainer.cp_rank == 0:
         group = trainer.ps.get_tensor_model_parallel_group() if trainer.tp > 1 else None
         params = dict(trainer.draft.named_parameters())
@@ -85,7 +88,7 @@ def gather_draft(trainer) -> dict[str, torch.Tensor] | None:
             state[name] = value.detach().cpu() if isinstance(value, torch.Tensor) else value
         if trainer.ps.get_tensor_model_parallel_rank() != 0:
             state = None
-    received = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    received: Any = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(state, received, dst=0)
     if received is None:
         return None

@@ -41,7 +41,7 @@ class GrpoTrainer(CoTrainer):
         self.microbatches = []
         for i, (row, adv) in enumerate(zip(rows[lo : lo + per], advantages[lo : lo + per])):
             mb = make_microbatch(i, row, cp=self.cp, cp_rank=self.cp_rank, steps=self.steps_ttt, device=self.device)
-            mb.advantages = self._shard(adv, row).to(torch.float32)  # (t,) local
+            mb.advantages = self._shard(adv, row).to(torch.float32)  # type: ignore[attr-defined]  # (t,) local
             self.microbatches.append(mb)
 
     def _shard(self, x: torch.Tensor, row) -> torch.Tensor:

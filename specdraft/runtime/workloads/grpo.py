@@ -13,6 +13,7 @@ import json
 import os
 import time
 from functools import partial
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -98,7 +99,7 @@ class Loop:
         )
         self.plan, self.g = ctx.plan, ctx.plan.grpo
         self.forward_backward = get_forward_backward_func()
-        self.engine = None
+        self.engine: Any = None  # a RolloutEngine on global rank 0
         self.rank0 = ctx.global_rank == 0
         self.folder = ctx.run_dir / RL_DIR
 
@@ -109,7 +110,7 @@ class Loop:
 
         policy = refit.gather_policy(self.trainer)
         draft = refit.gather_draft(self.trainer) if self.plan.draft.enabled else None
-        if not self.rank0:
+        if not self.rank0 or policy is None:
             return
         from specdraft.runtime.rl.engine import open_engine
 
@@ -140,12 +141,12 @@ class Loop:
         started = time.perf_counter()
         out = {"policy_refit": 0.0, "draft_refit": 0.0}
         policy = refit.gather_policy(self.trainer)
-        if self.rank0:
+        if self.rank0 and policy is not None:
             out["policy_refit"] = self.engine.refit_policy(policy.items())
         every = self.plan.draft.refit_interval
         if self.plan.draft.enabled and self.trainer.cotraining and (index + 1) % every == 0:
             draft = refit.gather_draft(self.trainer)
-            if self.rank0 and self.plan.rollout_settings.speculative:
+            if self.rank0 and draft is not None and self.plan.rollout_settings.speculative:
                 out["draft_refit"] = self.engine.refit_draft(refit.eagle3_tensors(self.trainer, draft).items())
         out["refit"] = time.perf_counter() - started
         return out
