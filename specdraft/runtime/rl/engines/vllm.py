@@ -121,16 +121,15 @@ class VllmEngine:
             for a, b in zip(after.get(PER_POS, [0.0] * self.k), before.get(PER_POS, [0.0] * self.k), strict=False)
         ]
         generated = sum(len(r.response) for r in rollouts)
-        accepted = diff(ACCEPTED)
-        # vLLM counts no target passes: each pass gives a sequence one token plus its accepted drafts, so the
-        # passes are generated - accepted (drafts accepted past max_tokens or eos make this a slight undercount)
-        forwards = max(generated - accepted, len(rollouts))
+        # vLLM counts no target passes: each sequence has its prefill, then one verify pass per draft (vLLM drafts
+        # at every decode step), or one pass per further token without a draft
+        forwards = len(rollouts) + diff(DRAFTS) if self.draft else generated
         return GenerationStats(
             num_generated_tokens=generated,
             num_target_forwards=forwards,
             num_drafts=diff(DRAFTS),
             num_draft_tokens=diff(DRAFT_TOKENS),
-            num_accepted_tokens=accepted,
+            num_accepted_tokens=diff(ACCEPTED),
             accepted_per_pos=tuple(per_pos) if self.draft else (0,) * self.k,
             seconds=seconds,
         )
