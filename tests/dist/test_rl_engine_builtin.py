@@ -146,3 +146,15 @@ def test_a_refit_equals_a_fresh_engine_with_those_weights(folders):
         assert a[1].accepted_per_pos == b[1].accepted_per_pos
     with pytest.raises(ValueError, match="no place"):
         engine.refit_draft([("midlayer.nope.weight", torch.zeros(1))])
+
+
+def test_a_refit_with_checkpoint_names_transformers_converts_equals_a_fresh_engine(tmp_path):
+    """transformers 5 fuses Mixtral's per-expert checkpoint tensors: the refit goes through its loader."""
+    fields = dict(hidden_size=128, num_attention_heads=4)
+    first = rl_models.hf_models.make("mixtral", tmp_path / "a", seed=0, **fields)
+    second = rl_models.hf_models.make("mixtral", tmp_path / "b", seed=3, **fields)
+    engine = _open(first)
+    engine.refit_policy(rl_models.policy_tensors(second).items())
+    a = engine.generate(PROMPTS, num_generations=1, max_new_tokens=10, temperature=0, seed=0)
+    b = _open(second).generate(PROMPTS, num_generations=1, max_new_tokens=10, temperature=0, seed=0)
+    assert a[0] == b[0]

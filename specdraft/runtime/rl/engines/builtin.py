@@ -198,9 +198,31 @@ class BuiltinEngine:
             s.done = True
 
     def refit_policy(self, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
+        """Checkpoint names equal to the model's parameter names are copied in place; otherwise (transformers 5
+        fuses some checkpoint tensors, e.g. Mixtral's experts) transformers' own loader converts them from a
+        temporary folder, and the converted state is copied in."""
         started = time.perf_counter()
-        load_named(self.model, weights, strict=False)
+        items = [(name, tensor.detach()) for name, tensor in weights]
+        own = set(dict(self.model.named_parameters())) | set(dict(self.model.named_buffers()))
+        if all(name in own for name, _ in items):
+            load_named(self.model, items, strict=False)
+        else:
+            self._refit_converted(items)
         return time.perf_counter() - started
+
+    def _refit_converted(self, items: list[tuple[str, torch.Tensor]]) -> None:
+        import tempfile
+
+        import transformers
+        from safetensors.torch import save_file
+
+        with tempfile.TemporaryDirectory() as tmp:
+            self.model.config.save_pretrained(tmp)
+            save_file(
+                {n: t.cpu().contiguous() for n, t in items}, f"{tmp}/model.safetensors", metadata={"format": "pt"}
+            )
+            fresh = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
+        load_named(self.model, fresh.state_dict().items(), strict=False)
 
     def refit_draft(self, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
         if self.draft is None:
