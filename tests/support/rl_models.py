@@ -99,3 +99,24 @@ def policy_tensors(folder: Path) -> dict[str, torch.Tensor]:
     for path in sorted(Path(folder).glob("*.safetensors")):
         out.update(load_file(str(path)))
     return out
+
+
+def make_constant_policy(folder: Path, seed: int = 0) -> Path:
+    """A policy whose final norm weight is zero: every logit is exactly 0, so greedy decoding (the first maximal
+    index, in torch and in vLLM) emits token 0 forever, and sampling at temperature 1 is uniform."""
+    make_policy(folder, seed=seed)
+    tensors = policy_tensors(folder)
+    tensors["model.norm.weight"] = torch.zeros_like(tensors["model.norm.weight"])
+    from safetensors.torch import save_file
+
+    for path in Path(folder).glob("*.safetensors"):
+        path.unlink()
+    save_file(tensors, str(Path(folder) / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def constant_draft(config: dict, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A draft whose final norm weight is zero: it always proposes draft id 0 (target id 0 + d2t[0])."""
+    tensors = draft_tensors(config, seed)
+    tensors["norm.weight"] = torch.zeros_like(tensors["norm.weight"])
+    return tensors

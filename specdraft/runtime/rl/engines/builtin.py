@@ -121,10 +121,11 @@ class BuiltinEngine:
         per_pos = [0] * self.k
         logits, aux = self._forward([s.tokens for s in seqs])  # the prefill
         forwards += len(seqs)
+        first = self._next(logits, torch.tensor([s.num_prompt - 1 for s in seqs]), temperature, generator)
         for b, s in enumerate(seqs):
-            self._extend(s, [self._sample(logits[b, s.num_prompt - 1], temperature, generator)], max_new_tokens)
             if aux is not None:
                 s.aux = aux[:, b, : s.num_prompt]
+            self._extend(s, [int(first[b])], max_new_tokens)
         while active := [s for s in seqs if not s.done]:
             budget = [min(self.k, max_new_tokens - s.num_new - 1) if self.draft is not None else 0 for s in active]
             k = max(budget)
@@ -132,25 +133,22 @@ class BuiltinEngine:
             rows = [s.tokens + (proposed[b, : budget[b]].tolist() if k > 0 else []) for b, s in enumerate(active)]
             logits, aux = self._forward(rows)
             forwards += len(active)
-            for b, s in enumerate(active):
-                n, kb = len(s.tokens), budget[b]
-                verify = logits[b, n - 1 : n + kb].cpu()  # (kb + 1, V): after the context and after each draft
-                if kb == 0:
-                    new, a = [self._sample(verify[0], temperature, generator)], 0
-                else:
-                    guess = proposed[b, :kb].tolist()
-                    if temperature == 0:
-                        new, a = sampling.verify_greedy(verify, guess)
-                    else:
-                        p = sampling.probabilities(verify, temperature)
-                        assert q is not None  # proposals at temperature > 0 carry their q
-                        new, a = sampling.verify_sampled(p, q[b, :kb], guess, generator)
-                    drafts_n, draft_tokens, accepted = drafts_n + 1, draft_tokens + kb, accepted + a
+            starts = torch.tensor([len(s.tokens) - 1 for s in active])  # the row after the context
+            if k == 0:
+                news = [[int(t)] for t in self._next(logits, starts, temperature, generator)]
+                kept = [0] * len(active)
+            else:
+                news, kept = self._verify(logits, starts, proposed, q, torch.tensor(budget), temperature, generator)
+                drafts_n += sum(kb > 0 for kb in budget)
+                draft_tokens += sum(budget)
+                accepted += sum(kept)
+                for a in kept:
                     for i in range(a):
                         per_pos[i] += 1
+            for b, s in enumerate(active):
                 if aux is not None:
-                    s.aux = aux[:, b, : n + a]  # rows whose inputs are now accepted tokens
-                self._extend(s, new, max_new_tokens)
+                    s.aux = aux[:, b, : len(s.tokens) + kept[b]]  # rows whose inputs are now accepted tokens
+                self._extend(s, news[b], max_new_tokens)
         rollouts = [Rollout(s.prompt_index, tuple(s.tokens[s.num_prompt :]), s.finished) for s in seqs]
         stats = GenerationStats(
             num_generated_tokens=sum(len(r.response) for r in rollouts),
@@ -163,11 +161,29 @@ class BuiltinEngine:
         )
         return rollouts, stats
 
-    def _sample(self, logits: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
-        """One token from (V,) logits: the argmax at temperature 0."""
+    def _next(self, logits: torch.Tensor, at: torch.Tensor, temperature: float, generator: torch.Generator):
+        """(B,) one token per sequence from logits (B, L, V) at rows ``at`` (B,): the argmax at temperature 0."""
+        rows = logits[torch.arange(len(at)), at.to(logits.device)].cpu()  # (B, V)
         if temperature == 0:
-            return int(logits.argmax())
-        return int(torch.multinomial(sampling.probabilities(logits.cpu(), temperature), 1, generator=generator))
+            return rows.argmax(-1)
+        return sampling.sample(sampling.probabilities(rows, temperature), generator)
+
+    def _verify(self, logits, starts, proposed, q, budgets, temperature: float, generator: torch.Generator):
+        """Each sequence's verified tokens and number of kept drafts, from the verify pass's logits (B, L, V) at
+        rows starts[b] .. starts[b] + k (after the context and after each draft)."""
+        k = proposed.shape[1]
+        index = (starts[:, None] + torch.arange(k + 1)[None]).clamp(max=logits.shape[1] - 1)  # (B, k+1)
+        window = logits[torch.arange(len(starts))[:, None], index.to(logits.device)].cpu()  # (B, k+1, V)
+        if temperature == 0:
+            verdicts = window.argmax(-1).tolist()
+            pairs = [
+                sampling.verify_greedy(verdicts[b][: kb + 1], proposed[b, :kb].tolist())
+                for b, kb in enumerate(budgets.tolist())
+            ]
+            return [p[0] for p in pairs], [p[1] for p in pairs]
+        p = sampling.probabilities(window, temperature)
+        tokens, kept = sampling.verify_sampled(p, q, proposed, budgets, generator)
+        return [tokens[b, : int(a) + 1].tolist() for b, a in enumerate(kept)], kept.tolist()
 
     def _extend(self, s: _Sequence, new: list[int], max_new_tokens: int) -> None:
         """Append tokens up to and including eos, and at most max_new_tokens in all; mark the sequence done."""
@@ -182,9 +198,31 @@ class BuiltinEngine:
             s.done = True
 
     def refit_policy(self, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
+        """Checkpoint names equal to the model's parameter names are copied in place; otherwise (transformers 5
+        fuses some checkpoint tensors, e.g. Mixtral's experts) transformers' own loader converts them from a
+        temporary folder, and the converted state is copied in."""
         started = time.perf_counter()
-        load_named(self.model, weights, strict=False)
+        items = [(name, tensor.detach()) for name, tensor in weights]
+        own = set(dict(self.model.named_parameters())) | set(dict(self.model.named_buffers()))
+        if all(name in own for name, _ in items):
+            load_named(self.model, items, strict=False)
+        else:
+            self._refit_converted(items)
         return time.perf_counter() - started
+
+    def _refit_converted(self, items: list[tuple[str, torch.Tensor]]) -> None:
+        import tempfile
+
+        import transformers
+        from safetensors.torch import save_file
+
+        with tempfile.TemporaryDirectory() as tmp:
+            self.model.config.save_pretrained(tmp)
+            save_file(
+                {n: t.cpu().contiguous() for n, t in items}, f"{tmp}/model.safetensors", metadata={"format": "pt"}
+            )
+            fresh = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
+        load_named(self.model, fresh.state_dict().items(), strict=False)
 
     def refit_draft(self, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
         if self.draft is None:

@@ -85,9 +85,11 @@ class VllmEngine:
         self.wake_up()
         before = self._counters()
         started = time.perf_counter()
+        # vLLM refuses n > 1 when greedy: then each prompt goes in G times with n = 1 (the copies are identical)
+        copies, n = (num_generations, 1) if temperature == 0 else (1, num_generations)
         params = [
             SamplingParams(
-                n=num_generations,
+                n=n,
                 temperature=temperature,
                 seed=seed + i * num_generations,  # vLLM seeds child j with seed + j: distinct over all sequences
                 max_tokens=max_new_tokens,
@@ -96,16 +98,18 @@ class VllmEngine:
                 stop_token_ids=[self.eos_id] if self.eos_id is not None else None,
             )
             for i in range(len(prompts))
+            for _ in range(copies)
         ]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(copies)]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
         seconds = time.perf_counter() - started
         after = self._counters()
         rollouts = []
-        for i, out in enumerate(outputs):
+        for r, out in enumerate(outputs):
             for completion in sorted(out.outputs, key=lambda c: c.index):
                 tokens = tuple(int(t) for t in completion.token_ids)
                 finished = self.eos_id is not None and self.eos_id in tokens
-                rollouts.append(Rollout(i, tokens, finished))
+                rollouts.append(Rollout(r // copies, tokens, finished))
         return rollouts, self._stats(rollouts, before, after, seconds)
 
     def _stats(self, rollouts: list[Rollout], before: dict, after: dict, seconds: float) -> GenerationStats:
@@ -117,16 +121,15 @@ class VllmEngine:
             for a, b in zip(after.get(PER_POS, [0.0] * self.k), before.get(PER_POS, [0.0] * self.k), strict=False)
         ]
         generated = sum(len(r.response) for r in rollouts)
-        accepted = diff(ACCEPTED)
-        # vLLM counts no target passes: each pass gives a sequence one token plus its accepted drafts, so the
-        # passes are generated - accepted (drafts accepted past max_tokens or eos make this a slight undercount)
-        forwards = max(generated - accepted, len(rollouts))
+        # vLLM counts no target passes: each sequence has its prefill, then one verify pass per draft (vLLM drafts
+        # at every decode step), or one pass per further token without a draft
+        forwards = len(rollouts) + diff(DRAFTS) if self.draft else generated
         return GenerationStats(
             num_generated_tokens=generated,
             num_target_forwards=forwards,
             num_drafts=diff(DRAFTS),
             num_draft_tokens=diff(DRAFT_TOKENS),
-            num_accepted_tokens=accepted,
+            num_accepted_tokens=diff(ACCEPTED),
             accepted_per_pos=tuple(per_pos) if self.draft else (0,) * self.k,
             seconds=seconds,
         )
