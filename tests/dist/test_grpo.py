@@ -70,14 +70,8 @@ def singles(tmp_path_factory):
     return get
 
 
-# The built-in engine's refit_policy copies HF names into transformers' in-memory Mixtral, whose experts transformers
-# 5 fuses (mlp.experts.gate_up_proj): the checkpoint names have no place there (runtime/rl/engines/builtin.py). With
-# a refit that goes through from_pretrained's conversion this case passes (checked by hand, 34 s).
-MOE_REFIT = pytest.mark.xfail(reason="the builtin engine cannot refit a Mixtral policy yet", strict=False)
-
-
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name", [pytest.param(n, marks=MOE_REFIT) if "moe" in n else n for n in LAYOUTS])
+@pytest.mark.parametrize("name", list(LAYOUTS))
 def test_the_grpo_loss_matches_the_single_process_run(name, singles, specdraft_cli, tmp_path):
     model, layout = LAYOUTS[name]
     want = singles(tuple(model))
