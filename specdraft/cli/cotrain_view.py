@@ -33,12 +33,12 @@ def _acceptance_rows(rows: list[dict]) -> list[dict]:
 class ProgressBar:
     """Steps done out of the run's total, with the latest losses and acceptance, redrawn as metrics arrive."""
 
-    def __init__(self, console: Console, folder: str | Path, total_steps: int):
+    def __init__(self, console: Console, folder: str | Path, total_steps: int, label: str = "cotrain"):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.folder = folder
         self.progress = Progress(
-            TextColumn("co-training"),
+            TextColumn("co-training" if label == "cotrain" else label),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
@@ -65,6 +65,9 @@ class ProgressBar:
         if not rows:
             return
         last = rows[-1]
+        if last.get("phase") == "grpo":
+            self.progress.update(self.task, completed=len(rows), info=grpo_info(last))
+            return
         if not _is_number(last.get("target_loss")):
             self.progress.update(self.task, completed=len(rows))
             return
@@ -102,3 +105,21 @@ def acceptance_table(folder: str | Path) -> Table | None:
             f"{r['tap_bytes']:,}",
         )
     return table
+
+
+def grpo_info(row: dict) -> str:
+    """A GRPO step's figures for the progress bar (metrics.jsonl's; a missing or odd one shows as ?)."""
+
+    def num(value, fmt: str) -> str:
+        return format(value, fmt) if _is_number(value) else "?"
+
+    found = row.get("engine")
+    engine: dict = found if isinstance(found, dict) else {}
+    return (
+        f"reward {num(row.get('reward_mean'), '.3f')}±{num(row.get('reward_std'), '.3f')}  "
+        f"len {num(row.get('response_length'), '.1f')}  loss {num(row.get('policy_loss'), '.3f')}  "
+        f"kl {num(row.get('kl'), '.4f')}  clip {num(row.get('clip_fraction'), '.2f')}  "
+        f"draft {num(row.get('draft_loss'), '.3f')}  accept_len {num(engine.get('accept_length'), '.2f')}  "
+        f"gen {num(row.get('generate_s'), '.1f')}s refit {num(row.get('refit_s'), '.2f')}s "
+        f"train {num(row.get('train_s'), '.1f')}s {num(row.get('tokens_per_s'), '.0f')} tok/s"
+    )

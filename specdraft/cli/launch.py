@@ -57,7 +57,8 @@ def launch(
         "cotrain",
         "--workload",
         "-w",
-        help="cotrain (the co-training job) or selftest (collectives over every group and tap route).",
+        help="cotrain (the co-training job), grpo (RL post-training, docs/grpo.md) or selftest (collectives over "
+        "every group and tap route).",
     ),
     steps: Optional[int] = typer.Option(None, "--steps", help="Steps to run (default: training.train_iters)."),
     wait: bool = typer.Option(False, "--wait", help="Slurm: wait for the job to end and report every rank."),
@@ -97,10 +98,10 @@ def launch(
         err.print(f"resuming from: {plain(request.checkpoint)}", markup=False)
     out = _console()
     bar = None
-    if workload == "cotrain" and request.waits:
+    if workload in ("cotrain", "grpo") and request.waits:
         from specdraft.cli.cotrain_view import ProgressBar
 
-        bar = ProgressBar(err, request.run_dir, steps or plan.training.train_iters)
+        bar = ProgressBar(err, request.run_dir, steps or plan.training.train_iters, label=workload)
 
     def on_progress(progress) -> None:
         if bar is not None:

@@ -40,7 +40,8 @@ from specdraft.runs.rundir import (
 )
 
 # Workloads the runtime entry knows (runtime.entry.WORKLOADS has the module of each; a test keeps the two equal).
-WORKLOADS = ("selftest", "cotrain")
+WORKLOADS = ("selftest", "cotrain", "grpo")
+TRAINING_WORKLOADS = ("cotrain", "grpo")  # they train and checkpoint
 # How long `--wait` waits beyond the job's own time limit: queueing time before it starts.
 QUEUE_GRACE_S = 600
 # Slurm holds a requeued job about two minutes (BeginTime) before it may start again.
@@ -77,7 +78,7 @@ def prepare(
         raise UserError(f"--workload {workload!r} is unknown", f"use one of: {', '.join(WORKLOADS)}")
     if steps is not None and steps < 1:
         raise UserError(f"--steps {steps} must be >= 1", "give a positive number of steps")
-    if workload == "cotrain" and plan.training.dtype == "fp8":
+    if workload in TRAINING_WORKLOADS and plan.training.dtype == "fp8":
         # Refused here, before any allocation: the ranks would refuse it only once the job had started.
         raise UserError(
             "training.dtype = 'fp8': specdraft's co-training runtime builds megatron's local (non-TE) "
@@ -86,7 +87,7 @@ def prepare(
             "plans and renders for Megatron-LM (`specdraft render --to megatron`)",
         )
     draft_notes: tuple[str, ...] = ()
-    if workload == "cotrain":
+    if workload in TRAINING_WORKLOADS:
         check_checkpoint(plan)
         draft_notes = check_draft_checkpoint(plan)
     if workload == "cotrain" and plan.data.path is not None:
@@ -182,9 +183,9 @@ def check_resume(
             "--resume continues this run folder; "
             "--resume-from CHECKPOINT starts this plan from another checkpoint: give one of them",
         )
-    if workload != "cotrain":
+    if workload not in TRAINING_WORKLOADS:
         raise UserError(
-            f"{flag} needs --workload cotrain ({workload} writes no checkpoints)",
+            f"{flag} needs --workload cotrain or grpo ({workload} writes no checkpoints)",
             f"drop {flag}, or launch the cotrain workload",
         )
     # Resolved, not compared as strings: a link to the run folder, or '..' in the path, is the same folder.

@@ -13,6 +13,7 @@ from specdraft import __version__
 from specdraft.errors import Problem, SpecError
 from specdraft.plan.dims import ParallelDims
 from specdraft.plan.grid import RankGrid
+from specdraft.plan.grpo import grpo_plan
 from specdraft.plan.memory import draft_params, stage_memory
 from specdraft.plan.model import (
     SCHEMA_VERSION,
@@ -346,6 +347,7 @@ def _build(
         export_interval=d.export_interval,
         path=d.path,
         norm_before_residual=d.norm_before_residual,
+        refit_interval=d.refit_interval,
     )
     return LaunchPlan(
         schema_version=SCHEMA_VERSION,
@@ -372,6 +374,7 @@ def _build(
         ),
         warnings=tuple(PlanWarning(**w.to_dict()) for w in warnings),
         rollout_settings=rollout_settings(spec),
+        grpo=grpo_plan(spec),
         renders=None,
         rollout=None,
     )

@@ -13,6 +13,7 @@ from typing import Any, Optional, Union
 
 from specdraft.plan.codec import PlanFormatError, decode, encode_rows, encode_value
 from specdraft.plan.dims import ParallelDims
+from specdraft.plan.grpo import GrpoPlan
 from specdraft.plan.settings import ClusterPlan, RolloutSettings, SlurmPlan, TrainingPlan
 from specdraft.spec.schema import LayoutSpec, RopeScaling
 
@@ -24,7 +25,8 @@ from specdraft.spec.schema import LayoutSpec, RopeScaling
 # (the NeMo-RL render reads them).
 # 8: cluster.executor; slurm.mem and slurm.container_specdraft.
 # 9: the draft's path and norm_before_residual.
-SCHEMA_VERSION = 9
+# 10: the grpo section, draft.refit_interval.
+SCHEMA_VERSION = 10
 Tap = Union[int, str]  # a target layer index, or "embedding" / "logits"
 
 
@@ -169,6 +171,7 @@ class DraftPlan:
     export_interval: int
     path: Optional[str]  # the EAGLE-3 checkpoint folder the draft starts from; None = random weights
     norm_before_residual: bool  # layer 0's residual is hidden_norm's output (vLLM's norm_before_residual)
+    refit_interval: int  # GRPO: steps between refits of the draft into the rollout engine
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -301,6 +304,7 @@ class LaunchPlan:
     tap_traffic: TapTraffic
     warnings: tuple[PlanWarning, ...]
     rollout_settings: RolloutSettings
+    grpo: GrpoPlan
     renders: Optional[Renders]  # None only between compile_core and assembly
     rollout: Optional[RolloutPlan]  # None when rollout planning is off
 

@@ -20,7 +20,7 @@ from importlib import import_module
 from pathlib import Path
 
 from specdraft.datafile import DataError
-from specdraft.errors import SpecdraftError
+from specdraft.errors import SpecdraftError, UserError
 from specdraft.plan.codec import PlanFormatError
 from specdraft.plan.model import LaunchPlan
 from specdraft.runs.checkpoints import ResumeError
@@ -33,6 +33,7 @@ from specdraft.runtime.train.preempt import Terminated
 WORKLOADS = {
     "selftest": "specdraft.runtime.workloads.selftest:run",
     "cotrain": "specdraft.runtime.workloads.cotrain:run",
+    "grpo": "specdraft.runtime.workloads.grpo:run",
 }
 FAULT_ENV = "SPECDRAFT_FAULT_RANK"  # test-only: this rank raises just before the workload (a real fault)
 TIMEOUT_ENV = "SPECDRAFT_DIST_TIMEOUT_S"
@@ -313,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         # A plan this version cannot read is the user's to fix: one line, no traceback.
         tail = (
             [str(err)]
-            if isinstance(err, (ResumeError, DataError))
+            if isinstance(err, (ResumeError, DataError, UserError))
             else [f"{plan_path}: {err}"]
             if isinstance(err, (PlanFormatError, SpecdraftError))
             else traceback.format_exc().splitlines()[-30:]
@@ -336,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
                 write_result(run_dir, rank, record)
             except OSError as werr:
                 print(f"[specdraft] could not write the result file: {werr}", file=sys.stderr, flush=True)
-        return 143 if terminated else USER_ERROR_EXIT if isinstance(err, (ResumeError, DataError)) else 1
+        return 143 if terminated else USER_ERROR_EXIT if isinstance(err, (ResumeError, DataError, UserError)) else 1
 
 
 def _load_data(plan: LaunchPlan):

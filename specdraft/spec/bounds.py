@@ -78,6 +78,7 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "draft.stage": (FLOOR, 4096),
     "draft.vocab_size": (FLOOR, MAX_LENGTH),
     "draft.export_interval": (FLOOR, 10**9),
+    "draft.refit_interval": (FLOOR, 10**9),
     "training.micro_batch_size": (FLOOR, 1 << 20),
     "training.global_batch_size": (FLOOR, 1 << 24),
     "training.sequence_lengths": (FLOOR, MAX_LENGTH),
@@ -96,6 +97,7 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "rollout.max_policy_lag": (FLOOR, 1024),
     "rollout.num_speculative_tokens": (FLOOR, 64),
     "rollout.max_model_len": (FLOOR, 2 * MAX_LENGTH),
+    "grpo.sft_steps": (FLOOR, 10**9),
 }
 
 # C0 and C1 control characters and DEL: a NUL truncates argv and C strings, a line break ends an #SBATCH line.

@@ -188,6 +188,8 @@ class DraftSpec:
     norm_before_residual: bool = False
     """First draft layer: the residual is the hidden state after hidden_norm (vLLM's and speculators'
     norm_before_residual); false = the un-normalised hidden state (SpecForge's layer, vLLM's default)."""
+    refit_interval: int = 1
+    """GRPO: RL steps between refits of the co-trained draft into the rollout engine (the policy refits every step)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -330,6 +332,41 @@ class RolloutSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GrpoSpec:
+    """The `grpo` workload (docs/grpo.md): its engine, task, reward and loss (NeMo-RL's loss_fn.* names). The
+    step's sizes are the rollout section's: rollout.num_prompts_per_step, num_generations_per_prompt and
+    max_response_length (NeMo-RL's grpo.num_prompts_per_step, grpo.num_generations_per_prompt and
+    policy.generation.max_new_tokens)."""
+
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts (policy.generation.temperature); 0 = greedy."""
+    engine: Literal["builtin", "vllm"] = "builtin"
+    """Rollout engine on global rank 0: vLLM (speculative through the draft), or the built-in decode (fast tests)."""
+    task: Literal["reverse", "arithmetic", "markov"] = "reverse"
+    """Built-in verifiable task whose seeded prompts the run trains on: reverse a digit list, add two digits, or
+    continue the run's Markov chain."""
+    reward: str = "task"
+    """Reward: `task` (the task's own verifier), `math-verify` (the math_verify package) or a user's
+    `module:function` called as fn(prompt_ids, response_ids, info) -> float."""
+    reward_timeout_s: float = 10.0
+    """Seconds one reward call may take before the run stops with an error naming the prompt."""
+    sft_steps: int = 0
+    """Supervised warm-up steps on the task's reference answers before RL (the draft co-trains in them too)."""
+    normalize_rewards: bool = True
+    """Divide each group's advantages by its reward std (grpo.normalize_rewards)."""
+    use_leave_one_out_baseline: bool = False
+    """Baseline of a response = the mean reward of the other responses to its prompt
+    (grpo.use_leave_one_out_baseline)."""
+    ratio_clip_min: float = 0.2
+    """Ratio clip below 1 (loss_fn.ratio_clip_min): the ratio is clamped to [1 - min, 1 + max]."""
+    ratio_clip_max: float = 0.2
+    """Ratio clip above 1 (loss_fn.ratio_clip_max)."""
+    reference_policy_kl_penalty: float = 0.0
+    """Weight of the k3 KL to the frozen reference policy, the policy as RL starts
+    (loss_fn.reference_policy_kl_penalty); 0 keeps no reference."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class LayoutSpec:
     """A whole layout: model, cluster, parallelism, draft, training, data, Slurm and rollout."""
 
@@ -351,3 +388,5 @@ class LayoutSpec:
     """Slurm submission settings."""
     rollout: RolloutSpec = field(default_factory=RolloutSpec)
     """Rollout instances and scheduling."""
+    grpo: GrpoSpec = field(default_factory=GrpoSpec)
+    """The GRPO workload's rollouts, rewards and loss."""

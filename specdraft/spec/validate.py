@@ -14,6 +14,7 @@ from specdraft.spec.gpus import CATALOGUE
 from specdraft.spec.schema import LayoutSpec
 from specdraft.spec.validate_container import container_rules
 from specdraft.spec.validate_data import data_rules
+from specdraft.spec.validate_grpo import grpo_rules
 from specdraft.spec.validate_model import model_rules
 from specdraft.spec.validate_parallel import divisors, parallel_rules
 from specdraft.spec.validate_run import checkpoint_rules, slurm_rules
@@ -191,6 +192,7 @@ def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
     container_rules(spec, err)
     checkpoint_rules(spec, err)
     data_rules(spec, err, warn)
+    grpo_rules(spec, err, warn)
     return errors, warnings
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from specdraft.plan.grpo import nemo_rl_overrides as grpo_overrides
 from specdraft.plan.model import LaunchPlan
 from specdraft.render.nemo_rl.grpo import grpo_keys, merge
 
@@ -73,6 +74,8 @@ def nemo_rl_overrides(plan: LaunchPlan) -> dict:
         out,
         grpo_keys(num_prompts_per_step=r.num_prompts_per_step, num_generations_per_prompt=r.num_generations_per_prompt),
     )
+    # The grpo section is what the GRPO job runs: its values win over the rollout model's (docs/grpo.md).
+    out = merge(out, _nested(grpo_overrides(plan.grpo, train_iters=t.train_iters)))
     if r.max_policy_lag > 0:
         # async_grpo_train asserts it: off-policy samples need the importance-sampling correction (grpo.py).
         out = merge(out, {"loss_fn": {"use_importance_sampling_correction": True}})
@@ -168,3 +171,15 @@ def _generation(plan: LaunchPlan) -> dict:
         "vllm_kwargs": vllm_kwargs,
         "colocated": colocated,
     }
+
+
+def _nested(dotted: dict[str, object]) -> dict:
+    """{"a.b": 1} -> {"a": {"b": 1}}."""
+    out: dict = {}
+    for key, value in dotted.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out

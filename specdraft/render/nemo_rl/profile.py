@@ -33,6 +33,12 @@ KEY_SOURCES: dict[str, str] = {
 
 # Each spec field the render carries, and the NeMo-RL key that carries it (the first, where it sets several).
 CARRIED: dict[str, str] = {
+    "grpo.normalize_rewards": "grpo.normalize_rewards",
+    "grpo.use_leave_one_out_baseline": "grpo.use_leave_one_out_baseline",
+    "grpo.ratio_clip_min": "loss_fn.ratio_clip_min",
+    "grpo.ratio_clip_max": "loss_fn.ratio_clip_max",
+    "grpo.reference_policy_kl_penalty": "loss_fn.reference_policy_kl_penalty",
+    "grpo.temperature": "policy.generation.temperature",
     "name": "(the file name in the command)",
     "model.path": "policy.model_name",
     "model.seq_length": "policy.max_total_sequence_length",
@@ -85,6 +91,12 @@ CARRIED: dict[str, str] = {
 
 # Spec fields the render has no NeMo-RL key for, and why (the output lists them under `# not carried`).
 NOT_CARRIED: dict[str, str] = {
+    "grpo.engine": "NeMo-RL's generation backend is its policy.generation.backend (vllm)",
+    "grpo.task": "NeMo-RL's tasks are its data: and env: sections",
+    "grpo.reward": "NeMo-RL's rewards come from its environments (env:)",
+    "grpo.reward_timeout_s": "specdraft's reward runner only",
+    "grpo.sft_steps": "NeMo-RL runs SFT as its own job (examples/run_sft.py)",
+    "draft.refit_interval": "NeMo-RL refits the draft with the policy every step",
     "parallel.order": "Megatron Bridge's rank order is fixed (tp-cp-ep-dp-pp)",
     "parallel.dp": "NeMo-RL derives dp from the cluster: world / (tp * cp * pp)",
     "draft.method": "NeMo-RL's draft is EAGLE-3 (nemo_rl/models/megatron/draft/eagle.py)",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -94,41 +94,62 @@ def draft_chain(
     """Run the draft's TTT steps 0..k-1 for the last row of one sequence, each step's input token chosen by
     ``pick`` from the previous step's (1, Vd) logits; returns what ``pick`` returned per step (its choice and the
     (1, h) embedding fed to the next step). aux: (n_taps, L, h); emb: (L, h) step-0 embeddings of every row."""
-    length = aux.shape[1]
-    positions = torch.arange(length, device=aux.device)
-    x = draft.fc(aux.permute(1, 0, 2).flatten(1))  # (L, h)
+    lengths = torch.tensor([aux.shape[1]], device=aux.device)
+    return draft_chain_batch(draft, aux[:, None], emb[None], lengths, k, pick)
+
+
+def draft_chain_batch(
+    draft,
+    aux: torch.Tensor,
+    emb: torch.Tensor,
+    lengths: torch.Tensor,
+    k: int,
+    pick: Callable[[torch.Tensor], tuple[Any, torch.Tensor]],
+) -> list[tuple[Any, torch.Tensor]]:
+    """draft_chain for B right-padded sequences at once: aux (n_taps, B, L, h), emb (B, L, h), lengths (B,) the
+    valid rows of each; the chain starts at each sequence's last valid row r_b. ``pick`` maps (B, Vd) logits to
+    (its choice, (B, h) embeddings of the chosen tokens). Padded rows sit after the valid ones, so under the causal
+    trunk mask no valid row sees them; the branch steps are masked to each sequence's rows <= r_b."""
+    b, length = emb.shape[:2]
+    rows = torch.arange(length, device=aux.device)
+    positions = rows.repeat(b)  # (B*L,) the trunk's RoPE positions, row index within each sequence
+    x = draft.fc(aux.permute(1, 2, 0, 3).flatten(2)).flatten(0, 1)  # (B*L, n_taps*h) -> (B*L, h)
+    flat_emb = emb.flatten(0, 1)
+    causal = torch.ones(length, length, dtype=torch.bool, device=aux.device).tril()[None].expand(b, -1, -1)
     trunk = []
     for i, layer in enumerate(draft.layers):  # step 0 at every row: causal attention over the trunk
-        q, key, value = layer.project(x, emb if i == 0 else None, positions)
+        q, key, value = layer.project(x, flat_emb if i == 0 else None, positions)
+        q, key, value = (t.unflatten(0, (b, length)) for t in (q, key, value))  # (B, L, heads, d)
         trunk.append((key, value))
-        x = layer.finish(x, _attention(q, key, value, causal=True))
-    hidden = x[-1:]  # (1, h)
+        x = layer.finish(x, _masked_attention(q, key, value, causal).flatten(0, 1))
+    last = lengths.to(aux.device) - 1  # (B,)
+    hidden = x.unflatten(0, (b, length))[torch.arange(b, device=aux.device), last]  # (B, h)
     out = [pick(draft.head(hidden))]
+    seen = (rows[None] <= last[:, None])[:, None]  # (B, 1, L): each sequence's trunk rows
     branch: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in draft.layers]
     for j in range(1, k):
         x = hidden
-        position = positions[-1:] + j
+        position = last + j
         for i, layer in enumerate(draft.layers):
-            q, key, value = layer.project(x, out[-1][1] if i == 0 else None, position)
+            q, key, value = layer.project(x, out[-1][1] if i == 0 else None, position)  # (B, heads, d)
             branch[i].append((key, value))
-            keys = torch.cat([trunk[i][0]] + [b[0] for b in branch[i]])  # trunk rows, then steps 1..j at row r
-            values = torch.cat([trunk[i][1]] + [b[1] for b in branch[i]])
-            x = layer.finish(x, _attention(q, keys, values, causal=False))
+            keys = torch.cat([trunk[i][0]] + [kv[0][:, None] for kv in branch[i]], dim=1)  # trunk, then steps 1..j
+            values = torch.cat([trunk[i][1]] + [kv[1][:, None] for kv in branch[i]], dim=1)
+            mask = F.pad(seen, (0, j), value=True)  # (B, 1, L + j)
+            x = layer.finish(x, _masked_attention(q[:, None], keys, values, mask)[:, 0])
         hidden = x
         out.append(pick(draft.head(hidden)))
     return out
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-    """Dense attention of one sequence. q (n, H, d), k/v (m, Hkv, d) -> (n, H, d); query head h reads kv head
-    h // (H / Hkv) (megatron's GQA grouping). causal: query row i sees keys 0..i (n == m)."""
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    scores = torch.einsum("nhd,mhd->hnm", q.float(), k.float()) / math.sqrt(q.shape[-1])
-    if causal:
-        n, m = scores.shape[-2:]
-        scores = scores.masked_fill(torch.ones(n, m, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
-    return torch.einsum("hnm,mhd->nhd", scores.softmax(-1), v.float()).to(q.dtype)
+def _masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """Dense batched attention. q (B, n, H, d), k/v (B, m, Hkv, d), allowed (B, n, m) -> (B, n, H, d); query head h
+    reads kv head h // (H / Hkv) (megatron's GQA grouping)."""
+    group = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    scores = torch.einsum("bnhd,bmhd->bhnm", q.float(), k.float()) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+    return torch.einsum("bhnm,bmhd->bnhd", scores.softmax(-1), v.float()).to(q.dtype)
 
 
 @dataclass

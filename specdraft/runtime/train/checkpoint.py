@@ -150,9 +150,14 @@ def sharded_state(trainer, *, rng: bool, draft_optimizer: bool, mains: bool = Tr
         out["draft"] = _prefixed(trainer.draft.sharded_state_dict(prefix=""), "draft.")
         if draft_optimizer:
             out["draft_optimizer"] = _optimizer_sharded(trainer.draft_optimizer, out["draft"], "optimizer.", mains)
+    rank, world = dist.get_rank(), dist.get_world_size()
     if rng:
-        rank, world = dist.get_rank(), dist.get_world_size()
         out["rng"] = ShardedObject("rng_state", _rng_state(trainer.device), (world,), (rank,), replica_id=0)
+    reference = getattr(trainer, "reference", None)  # GRPO's frozen reference policy: this rank's copy
+    if reference is not None:
+        out["reference"] = ShardedObject(
+            "grpo_reference", [r.cpu() for r in reference], (world,), (rank,), replica_id=0
+        )
     return out
 
 
@@ -237,6 +242,10 @@ def _load(trainer, folder: Path, meta: dict, rng: bool) -> None:
         trainer.loss_scaler.load(meta["loss_scale"])
     if rng:
         _set_rng_state(loaded["rng"], trainer.device)
+    if "reference" in loaded:
+        with torch.no_grad():
+            for r, saved in zip(trainer.reference, loaded["reference"]):
+                r.copy_(saved)
 
 
 @torch.no_grad()

@@ -31,6 +31,18 @@ class StepMetrics:
             ctx.metrics_path.parent.mkdir(parents=True, exist_ok=True)
 
     def record(self, step: int, step_time: float) -> dict:
+        record = self.measure(step, step_time)
+        accept = " ".join(f"{a:.2f}" for a in record["acceptance"])
+        draft_loss = record["draft_loss"] if record["draft_loss"] is None else round(record["draft_loss"], 4)
+        self.write(
+            record,
+            f"step {step + 1}/{self.ctx.steps} target_loss {record['target_loss']:.4f} draft_loss {draft_loss} "
+            f"acceptance [{accept}] accept_len {record['accept_len']} {record['step_time_s']:.2f}s",
+        )
+        return record
+
+    def measure(self, step: int, step_time: float) -> dict:
+        """The step's record, reduced over the world (every rank calls it)."""
         t = self.trainer
         s, steps = t.stats, t.steps_ttt
         # On the trainer's device: NCCL reduces only device tensors.
@@ -73,19 +85,16 @@ class StepMetrics:
         position = t.data.position(step + 1)  # a data file's next sample after this step; None for the Markov chain
         if position is not None:
             record["data"] = position
+        return record
+
+    def write(self, record: dict, line: str) -> None:
+        """Rank 0: append ``record`` to metrics.jsonl and print ``line``."""
         self.last = record
         if self.ctx.global_rank == 0:
             # No link followed: a metrics.jsonl planted as a link must not send the rows out of the run folder.
             with os.fdopen(runfiles.open_append(self.ctx.run_dir, METRICS), "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record) + "\n")
-            accept = " ".join(f"{a:.2f}" for a in record["acceptance"])
-            print(
-                f"step {step + 1}/{self.ctx.steps} target_loss {record['target_loss']:.4f} draft_loss "
-                f"{record['draft_loss'] if record['draft_loss'] is None else round(record['draft_loss'], 4)} "
-                f"acceptance [{accept}] accept_len {record['accept_len']} {record['step_time_s']:.2f}s",
-                flush=True,
-            )
-        return record
+            print(line, flush=True)
 
     def _optimizer_fields(self) -> dict:
         """The optimizer step's report (precision.optimizer_steps), the same on every rank."""

@@ -1,0 +1,1 @@
+"""Reinforcement-learning post-training: the rollout engines (engine.py, engines/) and the GRPO pieces."""

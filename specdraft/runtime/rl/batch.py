@@ -1,0 +1,76 @@
+"""A GRPO step's samples as the trainer's packed rows: prompt + response per sequence, the loss on the response
+tokens, and each label's advantage in a (t,) tensor beside the row.
+
+Every sequence is padded to one length L (the task's longest prompt + max_new_tokens, rounded up to the packing
+quantum), row_tokens // L of them per row in sample order, so the rows depend only on the samples, never on the
+layout; rows left over after the samples are all padding (no loss).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from specdraft.errors import UserError
+from specdraft.runtime.train.data import LENGTH_QUANTUM, Row, pack_row
+
+
+class GrpoLayoutError(UserError):
+    """The step's samples do not fit the plan's rows."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    prompt: tuple[int, ...]
+    response: tuple[int, ...]
+    advantage: float = 0.0
+
+
+def sequence_length(plan, task) -> int:
+    quantum = math.lcm(LENGTH_QUANTUM, plan.parallel.pad_multiple)
+    return -(-(task.max_prompt_length + plan.grpo.max_new_tokens) // quantum) * quantum
+
+
+def rows_per_step(plan) -> int:
+    return plan.num_microbatches * plan.parallel.dp
+
+
+def check_fits(plan, task, num_samples: int) -> None:
+    """Refuse a plan whose rows cannot hold ``num_samples`` sequences (before any step runs)."""
+    row_tokens = plan.parallel.micro_batch_size * plan.model.seq_length
+    length = sequence_length(plan, task)
+    per_row = row_tokens // length
+    capacity = per_row * rows_per_step(plan)
+    if capacity < num_samples:
+        raise GrpoLayoutError(
+            f"a GRPO step has {num_samples} samples of {length} padded tokens (task {task.name!r}, "
+            f"max_new_tokens {plan.grpo.max_new_tokens}) but the plan's {rows_per_step(plan)} rows of {row_tokens} "
+            f"tokens hold {capacity}",
+            "raise training.global_batch_size or model.seq_length, or lower rollout.num_prompts_per_step, "
+            "grpo.num_generations_per_prompt or grpo.max_new_tokens",
+        )
+
+
+def pack(samples: list[Sample], *, row_tokens: int, length: int, num_rows: int) -> tuple[list[Row], list[torch.Tensor]]:
+    """(rows, per-row (t,) float64 advantages at label positions) for ``samples`` in order."""
+    per_row = row_tokens // length
+    rows, advantages = [], []
+    for r in range(num_rows):
+        chunk = samples[r * per_row : (r + 1) * per_row]
+        sequences, adv = [], torch.zeros(row_tokens, dtype=torch.float64)
+        at = 0
+        for i, s in enumerate(chunk):
+            content = torch.tensor((*s.prompt, *s.response), dtype=torch.long)
+            trained = torch.zeros(len(content) - 1)
+            trained[len(s.prompt) - 1 :] = 1.0  # labels index i predicts content[i + 1]: the response tokens
+            padded = length if i < len(chunk) - 1 else row_tokens - at  # the row's last sequence takes the rest
+            sequences.append((content, trained, padded))
+            adv[at + len(s.prompt) - 1 : at + len(content) - 1] = s.advantage
+            at += padded
+        if not sequences:
+            sequences = [(torch.zeros(1, dtype=torch.long), torch.zeros(0), row_tokens)]
+        rows.append(pack_row(sequences))
+        advantages.append(adv)
+    return rows, advantages

@@ -1,0 +1,302 @@
+"""The `grpo` workload (docs/grpo.md): each step, rank 0's rollout engine samples G responses per prompt through the
+current draft, rank 0 scores them and broadcasts the result; every rank then trains the policy on NeMo-RL's
+clipped loss under the plan's layout (the draft co-trains on the same forward), and the new weights are gathered
+to rank 0 and refit into the running engine (the draft every draft.refit_interval steps).
+
+The first grpo.sft_steps steps are a supervised warm-up on the task's reference answers (cotrain's loss), the
+reference policy is the policy as RL starts; checkpoints, --resume and preemption work as in cotrain.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from specdraft.runtime.context import RankContext
+from specdraft.runtime.workloads.cotrain import PAUSE_ENV
+
+RL_DIR = "rl"  # RUN_DIR/rl/: the HF folders the engine starts from, and rollouts.jsonl
+SFT_SEED = 0x5F7  # the warm-up's prompt stream, apart from the RL prompts'
+
+
+def run(ctx: RankContext) -> dict:
+    from specdraft.runtime import cpu_compat
+    from specdraft.runtime.rl import rewards
+    from specdraft.runtime.rl.batch import check_fits
+    from specdraft.runtime.rl.metrics import GrpoMetrics
+    from specdraft.runtime.rl.prompts import PromptStream
+    from specdraft.runtime.rl.tasks import make_task
+    from specdraft.runtime.rl.trainer import GrpoTrainer
+    from specdraft.runtime.train import checkpoint, preempt
+
+    cpu_compat.apply(ctx.device)
+    plan, g = ctx.plan, ctx.plan.grpo
+    trainer = GrpoTrainer(ctx)
+    task = make_task(g.task, chain=trainer.data, max_new_tokens=g.max_new_tokens)
+    stream = PromptStream(task, seed=plan.training.seed, num_per_step=g.num_prompts_per_step)
+    samples = g.num_prompts_per_step * g.num_generations_per_prompt
+    sft = PromptStream(task, seed=plan.training.seed ^ SFT_SEED, num_per_step=samples)
+    check_fits(plan, task, samples)
+    score_fn = rewards.resolve(g.reward, task)  # every rank: a refusal (math-verify missing) stops all alike
+    trainer.data = stream  # the checkpoint's data position is the prompt stream's
+    start, resumed = checkpoint.restore(ctx, trainer)
+    metrics = GrpoMetrics(ctx, trainer)
+    loop = Loop(ctx, trainer, task, stream, sft, score_fn)
+    vote = preempt.StopVote(trainer.device)
+    interval = plan.training.save_interval
+    saved = None
+    try:
+        loop.open_engine(start)
+        with preempt.graceful():
+            for index in range(start, ctx.steps):
+                phase, seconds, rollout = loop.step(index)
+                metrics.grpo_record(index, phase, seconds, rollout)
+                time.sleep(float(os.environ.get(PAUSE_ENV, "0")))  # tests: a kill's place, before the save
+                done = index + 1
+                stop = vote.agreed()
+                if stop is not None or (interval and (done % interval == 0 or done == ctx.steps)):
+                    saved = checkpoint.save(ctx, trainer, done)
+                if stop is not None:
+                    return {
+                        "steps": done,
+                        "final": metrics.last,
+                        **resumed,
+                        **preempt.stopped(ctx.global_rank, plan, stop, done, saved),
+                    }
+        dist.barrier()
+    finally:
+        loop.close()  # after the last collective: closing vLLM in-process tears its distributed state down
+    return {
+        "steps": ctx.steps,
+        "final": metrics.last,
+        **resumed,
+        "checkpoint": str(saved) if saved else None,
+        "memory": trainer.state_bytes(),
+        "policy_init": trainer.policy_init,
+        "task": task.name,
+    }
+
+
+class Loop:
+    """One rank's side of the GRPO steps; the engine exists on global rank 0 only."""
+
+    def __init__(self, ctx, trainer, task, stream, sft, score_fn):
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        self.ctx, self.trainer, self.task, self.stream, self.sft, self.score_fn = (
+            ctx,
+            trainer,
+            task,
+            stream,
+            sft,
+            score_fn,
+        )
+        self.plan, self.g = ctx.plan, ctx.plan.grpo
+        self.forward_backward = get_forward_backward_func()
+        self.engine: Any = None  # a RolloutEngine on global rank 0
+        self.rank0 = ctx.global_rank == 0
+        self.folder = ctx.run_dir / RL_DIR
+
+    # ------------------------------------------------------------------------------------------------ engine
+    def open_engine(self, step: int) -> None:
+        """Rank 0: the engine from HF folders of the current (initial or restored) weights."""
+        from specdraft.runtime.rl import refit
+
+        policy = refit.gather_policy(self.trainer)
+        draft = refit.gather_draft(self.trainer) if self.plan.draft.enabled else None
+        if not self.rank0 or policy is None:
+            return
+        from specdraft.runtime.rl.engine import open_engine
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        policy_dir = refit.write_policy(self.folder / "policy", self.plan, policy, step)
+        draft_dir = refit.write_draft(self.folder / "draft", self.plan, draft, step) if draft is not None else None
+        rs = self.plan.rollout_settings
+        speculative = draft_dir is not None and rs.speculative
+        self.engine = open_engine(
+            self.g.engine,
+            policy_dir=policy_dir,
+            draft_dir=draft_dir if speculative else None,
+            k=rs.num_speculative_tokens,
+            eos_id=self.task.eos_id,
+            device=self.ctx.device,
+            seed=self.plan.training.seed,
+        )
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+    def refit(self, index: int) -> dict:
+        """Every rank: gather the new weights to rank 0, which loads them into the engine; returns the seconds."""
+        from specdraft.runtime.rl import refit
+
+        started = time.perf_counter()
+        out = {"policy_refit": 0.0, "draft_refit": 0.0}
+        policy = refit.gather_policy(self.trainer)
+        if self.rank0 and policy is not None:
+            out["policy_refit"] = self.engine.refit_policy(policy.items())
+        every = self.plan.draft.refit_interval
+        if self.plan.draft.enabled and self.trainer.cotraining and (index + 1) % every == 0:
+            draft = refit.gather_draft(self.trainer)
+            if self.rank0 and draft is not None and self.plan.rollout_settings.speculative:
+                out["draft_refit"] = self.engine.refit_draft(refit.eagle3_tensors(self.trainer, draft).items())
+        out["refit"] = time.perf_counter() - started
+        return out
+
+    # ------------------------------------------------------------------------------------------------ one step
+    def step(self, index: int) -> tuple[str, dict, dict | None]:
+        started = time.perf_counter()
+        if index < self.g.sft_steps:
+            seconds = self._sft_step(index)
+            if index == self.g.sft_steps - 1:
+                self.trainer.take_reference()  # RL starts from here
+                seconds.update(self.refit(index))
+            seconds["step"] = time.perf_counter() - started
+            return "sft", seconds, None
+        rollout, samples, seconds = self._rollouts(index)
+        self._train(index, samples, seconds)
+        seconds.update(self.refit(index))
+        seconds["step"] = time.perf_counter() - started
+        return "grpo", seconds, rollout
+
+    def _sft_step(self, index: int) -> dict:
+        from specdraft.runtime.rl.batch import Sample
+
+        started = time.perf_counter()
+        samples = [
+            Sample(p.tokens, self.task.reference(p)[: self.g.max_new_tokens]) for p in self.sft.step_prompts(index)
+        ]
+        self.trainer.mode = "sft"
+        self._begin(index, samples)
+        self._schedule(train=True)
+        return {"train": time.perf_counter() - started}
+
+    def _rollouts(self, index: int):
+        """Rank 0 generates and scores; every rank gets the samples with their advantages (or the reward error)."""
+        from specdraft.runtime.rl import rewards
+        from specdraft.runtime.rl.advantages import group_advantages
+        from specdraft.runtime.rl.batch import Sample
+
+        prompts = self.stream.step_prompts(index)
+        G = self.g.num_generations_per_prompt
+        payload: list = [None]
+        if self.rank0:
+            payload[0] = self._generate_and_score(index, prompts)
+        dist.broadcast_object_list(payload, src=0)
+        result = payload[0]
+        if "error" in result:
+            raise rewards.RewardError(*result["error"])
+        responses, values = result["responses"], torch.tensor(result["rewards"], dtype=torch.float64)
+        adv = group_advantages(
+            values, G, normalize=self.g.normalize_rewards, leave_one_out=self.g.use_leave_one_out_baseline
+        )
+        samples = [Sample(prompts[i // G].tokens, tuple(r), float(a)) for i, (r, a) in enumerate(zip(responses, adv))]
+        lengths = [len(r) for r in responses]
+        rollout = {
+            "reward_mean": float(values.mean()),
+            "reward_std": float(values.std(unbiased=False)),
+            "response_length": sum(lengths) / len(lengths),
+            "finished_fraction": result["finished"],
+            "next_prompt": self.stream.next_prompt(index + 1),  # the stream's position after this step
+            "engine": result["engine"],
+        }
+        return rollout, samples, {"generate": result["generate_s"], "score": result["score_s"]}
+
+    def _generate_and_score(self, index: int, prompts) -> dict:
+        from specdraft.runtime.rl import rewards
+
+        G = self.g.num_generations_per_prompt
+        started = time.perf_counter()
+        seed = self.plan.training.seed * 1_000_003 + index
+        rollouts, stats = self.engine.generate(
+            [p.tokens for p in prompts],
+            num_generations=G,
+            max_new_tokens=self.g.max_new_tokens,
+            temperature=self.g.temperature,
+            seed=seed,
+        )
+        generated = time.perf_counter()
+        # prompt-major, each prompt's G responses in the engine's order: the groups the advantages normalise in
+        ordered = sorted(range(len(rollouts)), key=lambda i: rollouts[i].prompt_index)
+        rollouts = [rollouts[i] for i in ordered]
+        try:
+            values = rewards.score(self.score_fn, prompts, rollouts, self.g.reward_timeout_s)
+        except rewards.RewardError as err:
+            self._log(index, {"error": err.message})
+            return {"error": (err.message, err.fix)}
+        self._log(index, {"rollouts": [[r.prompt_index, list(r.response), v] for r, v in zip(rollouts, values)]})
+        return {
+            "responses": [r.response for r in rollouts],
+            "rewards": values,
+            "finished": sum(r.finished for r in rollouts) / len(rollouts),
+            "engine": {
+                "accept_length": stats.accept_length,
+                "acceptance_per_pos": list(stats.acceptance_per_pos),
+                "num_generated_tokens": stats.num_generated_tokens,
+                "num_target_forwards": stats.num_target_forwards,
+                "tokens_per_target_forward": stats.tokens_per_target_forward,
+            },
+            "generate_s": generated - started,
+            "score_s": time.perf_counter() - generated,
+        }
+
+    def _log(self, index: int, row: dict) -> None:
+        """RUN_DIR/rl/rollouts.jsonl: every step's responses and rewards, or the reward failure."""
+        from specdraft.runs import files as runfiles
+
+        fd = runfiles.open_append(self.folder, "rollouts.jsonl")
+        with os.fdopen(fd, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"step": index, **row}) + "\n")
+
+    def _train(self, index: int, samples, seconds: dict) -> None:
+        from specdraft.runtime.rl.trainer import forward_only_logp
+
+        started = time.perf_counter()
+        t = self.trainer
+        self._begin(index, samples)
+        from specdraft.runtime.workloads.cotrain import _forward_step
+
+        t.old_logp = forward_only_logp(t, _forward_step, self.forward_backward)
+        t.ref_logp = {}
+        if t.reference is not None:
+            t.swap_reference()
+            t.ref_logp = forward_only_logp(t, _forward_step, self.forward_backward)
+            t.swap_reference()
+        t.mode = "grpo"
+        self._schedule(train=True)
+        seconds["train"] = time.perf_counter() - started
+
+    def _begin(self, index: int, samples) -> None:
+        from specdraft.runtime.rl.batch import pack, rows_per_step, sequence_length
+
+        row_tokens = self.plan.parallel.micro_batch_size * self.plan.model.seq_length
+        length = sequence_length(self.plan, self.task)
+        rows, adv = pack(samples, row_tokens=row_tokens, length=length, num_rows=rows_per_step(self.plan))
+        self.trainer.begin_rows(index, rows, adv)
+
+    def _schedule(self, train: bool) -> None:
+        from specdraft.runtime.workloads.cotrain import _forward_step
+
+        t = self.trainer
+        t.set_training(train)
+        single = len(t.chunks) == 1
+        iterators = [iter(t.microbatches) for _ in t.chunks]
+        self.forward_backward(
+            forward_step_func=partial(_forward_step, t, {id(c): i for i, c in enumerate(t.chunks)}),
+            data_iterator=iterators[0] if single else iterators,
+            model=t.chunks[0] if single else t.chunks,
+            num_microbatches=t.num_microbatches,
+            seq_length=t.row_tokens,
+            micro_batch_size=1,
+        )
+        t.draft_after_schedule()
+        t.channel.end_step()
+        t.optimizer_steps()

@@ -1,0 +1,72 @@
+"""Rules of the layout's `grpo` section and draft.refit_interval. Called by validate.validate_fields with its `err`
+and `warn` collectors."""
+
+from __future__ import annotations
+
+import re
+
+from specdraft.spec.schema import LayoutSpec
+
+REWARD_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+DIGIT_TASK_VOCAB = 16  # runtime/rl/tasks.py's digit tasks use token ids 0-14
+VLLM_CPU_MIN_HEAD_DIM = 32  # vLLM's CPU attention serves head_dim 32..512 only
+
+
+def grpo_rules(spec: LayoutSpec, err, warn) -> None:
+    g = spec.grpo
+    if spec.rollout.num_generations_per_prompt < 2:
+        err(
+            "rollout.num_generations_per_prompt",
+            spec.rollout.num_generations_per_prompt,
+            "must be >= 2: a group of one response has advantage 0 and never trains",
+            "sample at least 2 responses per prompt (NeMo-RL's examples use 16)",
+        )
+    if not g.temperature >= 0:
+        err("grpo.temperature", g.temperature, "must be >= 0", "use 0 for greedy or 1.0 for the policy's own sampling")
+    if not g.reward_timeout_s > 0:
+        err("grpo.reward_timeout_s", g.reward_timeout_s, "must be > 0", "e.g. 10")
+    if g.sft_steps < 0:
+        err("grpo.sft_steps", g.sft_steps, "must be >= 0", "use 0 to start RL at once")
+    if not 0 <= g.ratio_clip_min < 1:
+        err("grpo.ratio_clip_min", g.ratio_clip_min, "must be in [0, 1)", "NeMo-RL's default is 0.2")
+    if not g.ratio_clip_max >= 0:
+        err("grpo.ratio_clip_max", g.ratio_clip_max, "must be >= 0", "NeMo-RL's default is 0.2")
+    if not g.reference_policy_kl_penalty >= 0:
+        err("grpo.reference_policy_kl_penalty", g.reference_policy_kl_penalty, "must be >= 0", "use 0 for no KL")
+    if g.reward not in ("task", "math-verify") and not REWARD_RE.match(g.reward):
+        err(
+            "grpo.reward",
+            g.reward,
+            "must be `task`, `math-verify` or a Python `module:function`",
+            "e.g. my_rewards:score (importable on every node)",
+        )
+    if g.reward == "math-verify" and g.task != "arithmetic":
+        err("grpo.reward", g.reward, "math-verify scores the arithmetic task's answers", "set grpo.task: arithmetic")
+    if g.task != "markov" and spec.model.vocab_size < DIGIT_TASK_VOCAB:
+        err(
+            "grpo.task",
+            g.task,
+            f"the digit tasks need model.vocab_size >= {DIGIT_TASK_VOCAB} (got {spec.model.vocab_size})",
+            "use a larger vocabulary or grpo.task: markov",
+        )
+    if spec.draft.refit_interval < 1:
+        err("draft.refit_interval", spec.draft.refit_interval, "must be >= 1", "1 refits the draft every step")
+    world = spec.cluster.num_nodes * spec.cluster.gpus_per_node
+    if g.engine == "vllm" and world > 1:
+        err(
+            "grpo.engine",
+            g.engine,
+            f"the vLLM engine runs in rank 0's process, where vLLM's own distributed setup hangs beside this "
+            f"{world}-rank torch.distributed world (measured: rank 0 never leaves vLLM's start)",
+            "train on one process (cluster.gpus_per_node=1, parallel.cp=1, parallel.pp=1) with grpo.engine: vllm, "
+            "or use grpo.engine: builtin",
+        )
+    m = spec.model
+    head_dim = m.kv_channels or (m.hidden_size // m.num_attention_heads if m.num_attention_heads > 0 else 0)
+    if g.engine == "vllm" and spec.cluster.gpu == "cpu" and head_dim < VLLM_CPU_MIN_HEAD_DIM:
+        warn(
+            "grpo.engine",
+            g.engine,
+            f"vLLM on CPU serves head_dim >= {VLLM_CPU_MIN_HEAD_DIM} only; this model's is {head_dim}",
+            "use grpo.engine: builtin, or the grpo-tiny-cpu layout (head_dim 32)",
+        )

