@@ -12,9 +12,9 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from specdraft.runtime.rl.engine import GenerationStats, Rollout
 from specdraft.runtime.rl.engines import sampling
 from specdraft.runtime.rl.engines.eagle3_draft import load_folder, load_named
+from specdraft.runtime.rl.rollouts import GenerationStats, Rollout
 from specdraft.runtime.serve.speculative import draft_chain_batch
 
 

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from specdraft.runtime.rl.engine import GenerationStats, Rollout
+from specdraft.runtime.rl.rollouts import GenerationStats, Rollout
 
 # vLLM's acceptance counters (cumulative; a generate call reads their difference)
 DRAFTS = "vllm:spec_decode_num_drafts"
