@@ -49,7 +49,7 @@ def check_fits(plan, task, num_samples: int) -> None:
             f"max_new_tokens {plan.grpo.max_new_tokens}) but the plan's {rows_per_step(plan)} rows of {row_tokens} "
             f"tokens hold {capacity}",
             "raise training.global_batch_size or model.seq_length, or lower rollout.num_prompts_per_step, "
-            "grpo.num_generations_per_prompt or grpo.max_new_tokens",
+            "rollout.num_generations_per_prompt or rollout.max_response_length",
         )
 
 

@@ -228,3 +228,12 @@ def test_every_spec_field_is_carried_or_listed_as_not_carried():
     )
     assert not set(CARRIED) & set(NOT_CARRIED)
     assert all(key in KEYS for f, key in CARRIED.items() if f != "name")
+
+
+def test_the_grpo_layout_without_cp_and_packing_is_accepted_with_its_grpo_keys():
+    plan = _plan(SHIPPED / "grpo-tiny-cpu.yaml", ["parallel.cp=1", "training.packing=false"])
+    assert refusals(plan) == []
+    cfg = plan.renders.nemo_rl
+    assert cfg["grpo"]["num_prompts_per_step"] == 8 and cfg["grpo"]["num_generations_per_prompt"] == 4
+    assert cfg["policy"]["generation"]["max_new_tokens"] == 8
+    assert cfg["loss_fn"]["ratio_clip_min"] == 0.2 and cfg["loss_fn"]["token_level_loss"] is True
