@@ -1,6 +1,7 @@
 """`specdraft rollout measure RUN`: real speculative decoding with a run's own policy and draft, against plain greedy
-decoding in the same process (thin; the work is runtime/serve/measure.py, run in a subprocess); and the measured
-draft in `rollout simulate --acceptance-from` (the model is rollout/model/measured.py)."""
+decoding in the same process, by the built-in engine or by vLLM serving the run's exports (thin; the work is
+runtime/serve/measure.py, run in a subprocess); and the measured draft in `rollout simulate --acceptance-from` (the
+model is rollout/model/measured.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import typer
 
 from specdraft.cli.boundary import console as _console
 from specdraft.cli.terminal import plain, safe
+
+ENGINES = ("builtin", "vllm")  # runtime/serve/measure.py's (the CLI never imports runtime/)
 
 
 def measure_cmd(
@@ -26,6 +29,11 @@ def measure_cmd(
     prompt_length: int = typer.Option(16, "--prompt-length", help="Tokens per prompt."),
     max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="Tokens to generate per prompt."),
     format: str = typer.Option("text", "--format", "-f", help="text (a table) or json."),
+    engine: str = typer.Option(
+        "builtin",
+        "--engine",
+        help="builtin (specdraft's own decode) or vllm (vLLM serving the run's policy and draft exports).",
+    ),
 ) -> None:
     """Measure lossless speculative decoding (accept length, tokens per target forward, wall-clock speedup)."""
     import json
@@ -36,6 +44,8 @@ def measure_cmd(
 
     if format not in ("text", "json"):
         raise UserError(f"--format {format!r} is not supported", "use --format text or --format json")
+    if engine not in ENGINES:
+        raise UserError(f"--engine {engine!r} is not supported", "use --engine builtin or --engine vllm")
     for option, value in (
         ("--k", k),
         ("--prompts", prompts),
@@ -62,6 +72,8 @@ def measure_cmd(
         str(prompt_length),
         "--max-new-tokens",
         str(max_new_tokens),
+        "--engine",
+        engine,
     ]
     argv += ["--step", str(step)] if step is not None else []
     argv += ["--draft-step", str(draft_step)] if draft_step is not None else []
@@ -76,9 +88,10 @@ def measure_cmd(
 def _print(r: dict) -> None:
     from rich.table import Table
 
+    engine = safe(r.get("engine", "builtin"))
     table = Table(
-        title=f"speculative decoding, measured: {safe(r['run'])} (policy step {safe(r['target_step'])}, draft step "
-        f"{safe(r['draft_step'])}, k {r['k']}, {r['prompts']} prompts x {r['max_new_tokens']} tokens, "
+        title=f"speculative decoding, measured by {engine}: {safe(r['run'])} (policy step {safe(r['target_step'])}, "
+        f"draft step {safe(r['draft_step'])}, k {r['k']}, {r['prompts']} prompts x {r['max_new_tokens']} tokens, "
         f"{safe(r['device'])})"
     )
     table.add_column("figure")
@@ -89,11 +102,19 @@ def _print(r: dict) -> None:
         ("tokens per target forward (prefill included)", f"{r['tokens_per_target_forward']:.3f}"),
         ("acceptance (>= i+1 drafts accepted)", accept),
         ("lossless (= plain greedy decoding)", str(r["lossless"])),
-        ("wall-clock speedup vs plain greedy", f"{r['speedup_wall']:.2f}x"),
+        ("wall-clock speedup vs plain greedy", _figure(r["speedup_wall"], "{:.2f}x")),
+        (
+            "tokens/s plain / speculative",
+            f"{_figure(r.get('plain_tokens_per_s'))} / {_figure(r.get('speculative_tokens_per_s'))}",
+        ),
         ("draft vocabulary", f"{r['draft_vocab_size']:,} of {r['vocab_size']:,}"),
     ):
         table.add_row(name, value)
     _console().print(table)
+
+
+def _figure(value, form: str = "{:.1f}") -> str:
+    return "n/a" if value is None else form.format(value)
 
 
 def read_measured(path: str, spec):

