@@ -15,6 +15,7 @@ from specdraft.perf.estimate import Estimator
 from specdraft.perf.layout import layout_of
 from specdraft.plan.compile import parallel_dims
 from specdraft.plan.memory import activation_bytes_per_layer
+from specdraft.spec import derived
 from specdraft.spec.schema import ClusterSpec, DraftSpec, LayoutSpec, ModelSpec, ParallelSpec, TrainingSpec
 
 
@@ -100,6 +101,18 @@ def test_render_passes_tp_comm_overlap_only_where_megatron_takes_it():
     for (tp, sp, overlap), expected in cases.items():
         plan = compile(spec_of(tp=tp, sp=sp, overlap=overlap, nodes=1))
         assert ("--tp-comm-overlap" in plan.renders.megatron) is expected, (tp, sp, overlap)
+
+
+def test_tp_comm_overlap_defaults_as_nvidias_performance_recipes():
+    """Unset, it is on wherever Megatron-LM can overlap (tp > 1 under sequence parallelism, TE on a GPU), as
+    Megatron-Bridge's performance recipes set it (tp_comm_overlap = tp > 1); never on a CPU cluster."""
+    for tp, sp, expected in [(2, True, True), (2, False, False), (1, False, False)]:
+        plan = compile(spec_of(tp=tp, sp=sp, overlap=None, nodes=1))
+        assert plan.training.tp_comm_overlap is expected, (tp, sp)
+        assert ("--tp-comm-overlap" in plan.renders.megatron) is expected, (tp, sp)
+    base = spec_of(tp=2, sp=True, overlap=None, nodes=1)
+    cpu = dataclasses.replace(base, cluster=dataclasses.replace(base.cluster, gpu="cpu"))
+    assert not derived.tp_comm_overlap(cpu, 2, True)
 
 
 @pytest.mark.parametrize("tp,groups", [(1, None), (4, None), (4, 8), (8, 4)])
