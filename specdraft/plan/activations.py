@@ -20,7 +20,7 @@ from specdraft.spec.schema import LayoutSpec
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 FP32 = 4
 MASK = 1  # a dropout mask: one bool per element
-INDEX = 8  # int64 routing indices
+INDEX = 8  # an int64 token id or label
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class PerToken:
 
 
 def variant(spec: LayoutSpec) -> str:
-    """ "te" on GPU clusters (Megatron-LM with TransformerEngine), "local" on cluster.gpu=cpu (specdraft's runtime)."""
+    """The variant: te on GPU clusters (Megatron-LM with TransformerEngine), local on cluster.gpu=cpu (the runtime)."""
     from specdraft.spec.gpus import CATALOGUE
 
     return "te" if CATALOGUE[spec.cluster.gpu].is_gpu else "local"
