@@ -1,11 +1,11 @@
 """Bytes one transformer layer saves for backward, per microbatch: Korthikanti et al. 2022 Table 2
 (https://arxiv.org/abs/2205.05198) term by term, for the kernels that actually run (derivation: docs/plan.md).
 
-Two variants. "te" is what Megatron-LM builds on GPUs with TransformerEngine (the render target): fused norms that
-save their input and output, flash attention (q, k, v, output and the fp32 softmax statistics; no s^2 scores), a
-fused SwiGLU that saves only its 2*ffn-wide input, fused RoPE. "local" is megatron-core's local layer spec on unfused
-torch ops, what specdraft's runtime runs on CPU (cluster.gpu=cpu); each of its differences is a named term below,
-and tests/dist measure it with torch's saved_tensors_hooks (runtime/train/activations.py).
+Two variants. "te" (TE) is what Megatron-LM builds on GPUs with TransformerEngine (the render target): fused
+norms that save their input and output, flash attention (q, k, v, output and the fp32 softmax statistics; no s^2
+scores), a fused SwiGLU that saves only its 2*ffn-wide input, fused RoPE. "local-spec" (LOCAL) is megatron-core's
+local layer spec on unfused torch ops, what specdraft's runtime runs on CPU (cluster.gpu=cpu); each of its
+differences is a named term below, and tests/dist measure it with saved_tensors_hooks (runtime/train/activations.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 FP32 = 4
 MASK = 1  # a dropout mask: one bool per element
 INDEX = 8  # an int64 token id or label
+TE, LOCAL = "te", "local-spec"  # the two variants (module docstring)
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ def variant(spec: LayoutSpec) -> str:
     """The variant: te on GPU clusters (Megatron-LM with TransformerEngine), local on cluster.gpu=cpu (the runtime)."""
     from specdraft.spec.gpus import CATALOGUE
 
-    return "te" if CATALOGUE[spec.cluster.gpu].is_gpu else "local"
+    return TE if CATALOGUE[spec.cluster.gpu].is_gpu else LOCAL
 
 
 def norm_bytes(spec: LayoutSpec, kind: str) -> float:
@@ -54,14 +55,14 @@ def norm_bytes(spec: LayoutSpec, kind: str) -> float:
     whatever the model dtype; torch's layer_norm, like TE's norms, keeps the input and fp32 mean/rstd."""
     m = spec.model
     b = DTYPE_BYTES[spec.training.dtype]
-    if kind == "local" and m.normalization == "RMSNorm":
+    if kind == LOCAL and m.normalization == "RMSNorm":
         return 2 * FP32 * m.hidden_size + FP32
     return b * m.hidden_size + (2 if m.normalization == "LayerNorm" else 1) * FP32
 
 
 def _gemm_input(spec: LayoutSpec, kind: str, width: float) -> float:
     """A GEMM's saved input: TransformerEngine keeps the fp8 cast it fed the GEMM (one byte) under fp8."""
-    return width * (1 if kind == "te" and spec.training.dtype == "fp8" else DTYPE_BYTES[spec.training.dtype])
+    return width * (1 if kind == TE and spec.training.dtype == "fp8" else DTYPE_BYTES[spec.training.dtype])
 
 
 def attention_per_token(spec: LayoutSpec, kind: str, recompute: str) -> PerToken:
@@ -77,10 +78,10 @@ def attention_per_token(spec: LayoutSpec, kind: str, recompute: str) -> PerToken
     else:
         # Flash attention keeps q, k, v, its output (also the projection's input, shared unless the projection
         # keeps an fp8 copy) and the fp32 softmax log-sum-exp per head.
-        fp8_copy = _gemm_input(spec, kind, q) if spec.training.dtype == "fp8" and kind == "te" else 0
+        fp8_copy = _gemm_input(spec, kind, q) if spec.training.dtype == "fp8" and kind == TE else 0
         split = b * (2 * q + 2 * kv) + fp8_copy + FP32 * m.num_attention_heads
     whole = 0.0
-    if kind == "local":
+    if kind == LOCAL:
         # megatron's unfused RoPE makes new rotated q and k, and v stays a view of the QKV output, so that whole
         # output stays alive beside them: (q + kv) more; cos and sin are cast per call, for q and for k.
         split += b * (q + kv)
@@ -89,7 +90,7 @@ def attention_per_token(spec: LayoutSpec, kind: str, recompute: str) -> PerToken
         # The per-head norms keep fp32 statistics per head, and their inputs: on the local spec those are views of
         # the QKV output (already kept); TE's norms copy them contiguous first.
         per_head = 2 if m.normalization == "LayerNorm" else 1
-        split += FP32 * per_head * (m.num_attention_heads + kv_heads(m)) + (b * (q + kv) if kind == "te" else 0)
+        split += FP32 * per_head * (m.num_attention_heads + kv_heads(m)) + (b * (q + kv) if kind == TE else 0)
     return PerToken(norm_like=norm_like, split=split, whole=whole)
 
 
@@ -102,7 +103,7 @@ def mlp_saved(spec: LayoutSpec, kind: str, width: float) -> float:
     b = DTYPE_BYTES[spec.training.dtype]
     if not m.swiglu:
         return b * width + _gemm_input(spec, kind, width)
-    extra = 2 * b * width if kind == "local" else 0
+    extra = 2 * b * width if kind == LOCAL else 0
     return 2 * b * width + extra + _gemm_input(spec, kind, width)
 
 
@@ -124,7 +125,7 @@ def routed_bytes(spec: LayoutSpec, kind: str, etp: int = 1) -> float:
     (num_experts) and, as measured on megatron-core 0.16, 52 bytes per top-k slot of indices and probabilities."""
     m = spec.model
     b, width = DTYPE_BYTES[spec.training.dtype], m.moe_ffn_hidden_size or 0
-    expert = mlp_saved(spec, kind, width) + (b * width if kind == "local" else 0)
+    expert = mlp_saved(spec, kind, width) + (b * width if kind == LOCAL else 0)
     row = b * m.hidden_size + expert / etp + FP32
     return m.moe_router_topk * etp * row + FP32 * (m.num_experts or 0) + 52 * m.moe_router_topk
 
