@@ -99,7 +99,8 @@ class CostModel:
         self.h, self.heads, self.groups, self.d = m.hidden_size, m.num_attention_heads, kv_heads(m), head_dim(m)
         self.ffn, self.vocab, self.seq = m.ffn_hidden_size, m.vocab_size, m.seq_length
         self.gated = m.swiglu
-        self.tp_overlap = t.tp_comm_overlap
+        # None follows NVIDIA's performance recipes (on; Shape's tp and sp decide where it applies), GPUs only.
+        self.tp_overlap = self.gpu.is_gpu and t.tp_comm_overlap is not False
         self.experts, self.topk, self.moe_ffn = m.num_experts, m.moe_router_topk, m.moe_ffn_hidden_size or 0
         lengths = t.sequence_lengths or [m.seq_length]
         # Causal attention over packed sequences: a token attends to half its sequence on average, so the

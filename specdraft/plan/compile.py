@@ -125,7 +125,7 @@ def training_plan(spec: LayoutSpec) -> TrainingPlan:
         sequence_lengths=tuple(t.sequence_lengths or [spec.model.seq_length]),
         dtype=t.dtype,
         grad_reduce_in_bf16=t.grad_reduce_in_bf16,
-        tp_comm_overlap=t.tp_comm_overlap,
+        tp_comm_overlap=derived.tp_comm_overlap(spec, spec.parallel.tp, bool(spec.parallel.sequence_parallel)),
         distributed_optimizer=t.distributed_optimizer,
         recompute=t.recompute,
         train_iters=t.train_iters,

@@ -6,13 +6,12 @@ Activation Recomputation in Large Transformer Models" (https://arxiv.org/abs/220
 
 from __future__ import annotations
 
+from specdraft.plan.activations import DTYPE_BYTES, layer_bytes, stage_extra_bytes
 from specdraft.plan.dims import ParallelDims
 from specdraft.plan.model import StageMemory
 from specdraft.spec.derived import aux_layers, draft_vocab_size, head_dim, kv_heads
 from specdraft.spec.schema import LayoutSpec
 
-# Activation (and tap) bytes per element; fp8 keeps bf16 activations outside the GEMM inputs (see below).
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 # fp8 parameters (--fp8-param-gather): the fp8 weight and the transpose Hopper's fp8 GEMMs read for backward.
 FP8_WEIGHT_BYTES = 2
 HEAD_CHUNK_TOKENS = 2048  # the runtime's checkpointed LM-head/KL chunk (specdraft.runtime.models.vocab.parallel)
@@ -108,32 +107,21 @@ def _state_bytes(spec: LayoutSpec) -> tuple[int, int, float]:
 
 
 def activation_bytes_per_layer(
-    spec: LayoutSpec, dims: ParallelDims, tokens: int, ffn_term: float, recompute: str | None = None
+    spec: LayoutSpec, dims: ParallelDims, tokens: int, recompute: str | None = None, dense: bool = False
 ) -> float:
-    """Activations one layer keeps for backward, for ``tokens`` local tokens (already divided by cp).
+    """Activations one layer keeps for backward, for ``tokens`` local tokens (already divided by cp), under
+    ``recompute`` (default: training.recompute); ``dense`` counts a dense MLP of ffn_hidden_size even for an MoE
+    model (the draft's layer). Term by term in specdraft.plan.activations (Korthikanti et al. Table 2 for the
+    kernels that run: no s^2 scores under flash attention, GQA-wide K and V, SwiGLU's 2*ffn-wide input)."""
+    return layer_bytes(spec, dims, tokens, recompute or spec.training.recompute, dense)
 
-    Korthikanti et al. Table 2, with Megatron-LM's (18 + 4*ffn/h) in place of 34 for the FFN ratio; the 10*sbh
-    of norms/dropout and the QKV and fc1 inputs is replicated across tp unless sequence parallelism shards it.
-    Flash/ring attention never stores the s^2 scores, so the 5as/h term is dropped. The paper's 8*sbh for Q, K, V
-    and the projection input assumes multi-head attention with h = heads * head_dim: here Q and the projection
-    input are heads * head_dim wide and K, V num_query_groups * head_dim (GQA keeps them small).
-    """
-    p, t, m = dims, spec.training, spec.model
-    h = m.hidden_size
-    scale = DTYPE_BYTES[t.dtype] / 2  # the paper's constants assume 2-byte activations
-    sbh = tokens * h
-    if (recompute or t.recompute) == "full":
-        return 2 * sbh * scale / (p.tp if p.sequence_parallel else 1)
-    q, kv = m.num_attention_heads * head_dim(m) / h, kv_heads(m) * head_dim(m) / h
-    replicated, sharded = 10.0, 4 * q + 4 * kv + ffn_term
-    if t.dtype == "fp8":
-        # TransformerEngine keeps the four GEMM inputs it saves for backward in fp8: the QKV and fc1 inputs
-        # (2 -> 1 sbh each), the projection's (2q -> q) and fc2's (2f/h -> f/h sbh).
-        replicated -= 2
-        sharded -= q + ffn_term / 4
-    if p.sequence_parallel:
-        return sbh * (replicated + sharded) / p.tp * scale
-    return sbh * (replicated + sharded / p.tp) * scale
+
+def microbatch_activation_bytes(spec: LayoutSpec, dims: ParallelDims, layers: int, first: bool, last: bool) -> float:
+    """What one microbatch leaves saved for backward on a stage of ``layers`` layers (with the embedding when
+    ``first``, the output layer and the loss when ``last``): what the runtime measures
+    (runtime/train/activations.py)."""
+    tokens = dims.cp_tokens(spec.model.seq_length)
+    return activation_bytes_per_layer(spec, dims, tokens) * layers + stage_extra_bytes(spec, dims, tokens, first, last)
 
 
 def stage_memory(
@@ -144,8 +132,6 @@ def stage_memory(
 
     m, p, t = spec.model, dims, spec.training
     tokens = p.cp_tokens(m.seq_length)
-    ffn_term = _ffn_term(spec)
-    act_layer = activation_bytes_per_layer(spec, p, tokens, ffn_term)
     vpp = p.num_chunks
     hbm = CATALOGUE[spec.cluster.gpu].hbm_bytes
     out = []
@@ -156,13 +142,10 @@ def stage_memory(
         in_flight = min(p.pp - rank, p.num_microbatches)
         if vpp > 1:
             in_flight = in_flight * (1 + (p.pp - 1) / (p.pp * vpp))
-        activations = act_layer * layers * in_flight
+        activations = microbatch_activation_bytes(spec, p, layers, first, last) * in_flight
         if t.recompute == "full" and layers:
             # Full recompute re-materialises one layer's activations at a time during backward.
-            activations += activation_bytes_per_layer(spec, p, tokens, ffn_term, recompute="none")
-        if last:
-            # fp32 logits for the cross-entropy, vocab-parallel over tp.
-            activations += 4 * tokens * m.vocab_size / p.tp
+            activations += activation_bytes_per_layer(spec, p, tokens, recompute="none")
         draft = draft_memory(spec, p, tokens, draft_slots) if rank == draft_stage else 0
         total = weights + grads + optimizer + activations + draft
         out.append(
@@ -179,13 +162,6 @@ def stage_memory(
             )
         )
     return tuple(out)
-
-
-def _ffn_term(spec: LayoutSpec) -> float:
-    """4 * (MLP width seen by a token) / hidden: Megatron-LM's FFN activation ratio (routed experts for MoE)."""
-    m = spec.model
-    width = (m.moe_ffn_hidden_size or 0) * m.moe_router_topk if m.num_experts else m.ffn_hidden_size
-    return 4 * width / m.hidden_size
 
 
 def _stage_states(
@@ -225,7 +201,7 @@ def peak_lower_bound(spec: LayoutSpec, dims: ParallelDims) -> float:
     layers = -(-m.num_layers // dims.pp)
     states = sum(_stage_states(spec, dims, layers, False, False))
     tokens = dims.cp_tokens(m.seq_length)
-    return states + activation_bytes_per_layer(spec, dims, tokens, _ffn_term(spec)) * layers
+    return states + activation_bytes_per_layer(spec, dims, tokens) * layers
 
 
 def draft_memory(spec: LayoutSpec, dims: ParallelDims, tokens: int, draft_slots: int) -> float:
@@ -242,14 +218,13 @@ def draft_memory(spec: LayoutSpec, dims: ParallelDims, tokens: int, draft_slots:
     params = fc + (draft_params(spec) - fc) / p.tp
     state = params * (w_b + g_b + o_b)
     act_bytes = DTYPE_BYTES[t.dtype]
-    ffn_term = 4 * m.ffn_hidden_size / m.hidden_size
     vocab = draft_vocab_size(spec)
     logits = 4 * tokens * vocab / p.tp  # one fp32 vocab-parallel tensor over the draft vocabulary
     # The LM head and KL run in checkpointed token chunks (runtime/models/vocab/parallel.py), so per TTT step only the
     # output hidden state is kept; one chunk's logits, log-probs and target slice live transiently.
     chunk = 4 * min(tokens, HEAD_CHUNK_TOKENS) * vocab / p.tp
     per_step = (
-        activation_bytes_per_layer(spec, dims, tokens, ffn_term, recompute="none") * d.num_layers
+        activation_bytes_per_layer(spec, dims, tokens, recompute="none", dense=True) * d.num_layers
         + tokens * 2 * m.hidden_size * act_bytes  # [embedding ; hidden] input of the draft layer
         + tokens * m.hidden_size * act_bytes
     )  # the step's output hidden state

@@ -65,7 +65,7 @@ def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
         args.append(f"--{t.dtype}")
     if t.grad_reduce_in_bf16:
         args.append("--grad-reduce-in-bf16")
-    if t.tp_comm_overlap and p.tp > 1 and p.sequence_parallel:
+    if t.tp_comm_overlap:  # resolved by compile: tp > 1, sequence parallel, a GPU cluster (spec.derived)
         args.append("--tp-comm-overlap")
     if t.distributed_optimizer:
         # Overlapped as in NVIDIA's performance recipes: the step estimate (perf/costs.py, dp_exposed) counts only a

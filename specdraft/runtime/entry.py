@@ -226,7 +226,16 @@ def main(argv: list[str] | None = None) -> int:
         metavar="CHECKPOINT",
         help="continue from this checkpoint folder (any run or layout of the same model shape)",
     )
+    parser.add_argument(
+        "--measure-activations",
+        action="store_true",
+        help="cotrain: count the bytes saved for backward per microbatch in the first step (results' memory)",
+    )
     args = parser.parse_args(argv)
+    if args.measure_activations:
+        from specdraft.runtime.train.activations import MEASURE_ENV
+
+        os.environ[MEASURE_ENV] = "1"
 
     preempt.install()
     started = time.time()

@@ -81,12 +81,13 @@ def point_spec(point: Point, gpus_per_node: int = 8) -> LayoutSpec:
     """The point's model, cluster and batch (no draft: these are plain Megatron runs) with its published layout.
 
     NVIDIA's benchmark recipes reduce gradients in bf16 (Megatron-Bridge perf_recipes/_common.py sets
-    ddp.grad_reduce_in_fp32 = False), so the points do too.
+    ddp.grad_reduce_in_fp32 = False), so the points do too. TP communication overlap is off unless the point's
+    recipe turns it on (the 24.07 launcher configs predate the recipes' tp > 1 default).
     """
     from specdraft.spec.schema import ParallelSpec
 
     p = point.layout
-    fields = {"parallel": {}, "training": {}}
+    fields: dict[str, dict] = {"parallel": {}, "training": {"tp_comm_overlap": False}}
     for path, value in point.settings.items():
         section, name = path.split(".")
         fields[section][name] = value

@@ -30,6 +30,18 @@ def resolved_dp(spec: LayoutSpec) -> int | None:
     return world_size(spec) // inner if inner > 0 and world_size(spec) % inner == 0 else None
 
 
+def tp_comm_overlap(spec: LayoutSpec, tp: int, sequence_parallel: bool) -> bool:
+    """Whether TP collectives overlap the GEMMs at this tp: Megatron-LM does it only under sequence parallelism
+    with TransformerEngine's userbuffers (GPU). Unset, it follows NVIDIA's performance recipes, which turn it on
+    wherever tp > 1 (Megatron-Bridge scripts/performance/utils/overrides.py: tp_comm_overlap = tp > 1)."""
+    from specdraft.spec.gpus import CATALOGUE
+
+    if tp <= 1 or not sequence_parallel or not CATALOGUE[spec.cluster.gpu].is_gpu:
+        return False
+    wanted = spec.training.tp_comm_overlap
+    return True if wanted is None else wanted
+
+
 def head_dim(model: ModelSpec) -> int:
     """Per-head dimension: kv_channels, else hidden_size / num_attention_heads (Megatron's default)."""
     return (

@@ -208,8 +208,9 @@ class TrainingSpec:
     """Training dtype; fp8 = TransformerEngine FP8 GEMMs and fp8 weights on Hopper/Blackwell, bf16 activations."""
     grad_reduce_in_bf16: bool = False
     """Keep and reduce gradients in bf16, not fp32 (--grad-reduce-in-bf16; NVIDIA's benchmarks); bf16 or fp8 only."""
-    tp_comm_overlap: bool = False
-    """Overlap TP collectives with GEMMs (--tp-comm-overlap, TE userbuffers) where tp > 1 and sequence_parallel."""
+    tp_comm_overlap: Optional[bool] = None
+    """Overlap TP collectives with GEMMs (--tp-comm-overlap, TE userbuffers) where tp > 1 and sequence_parallel;
+    null = as NVIDIA's performance recipes set it (Megatron-Bridge: on wherever tp > 1), on GPU clusters only (TE)."""
     distributed_optimizer: bool = True
     """Shard optimizer state over data-parallel ranks (--use-distributed-optimizer; the Megatron render overlaps its
     communication with --overlap-grad-reduce and --overlap-param-gather)."""

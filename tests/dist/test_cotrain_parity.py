@@ -3,7 +3,8 @@
 Same seed and data under (pp=2, cp=2), (pp=2, cp=1), (pp=1, cp=2), (tp=2, pp=1), interleaved (pp=2, vpp=2) and a
 draft on the first stage must reproduce the target and draft losses of (tp=1, cp=1, pp=1) within float32 tolerance:
 that checks the ring attention, the TapChannel routes, the halo shift and the tensor-parallel draft together, with
-megatron's activation recomputation (full at pp2-cp2, selective at tp2-pp1; none elsewhere). A
+megatron's activation recomputation (full at pp2-cp2, selective at tp2-pp1; none elsewhere), and each stage's bytes
+saved for backward per microbatch must match the plan's activation estimate within 5% (memory_accuracy.py). A
 reduced draft vocabulary (the policy's distribution restricted to it over tp, its top-1 mask shifted over cp) is
 checked the same way under (tp=2, cp=2), and so are a LayerNorm model with biases, QK norms and Llama-3.1's RoPE
 scaling under (tp=2, cp=2) with sequence parallelism.
@@ -12,11 +13,12 @@ scaling under (tp=2, cp=2) with sequence parallelism.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from tests.support.memory_accuracy import assert_memory_matches_plan
+from tests.support.memory_accuracy import MEASURE, assert_activations_match_plan, assert_memory_matches_plan
 
 pytestmark = pytest.mark.dist
 STEPS = 3
@@ -48,7 +50,7 @@ SEMANTICS = [
 
 
 def metrics(specdraft_cli, folder: Path, overrides: list[str]) -> list[dict]:
-    proc = specdraft_cli("launch", *overrides, *COMMON, "--run-dir", folder, timeout=240)
+    proc = specdraft_cli("launch", *overrides, *COMMON, "--run-dir", folder, timeout=240, env=MEASURE)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(STEPS))
@@ -67,6 +69,7 @@ def _single(tmp_path_factory, extra: list[str]) -> list[dict]:
         text=True,
         timeout=240,
         cwd=folder.parent,
+        env={**os.environ, **MEASURE},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
@@ -87,6 +90,7 @@ def test_losses_match_the_single_process_run(name, reference, specdraft_cli, tmp
         assert len(got["acceptance"]) == len(want["acceptance"]) == 3
     assert reference[-1]["target_loss"] < reference[0]["target_loss"], "the target trains"
     assert_memory_matches_plan(tmp_path / name)  # the plan's weights, grads and optimizer bytes per rank
+    assert_activations_match_plan(tmp_path / name)  # and the bytes each stage saves for backward per microbatch
 
 
 @pytest.mark.timeout(400)
@@ -123,3 +127,4 @@ def test_model_semantics_match_the_single_process_run(tmp_path_factory, specdraf
         assert got["draft_loss"] == pytest.approx(ref["draft_loss"], rel=2e-4, abs=1e-6), got["step"]
     assert want[-1]["target_loss"] < want[0]["target_loss"], "the target trains"
     assert_memory_matches_plan(tmp_path / "semantics")
+    assert_activations_match_plan(tmp_path / "semantics")

@@ -4,8 +4,9 @@ The model is the shipped layouts/mixtral-tiny-cpu.yaml (8 experts, top-2, load-b
 over two data-parallel ranks (ep1: expert grads summed over the expert data-parallel group; ep2: tokens cross ranks
 through megatron's all-to-all dispatcher), ep2 with pp2, ep2 across the cp2 ranks, and the shipped layout itself
 (tp2 cp2 pp2 vpp2 ep2 etp1, sequence parallel, expert dp 2) must reproduce the target loss, the draft loss and
-the load-balancing loss of one process, and the measured weights, grads and optimizer state of every rank must
-match the plan's memory estimate (tests/support/memory_accuracy.py).
+the load-balancing loss of one process, and the measured weights, grads and optimizer state of every rank, and the
+bytes each stage saves for backward per microbatch, must match the plan's memory estimate
+(tests/support/memory_accuracy.py).
 
 Tolerance: the dense path's (2e-5 relative on the target loss, 2e-4 on the draft's) and 2e-5 on the
 load-balancing loss. Routing is discontinuous (top-2 of 8 router scores), so a score tie within float32 rounding
@@ -15,13 +16,14 @@ could route a token differently in one layout; with these seeds none occurs, the
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import SPECDRAFT_BIN
-from tests.support.memory_accuracy import assert_memory_matches_plan
+from tests.support.memory_accuracy import MEASURE, assert_activations_match_plan, assert_memory_matches_plan
 from tests.support.paths import SHIPPED
 
 pytestmark = pytest.mark.dist
@@ -56,6 +58,7 @@ def launch(folder: Path, overrides: list[str]) -> list[dict]:
         text=True,
         timeout=420,
         cwd=folder.parent,
+        env={**os.environ, **MEASURE},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
@@ -68,6 +71,7 @@ def reference(tmp_path_factory):
     folder = tmp_path_factory.mktemp("single") / "run"
     rows = launch(folder, SINGLE)
     assert_memory_matches_plan(folder)
+    assert_activations_match_plan(folder)
     return rows
 
 
@@ -84,3 +88,4 @@ def test_moe_losses_match_the_single_process_run(name, reference, tmp_path):
     assert 0.9 < reference[0]["moe_aux_loss"] < 2.0, "1.0 is perfect balance; 8 experts top-2 start near it"
     assert reference[-1]["target_loss"] < reference[0]["target_loss"], "the target trains"
     assert_memory_matches_plan(folder)
+    assert_activations_match_plan(folder)  # a stage's mean over its ranks: routing differs per rank

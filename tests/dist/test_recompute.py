@@ -3,7 +3,8 @@
 One process, one step of the built-in layout at pp = cp = 1, with a counter on the target's core attention (the
 runtime's own `BranchCoreAttention`): full recompute runs every layer's forward again in backward (twice the calls),
 selective recomputes core attention only (twice as well), none runs it once. Losses stay bit-identical (the
-parity tests check recompute across layouts too).
+parity tests check recompute across layouts too), and each mode's bytes saved for backward per microbatch
+(`--measure-activations`) match the plan's estimate for that mode within 5%.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 
 import pytest
 
+from tests.support.memory_accuracy import activation_errors
 from tests.support.rank_procs import free_port, metrics, write_plan
 
 pytestmark = pytest.mark.dist
@@ -26,7 +28,7 @@ def counted(self, *args, **kwargs):
     print("CORE-ATTENTION-FORWARD", flush=True)
     return forward(self, *args, **kwargs)
 ca.BranchCoreAttention.forward = counted
-sys.argv = ["entry", sys.argv[1], "--workload", "cotrain"]
+sys.argv = ["entry", sys.argv[1], "--workload", "cotrain", "--measure-activations"]
 runpy.run_module("specdraft.runtime.entry", run_name="__main__")
 """
 
@@ -71,3 +73,11 @@ def test_recompute_runs_the_forward_again_and_keeps_the_losses(tmp_path):
     assert counts["none"] > 0 and counts["none"] % layers == 0, counts
     assert counts["selective"] == counts["full"] == 2 * counts["none"], counts
     assert losses["selective"] == losses["full"] == losses["none"], losses
+    # What each mode keeps for backward, measured by saved_tensors_hooks, is what the plan estimates for it.
+    saved = {}
+    for mode in counts:
+        errors = activation_errors(tmp_path / mode)
+        assert max(map(abs, errors.values())) <= 0.05, (mode, errors)
+        result = json.loads(next((tmp_path / mode / "results").glob("rank-*.json")).read_text())
+        saved[mode] = max(result["memory"]["activations_per_microbatch"])
+    assert saved["full"] < saved["selective"] < saved["none"], saved

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 
@@ -20,6 +21,7 @@ from specdraft.runtime.models.target import build_chunks, init_parameters, trans
 from specdraft.runtime.models.vocab.parallel import accept_length, head_kl_and_matches, log_softmax, mask_padding
 from specdraft.runtime.models.vocab.reduced import Restriction, draft_vocabulary
 from specdraft.runtime.train import precision
+from specdraft.runtime.train.activations import SavedActivations
 from specdraft.runtime.train.batches import global_counts, make_microbatch
 from specdraft.runtime.train.devicetime import DeviceTimer
 from specdraft.runtime.train.grads import TargetParams
@@ -106,6 +108,8 @@ class CoTrainer:
         self.sends_embedding = any(r.tap == "embedding" and r.src_rank == ctx.global_rank for r in plan.tap_routes)
         self.stats: dict = {}
         self.draft_timer = DeviceTimer(self.device)
+        self.meter: SavedActivations | None = None  # set for a measured step (workloads/cotrain.py)
+        self.measured: dict | None = None  # its saved-for-backward bytes per microbatch (keep_measurement)
 
     def _channel(self, plan, ctx, m) -> TapChannel:
         tokens = self.row_tokens // self.cp
@@ -195,7 +199,8 @@ class CoTrainer:
         total = target_sum / self.n_target
         if self.cotraining:
             if self.draft_in_loss:
-                total = total + self.loss_weight * self.run_draft(mb, local)
+                with self.measuring("draft", mb.index):
+                    total = total + self.loss_weight * self.run_draft(mb, local)
             else:
                 self.channel.put(chunk, "logits", local.to(self.dtype))
         return total * self.num_microbatches, torch.tensor(1, dtype=torch.int), {}
@@ -263,7 +268,38 @@ class CoTrainer:
         if self.draft is None or self.draft_in_loss or not self.cotraining:
             return
         for mb in self.microbatches:
-            precision.scaled(self.loss_weight * self.run_draft(mb), self.loss_scaler).backward()
+            with self.measuring("draft", mb.index):
+                loss = self.run_draft(mb)
+            precision.scaled(self.loss_weight * loss, self.loss_scaler).backward()
+
+    # ------------------------------------------------------------------------------------ activation bytes
+    def new_meter(self) -> SavedActivations | None:
+        """A meter for this step, unless one step was measured already: parameters and buffers are excluded."""
+        if self.measured is not None:
+            return None
+        modules = [*self.chunks, *([self.draft] if self.draft is not None else [])]
+        return SavedActivations(exclude=[t for m in modules for t in (*m.parameters(), *m.buffers())])
+
+    def measuring(self, kind: str, index: int):
+        return self.meter.scope((kind, index)) if self.meter is not None else contextlib.nullcontext()
+
+    def measured_loss(self, chunk: int, mb, output: torch.Tensor):
+        """`loss` with what it saves for backward counted towards this microbatch's target activations."""
+        with self.measuring("target", mb.index):
+            return self.loss(chunk, mb, output)
+
+    def keep_measurement(self) -> None:
+        """Per microbatch, the bytes saved for backward by the target (all of this stage's chunks and its loss)
+        and by the draft; plan.memory's per-microbatch activation estimate describes the first."""
+        if self.meter is None:
+            return
+        meter, self.meter = self.meter, None
+        self.measured = {
+            f"{prefix}activations_per_microbatch": [meter.bytes((kind, mb.index)) for mb in self.microbatches]
+            for kind, prefix in (("target", ""), ("draft", "draft_"))
+        }
+        if meter.debug:
+            self.measured["listing"] = {f"{k[0]}-{k[1]}": v for k, v in meter.listing.items() if k[1] == 0}
 
     def _optimizer_shards(self, ps, t) -> list | None:
         """training.distributed_optimizer: the target's main weights and AdamW state split over the ranks that
@@ -287,4 +323,5 @@ class CoTrainer:
             "grads": self.grad_bytes,
             "optimizer": self.optimizer.state_bytes(),
             "num_params": sum(p.numel() for p in params),
+            **(self.measured or {}),
         }

@@ -72,15 +72,20 @@ def run(ctx: RankContext) -> dict:
 
 def make_step(trainer):
     """One optimizer step of ``trainer``: the schedule (target + draft when it shares the last stage), the draft
-    elsewhere, the taps' completion, both optimizers."""
+    elsewhere, the taps' completion, both optimizers. Under activations.MEASURE_ENV the first step also counts
+    the bytes saved for backward per microbatch (trainer.meter)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from specdraft.runtime.train import activations
 
     forward_backward = get_forward_backward_func()
     chunk_of = {id(c): i for i, c in enumerate(trainer.chunks)}
     single = len(trainer.chunks) == 1
+    measure = activations.requested()
 
     def step(index: int) -> None:
         trainer.begin_step(index)
+        trainer.meter = trainer.new_meter() if measure else None
         iterators = [iter(trainer.microbatches) for _ in trainer.chunks]
         forward_backward(
             forward_step_func=partial(_forward_step, trainer, chunk_of),
@@ -93,6 +98,7 @@ def make_step(trainer):
         trainer.draft_after_schedule()
         trainer.channel.end_step()
         trainer.optimizer_steps()
+        trainer.keep_measurement()
         if trainer.device.type == "cuda":
             torch.cuda.synchronize(trainer.device)  # step_time_s is the device's time, not the time to queue it
 
@@ -105,11 +111,12 @@ def _forward_step(trainer, chunk_of: dict, data_iterator, model):
     trainer.channel.set_microbatch(chunk, mb.index)
     if model.pre_process:
         trainer.put_embedding(model, mb)
-    output = model(
-        input_ids=mb.tokens[None],
-        position_ids=mb.positions[None],
-        attention_mask=None,
-        packed_seq_params=mb.packed_seq_params(),
-    )
+    with trainer.measuring("target", mb.index):
+        output = model(
+            input_ids=mb.tokens[None],
+            position_ids=mb.positions[None],
+            attention_mask=None,
+            packed_seq_params=mb.packed_seq_params(),
+        )
     trainer.channel.flush(chunk)  # this microbatch's taps leave as one message per draft rank
-    return output, partial(trainer.loss, chunk, mb)
+    return output, partial(trainer.measured_loss, chunk, mb)

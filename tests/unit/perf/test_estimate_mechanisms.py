@@ -15,6 +15,7 @@ from specdraft.perf.estimate import Estimator
 from specdraft.perf.layout import layout_of
 from specdraft.plan.compile import parallel_dims
 from specdraft.plan.memory import activation_bytes_per_layer
+from specdraft.spec import derived
 from specdraft.spec.schema import ClusterSpec, DraftSpec, LayoutSpec, ModelSpec, ParallelSpec, TrainingSpec
 
 
@@ -102,18 +103,52 @@ def test_render_passes_tp_comm_overlap_only_where_megatron_takes_it():
         assert ("--tp-comm-overlap" in plan.renders.megatron) is expected, (tp, sp, overlap)
 
 
+def test_tp_comm_overlap_defaults_as_nvidias_performance_recipes():
+    """Unset, it is on wherever Megatron-LM can overlap (tp > 1 under sequence parallelism, TE on a GPU), as
+    Megatron-Bridge's performance recipes set it (tp_comm_overlap = tp > 1); never on a CPU cluster."""
+    for tp, sp, expected in [(2, True, True), (2, False, False), (1, False, False)]:
+        plan = compile(spec_of(tp=tp, sp=sp, overlap=None, nodes=1))
+        assert plan.training.tp_comm_overlap is expected, (tp, sp)
+        assert ("--tp-comm-overlap" in plan.renders.megatron) is expected, (tp, sp)
+    base = spec_of(tp=2, sp=True, overlap=None, nodes=1)
+    cpu = dataclasses.replace(base, cluster=dataclasses.replace(base.cluster, gpu="cpu"))
+    assert not derived.tp_comm_overlap(cpu, 2, True)
+
+
 @pytest.mark.parametrize("tp,groups", [(1, None), (4, None), (4, 8), (8, 4)])
 def test_activation_memory_is_table_2_with_k_and_v_at_the_gqa_width(tp, groups):
     """Korthikanti et al. 2022, Table 2 with flash attention (no s^2 terms): sbh (10 + 24/t) for multi-head
-    attention and an MLP four times as wide (bf16, no sequence parallelism); GQA stores K and V g/a as wide."""
-    spec = spec_of(tp=tp, groups=groups)
-    tokens, h = 4096, 4096
-    ffn_term = 4 * spec.model.ffn_hidden_size / h
-    got = activation_bytes_per_layer(spec, parallel_dims(spec), tokens, ffn_term)
+    attention, a GeLU MLP four times as wide and dropout on (bf16, no sequence parallelism); GQA stores K and V g/a
+    as wide. Beyond the table: each norm's fp32 statistic per token and flash attention's fp32 log-sum-exp."""
+    base = spec_of(tp=tp, groups=groups)
+    spec = dataclasses.replace(base, model=dataclasses.replace(base.model, hidden_dropout=0.1))
+    tokens, h, heads = 4096, 4096, 32
+    got = activation_bytes_per_layer(spec, parallel_dims(spec), tokens)
     ratio = (groups or 32) / 32
-    assert got == pytest.approx(tokens * h * (10 + (24 - 4 * (1 - ratio)) / tp), rel=1e-12)
+    extras = 2 * 4 + 4 * heads / tp  # two RMSNorm rstd rows, the lse per head
+    assert got == pytest.approx(tokens * (h * (10 + (24 - 4 * (1 - ratio)) / tp) + extras), rel=1e-12)
     sp = dataclasses.replace(spec, parallel=dataclasses.replace(spec.parallel, sequence_parallel=tp > 1))
     if tp > 1:
-        assert activation_bytes_per_layer(sp, parallel_dims(sp), tokens, ffn_term) == pytest.approx(
-            tokens * h * (34 - 4 * (1 - ratio)) / tp, rel=1e-12
+        assert activation_bytes_per_layer(sp, parallel_dims(sp), tokens) == pytest.approx(
+            tokens * (h * (34 - 4 * (1 - ratio)) + 2 * 4 + 4 * heads) / tp, rel=1e-12
         )
+    # Without dropout (Llama, Qwen) torch's dropout returns its input: the two 1-byte masks are not kept.
+    assert activation_bytes_per_layer(base, parallel_dims(base), tokens) == pytest.approx(got - 2 * tokens * h)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_swiglu_keeps_its_2ffn_wide_input_and_fc2_its_ffn_wide_input(tp):
+    """Megatron-LM's 18 + 4*ffn/h counts GeLU (fc1 output and fc2 input, ffn wide each). The fused SwiGLU saves
+    its 2*ffn-wide input and fc2 its ffn-wide input: 6*ffn/h, +24% per layer for Llama-3.1-8B (ffn/h 3.5)."""
+    llama = dataclasses.replace(spec_of(tp=tp, groups=8).model, ffn_hidden_size=14336, swiglu=True, hidden_dropout=0.1)
+    spec = dataclasses.replace(spec_of(tp=tp, groups=8), model=llama)
+    gelu = dataclasses.replace(spec, model=dataclasses.replace(llama, swiglu=False))
+    tokens, h, ffn = 4096, 4096, 14336
+    got = activation_bytes_per_layer(spec, parallel_dims(spec), tokens)
+    assert got - activation_bytes_per_layer(gelu, parallel_dims(gelu), tokens) == pytest.approx(
+        tokens * h * (6 - 4) * ffn / h / tp
+    )
+    if tp == 1:
+        megatron = tokens * h * (18 + 4 * ffn / h)  # theoretical_memory_usage.py, MHA-wide K and V
+        gqa = tokens * h * (4 - 4 * 8 / 32)  # K and V at 8 of 32 heads' width
+        assert (got - 2 * 4 * tokens - 4 * 32 * tokens) / (megatron - gqa) == pytest.approx(1.24, abs=0.005)
