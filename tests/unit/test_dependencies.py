@@ -14,10 +14,8 @@ from tests.support.paths import REPO
 
 ROOT = REPO / "specdraft"
 # Imported only where the user's cluster has it, behind an ImportError check (render/vllm.py): vLLM pins a CUDA
-# torch, so no extra can declare it without breaking the CPU install. math_verify: grpo.reward = math-verify only,
-# behind a find_spec check that refuses the run clearly without it (runtime/rl/rewards.py); this environment cannot
-# install it to check a declaration. Nothing else belongs here.
-UNDECLARED_BY_DESIGN = {"vllm", "math_verify"}
+# torch, so no extra can declare it without breaking the CPU install. Nothing else belongs here.
+UNDECLARED_BY_DESIGN = {"vllm"}
 
 
 def normalise(name: str) -> str:

@@ -55,7 +55,11 @@ def _math_verify() -> Callable[[Prompt, tuple[int, ...]], float]:
     from math_verify import parse, verify  # type: ignore[import-not-found]
 
     def score(prompt: Prompt, response: tuple[int, ...]) -> float:
-        return float(verify(parse(prompt.info["answer"]), parse(detokenize(response))))
+        # math_verify's own timeouts use signal.alarm, which raises off the main thread; the reward runner's
+        # thread already bounds each call (grpo.reward_timeout_s), so they are turned off.
+        gold = parse(prompt.info["answer"], parsing_timeout=None)
+        answer = parse(detokenize(response), parsing_timeout=None)
+        return float(verify(gold, answer, timeout_seconds=None))
 
     return score
 

@@ -105,5 +105,6 @@ def make_task(name: str, *, chain=None, max_new_tokens: int = 16):
 
 def detokenize(tokens) -> str:
     """Text of a digit task's tokens (what the math-answer verifier reads)."""
-    names = {BOS: "", SEP: " =", EOS: "", PLUS: " +"}
-    return "".join(names.get(t, f" {t - DIGIT0}" if DIGIT0 <= t < DIGIT0 + 10 else f" <{t}>") for t in tokens).strip()
+    names = {BOS: "", SEP: " = ", EOS: "", PLUS: " + "}  # digits run together: a number's digits are one number
+    text = "".join(names.get(t, str(t - DIGIT0) if DIGIT0 <= t < DIGIT0 + 10 else f" <{t}> ") for t in tokens)
+    return " ".join(text.split())

@@ -3,6 +3,7 @@ RewardError naming the prompt."""
 
 from __future__ import annotations
 
+import re
 import sys
 import types
 from types import SimpleNamespace
@@ -59,11 +60,28 @@ def test_a_failing_reward_is_refused_naming_the_prompt(monkeypatch, fn, words):
     assert words in str(err.value) and "prompt 14" in str(err.value)
 
 
-def test_a_missing_module_and_math_verify_are_refused_clearly():
+def test_a_missing_module_and_math_verify_are_refused_clearly(monkeypatch):
     with pytest.raises(rewards.RewardError, match="cannot load it"):
         rewards.resolve("no_such_module_xyz:fn", make_task("reverse"))
-    try:
-        import math_verify  # noqa: F401
-    except ImportError:
-        with pytest.raises(rewards.RewardError, match="needs the math_verify package"):
-            rewards.resolve("math-verify", make_task("arithmetic"))
+    monkeypatch.setattr(rewards.importlib.util, "find_spec", lambda name: None)  # an environment without it
+    with pytest.raises(rewards.RewardError, match="needs the math_verify package"):
+        rewards.resolve("math-verify", make_task("arithmetic"))
+
+
+def test_math_verify_scores_the_arithmetic_answers_on_the_reward_thread():
+    task = make_task("arithmetic")
+    prompts = PromptStream(task, seed=3, num_per_step=4).step_prompts(0)
+    right = [SimpleNamespace(prompt_index=i, response=task.reference(p)) for i, p in enumerate(prompts)]
+    wrong = [
+        SimpleNamespace(prompt_index=i, response=(task.reference(p)[0] ^ 1, task.eos_id)) for i, p in enumerate(prompts)
+    ]
+    fn = rewards.resolve("math-verify", task)
+    assert rewards.score(fn, prompts, right, timeout_s=30) == [1.0] * 4
+    assert rewards.score(fn, prompts, wrong, timeout_s=30) == [0.0] * 4
+
+
+def test_a_digit_task_reads_as_the_text_a_math_verifier_parses():
+    task = make_task("arithmetic")
+    prompt = PromptStream(task, seed=3, num_per_step=1).step_prompts(0)[0]
+    assert rewards.detokenize(task.reference(prompt)) == prompt.info["answer"] == "15"
+    assert re.fullmatch(r"\d \+ \d =", rewards.detokenize(prompt.tokens))
