@@ -13,12 +13,13 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 
 import pytest
 
-from tests.support.paths import SHIPPED
+from tests.support.paths import REPO, SHIPPED
 from tests.support.rank_procs import RankRun, metrics, result, write_plan
 
 pytestmark = pytest.mark.dist
@@ -36,10 +37,10 @@ TIMING = ("step_time_s", "draft_time_s", "generate_s", "score_s", "train_s", "re
 TIMING += ("draft_refit_s", "tokens_per_s")
 
 
-def launch(specdraft_cli, folder: Path, overrides: list[str], steps: int = STEPS, timeout: int = 240):
+def launch(specdraft_cli, folder: Path, overrides: list[str], steps: int = STEPS, timeout: int = 240, env=None):
     return specdraft_cli(
         "launch", LAYOUT, *overrides, "--workload", "grpo", "--steps", steps, "--executor", "local",
-        "--run-dir", folder, timeout=timeout,
+        "--run-dir", folder, timeout=timeout, env=env,
     )  # fmt: skip
 
 
@@ -138,7 +139,9 @@ def test_a_killed_grpo_run_resumes_exactly(tmp_path):
 def test_a_failing_reward_is_refused_naming_the_prompt(specdraft_cli, tmp_path):
     folder = tmp_path / "fails"
     overrides = ["grpo.sft_steps=0", "grpo.reward=tests.support.grpo_rewards:fails_on_prompt_3", *SINGLE]
-    proc = launch(specdraft_cli, folder, overrides, steps=2)
+    # The ranks run in the run folder: the reward's module is found through PYTHONPATH, as on a cluster.
+    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    proc = launch(specdraft_cli, folder, overrides, steps=2, env={"PYTHONPATH": pythonpath})
     assert proc.returncode == 2, proc.stdout + proc.stderr
     text = proc.stdout + proc.stderr
     assert "raised RuntimeError: this reward refuses prompt 3 on prompt 3" in text, text
