@@ -52,7 +52,7 @@ def _math_verify() -> Callable[[Prompt, tuple[int, ...]], float]:
             "grpo.reward = 'math-verify' needs the math_verify package, which is not installed",
             "pip install math-verify into the runtime's environment, or use grpo.reward: task",
         )
-    from math_verify import parse, verify  # type: ignore[import-not-found]
+    from math_verify import parse, verify  # type: ignore[import-untyped]
 
     def score(prompt: Prompt, response: tuple[int, ...]) -> float:
         # math_verify's own timeouts use signal.alarm, which raises off the main thread; the reward runner's
