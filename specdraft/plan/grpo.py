@@ -25,6 +25,7 @@ class GrpoPlan:
     reward: str  # task, math-verify or module:function
     reward_timeout_s: float
     sft_steps: int
+    draft_mode: str  # cotrain, or frozen: the draft trains and refits in the SFT warm-up only
     normalize_rewards: bool
     use_leave_one_out_baseline: bool
     ratio_clip_min: float
@@ -44,6 +45,7 @@ def grpo_plan(spec: LayoutSpec) -> GrpoPlan:
         reward=g.reward,
         reward_timeout_s=g.reward_timeout_s,
         sft_steps=g.sft_steps,
+        draft_mode=g.draft_mode,
         normalize_rewards=g.normalize_rewards,
         use_leave_one_out_baseline=g.use_leave_one_out_baseline,
         ratio_clip_min=g.ratio_clip_min,

@@ -26,7 +26,8 @@ from specdraft.spec.schema import LayoutSpec, RopeScaling
 # 8: cluster.executor; slurm.mem and slurm.container_specdraft.
 # 9: the draft's path and norm_before_residual.
 # 10: the grpo section, draft.refit_interval.
-SCHEMA_VERSION = 10
+# 11: grpo.draft_mode (cotrain or frozen after the SFT warm-up).
+SCHEMA_VERSION = 11
 Tap = Union[int, str]  # a target layer index, or "embedding" / "logits"
 
 

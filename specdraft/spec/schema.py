@@ -353,6 +353,10 @@ class GrpoSpec:
     """Seconds one reward call may take before the run stops with an error naming the prompt."""
     sft_steps: int = 0
     """Supervised warm-up steps on the task's reference answers before RL (the draft co-trains in them too)."""
+    draft_mode: Literal["cotrain", "frozen"] = "cotrain"
+    """The draft in RL: `cotrain` trains it on every step's forward and refits it (draft.refit_interval);
+    `frozen` trains it only in the grpo.sft_steps warm-up, refits it once as the warm-up ends, then holds it fixed
+    (no draft loss, optimizer step or refit; metrics.jsonl's draft_loss is null)."""
     normalize_rewards: bool = True
     """Divide each group's advantages by its reward std (grpo.normalize_rewards)."""
     use_leave_one_out_baseline: bool = False

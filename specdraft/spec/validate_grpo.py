@@ -27,6 +27,20 @@ def grpo_rules(spec: LayoutSpec, err, warn) -> None:
         err("grpo.reward_timeout_s", g.reward_timeout_s, "must be > 0", "e.g. 10")
     if g.sft_steps < 0:
         err("grpo.sft_steps", g.sft_steps, "must be >= 0", "use 0 to start RL at once")
+    if g.draft_mode == "frozen" and not spec.draft.enabled:
+        err(
+            "grpo.draft_mode",
+            g.draft_mode,
+            "a frozen draft needs a draft: draft.enabled is false",
+            "set draft.enabled: true, or grpo.draft_mode: cotrain",
+        )
+    if g.draft_mode == "frozen" and g.sft_steps < 1:
+        err(
+            "grpo.draft_mode",
+            g.draft_mode,
+            f"a frozen draft trains only in the SFT warm-up, and grpo.sft_steps is {g.sft_steps}",
+            "set grpo.sft_steps >= 1 (e.g. 4), or grpo.draft_mode: cotrain",
+        )
     if not 0 <= g.ratio_clip_min < 1:
         err("grpo.ratio_clip_min", g.ratio_clip_min, "must be in [0, 1)", "NeMo-RL's default is 0.2")
     if not g.ratio_clip_max >= 0:

@@ -52,8 +52,10 @@ class GrpoTrainer(CoTrainer):
         return zigzag_shard(x, row.cu_seqlens, self.cp, self.cp_rank, dim=-1).to(self.device)
 
     def set_training(self, train: bool) -> None:
-        """Taps and the draft run only in the update's forward, never in the forward-only log-prob passes."""
-        self.cotraining = train and self.draft_enabled and self.step >= self.warmup_steps
+        """Taps and the draft run only in the update's forward, never in the forward-only log-prob passes; a
+        frozen draft (grpo.draft_mode) trains in the SFT warm-up only: after it, no draft loss, step or refit."""
+        frozen = self.plan.grpo.draft_mode == "frozen" and self.step >= self.plan.grpo.sft_steps
+        self.cotraining = train and self.draft_enabled and self.step >= self.warmup_steps and not frozen
         self.channel.active = self.cotraining
         self.channel.begin_step(self.num_microbatches if self.cotraining else 0)
         zero = [0.0] * self.steps_ttt

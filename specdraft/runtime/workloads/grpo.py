@@ -4,7 +4,8 @@ clipped loss under the plan's layout (the draft co-trains on the same forward), 
 to rank 0 and refit into the running engine (the draft every draft.refit_interval steps).
 
 The first grpo.sft_steps steps are a supervised warm-up on the task's reference answers (cotrain's loss), the
-reference policy is the policy as RL starts; checkpoints, --resume and preemption work as in cotrain.
+reference policy is the policy as RL starts; checkpoints, --resume and preemption work as in cotrain. With
+grpo.draft_mode: frozen the draft trains in the warm-up only, is refit as it ends, and is then held fixed.
 """
 
 from __future__ import annotations
@@ -144,7 +145,9 @@ class Loop:
         if self.rank0 and policy is not None:
             out["policy_refit"] = self.engine.refit_policy(policy.items())
         every = self.plan.draft.refit_interval
-        if self.plan.draft.enabled and self.trainer.cotraining and (index + 1) % every == 0:
+        # a frozen draft's one refit is as the warm-up ends, whatever the interval (it never trains after)
+        last_warm = self.g.draft_mode == "frozen" and index == self.g.sft_steps - 1
+        if self.plan.draft.enabled and self.trainer.cotraining and ((index + 1) % every == 0 or last_warm):
             draft = refit.gather_draft(self.trainer)
             if self.rank0 and draft is not None and self.plan.rollout_settings.speculative:
                 out["draft_refit"] = self.engine.refit_draft(refit.eagle3_tensors(self.trainer, draft).items())

@@ -3,7 +3,10 @@ head_dim), the resolved plan section, its NeMo-RL keys, and the shipped grpo-tin
 
 from __future__ import annotations
 
+import pytest
+
 from specdraft.assemble import compile
+from specdraft.errors import SpecError
 from specdraft.plan.grpo import NEMO_RL_KEYS, nemo_rl_overrides
 from specdraft.spec.load import load_layout
 from specdraft.spec.validate import validate_fields
@@ -67,3 +70,14 @@ def test_the_nemo_rl_overrides_name_nemo_rl_keys():
     assert out["grpo.num_generations_per_prompt"] == 4 and out["grpo.max_num_steps"] == 30
     assert out["loss_fn.token_level_loss"] is True
     assert set(NEMO_RL_KEYS) < set(out)
+
+
+def test_a_frozen_draft_needs_a_draft_and_a_warm_up():
+    assert _problems(GRPO, "grpo.draft_mode=frozen") == ([], [])
+    assert compile(load_layout(GRPO, ["grpo.draft_mode=frozen"])).grpo.draft_mode == "frozen"
+    assert compile(load_layout(GRPO, [])).grpo.draft_mode == "cotrain"
+    errors, _ = _problems(GRPO, "grpo.draft_mode=frozen", "draft.enabled=false", "grpo.sft_steps=0")
+    assert [e.split(":")[0] for e in errors] == ["grpo.draft_mode", "grpo.draft_mode"]
+    assert "draft.enabled" in errors[0] and "sft_steps" in errors[1]
+    with pytest.raises(SpecError, match="grpo.draft_mode"):
+        load_layout(GRPO, ["grpo.draft_mode=never"])
