@@ -9,6 +9,8 @@
 - A reward function that raises is refused with exit 2 and a message naming the prompt; the failure is recorded.
 - From an SFT-warmed start on the built-in markov task the reward rises by >= 0.2 within 20 RL steps.
 - grpo.engine=vllm beside a two-rank trainer (pp2) completes two RL steps with in-place refits.
+- grpo.draft_mode: frozen: the draft's export of the checkpoints after the warm-up is the same tensors at every
+  later step (and draft_loss is null), while the co-trained draft's changes.
 """
 
 from __future__ import annotations
@@ -173,3 +175,28 @@ def test_the_vllm_engine_runs_beside_a_two_rank_trainer(specdraft_cli, tmp_path)
     assert [(r["step"], r["phase"]) for r in rows] == [(0, "grpo"), (1, "grpo")]
     assert all(r["engine"]["num_generated_tokens"] > 0 for r in rows)
     assert all(r["policy_refit_s"] > 0 and r["refit_s"] >= r["policy_refit_s"] for r in rows), rows
+
+
+@pytest.mark.timeout(200)
+def test_a_frozen_draft_stays_fixed_after_the_warm_up(specdraft_cli, tmp_path):
+    from safetensors.torch import load_file
+
+    from specdraft.runtime.serve.export import export_checkpoint
+
+    common = [*SINGLE, "grpo.sft_steps=1", "training.save_interval=1", "training.keep_checkpoints=4"]
+    drafts = {}
+    for mode in ("frozen", "cotrain"):
+        folder = tmp_path / mode
+        proc = launch(specdraft_cli, folder, [*common, f"grpo.draft_mode={mode}"], steps=4)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        losses = [r["draft_loss"] for r in rows_of(folder)]
+        assert losses[0] is not None and all((x is None) == (mode == "frozen") for x in losses[1:]), losses
+        for step in (1, 4):
+            export_checkpoint(folder, step, tmp_path / f"{mode}-{step}")
+            shards = sorted((tmp_path / f"{mode}-{step}").glob("*.safetensors"))
+            drafts[mode, step] = {k: v for shard in shards for k, v in load_file(str(shard)).items()}
+    for mode in ("frozen", "cotrain"):
+        after, later = drafts[mode, 1], drafts[mode, 4]
+        assert sorted(after) == sorted(later)
+        same = all(after[k].equal(later[k]) for k in after)
+        assert same == (mode == "frozen"), mode
