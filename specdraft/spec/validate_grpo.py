@@ -41,6 +41,14 @@ def grpo_rules(spec: LayoutSpec, err, warn) -> None:
             f"a frozen draft trains only in the SFT warm-up, and grpo.sft_steps is {g.sft_steps}",
             "set grpo.sft_steps >= 1 (e.g. 4), or grpo.draft_mode: cotrain",
         )
+    elif g.draft_mode == "frozen" and spec.training.warmup_steps >= g.sft_steps:
+        err(
+            "grpo.draft_mode",
+            g.draft_mode,
+            f"the draft starts after training.warmup_steps ({spec.training.warmup_steps}), so a frozen draft would "
+            f"never train in the {g.sft_steps} SFT warm-up steps",
+            "set training.warmup_steps below grpo.sft_steps",
+        )
     if not 0 <= g.ratio_clip_min < 1:
         err("grpo.ratio_clip_min", g.ratio_clip_min, "must be in [0, 1)", "NeMo-RL's default is 0.2")
     if not g.ratio_clip_max >= 0:

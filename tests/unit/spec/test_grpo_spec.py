@@ -79,5 +79,7 @@ def test_a_frozen_draft_needs_a_draft_and_a_warm_up():
     errors, _ = _problems(GRPO, "grpo.draft_mode=frozen", "draft.enabled=false", "grpo.sft_steps=0")
     assert [e.split(":")[0] for e in errors] == ["grpo.draft_mode", "grpo.draft_mode"]
     assert "draft.enabled" in errors[0] and "sft_steps" in errors[1]
+    errors, _ = _problems(GRPO, "grpo.draft_mode=frozen", "training.warmup_steps=4")  # sft_steps 4
+    assert [e.split(":")[0] for e in errors] == ["grpo.draft_mode"] and "never train" in errors[0]
     with pytest.raises(SpecError, match="grpo.draft_mode"):
         load_layout(GRPO, ["grpo.draft_mode=never"])
