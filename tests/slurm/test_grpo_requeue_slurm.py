@@ -4,8 +4,10 @@ run's: the RL state (policy, draft, both optimizers, the reference, the prompt p
 
 Two jobs at once, the same plan: 2 ranks (pp2) on one emulated node each. The requeue's SIGTERM lets the ranks
 agree on a step and save there, so the second attempt runs only steps it never ran: the uninterrupted job is
-what those steps must equal. The watcher and its release of Slurm's requeue hold are tests/slurm/
-test_preempt_slurm.py's (see its docstring for why the release waits RELEASE_AFTER_S).
+what those steps must equal. draft.refit_interval = the step count puts every resume point between two draft
+refits, where the resumed engine must start with the older draft the interrupted one held (it used to start with
+the trainer's newer one, and step 3's rollouts differed). The watcher and its release of Slurm's requeue hold
+are tests/slurm/test_preempt_slurm.py's (see its docstring for why the release waits RELEASE_AFTER_S).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ OVERRIDES = [
     "parallel.cp=1",
     "grpo.sft_steps=1",
     "grpo.reference_policy_kl_penalty=0.1",  # the frozen reference is part of the state
-    "draft.refit_interval=2",
+    f"draft.refit_interval={STEPS}",  # every resume point lies between two draft refits
     "training.save_interval=2",
     f"training.train_iters={STEPS}",
     "slurm.partition=debug",
