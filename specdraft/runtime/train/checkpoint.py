@@ -161,9 +161,10 @@ def sharded_state(trainer, *, rng: bool, draft_optimizer: bool, mains: bool = Tr
     return out
 
 
-def save(ctx: RankContext, trainer, step: int) -> Path:
+def save(ctx: RankContext, trainer, step: int, extra=None) -> Path:
     """Every rank: write the state after ``step`` completed steps to RUN_DIR/checkpoints/step-<step>/; rank 0 then
-    copies metrics rows 0..step-1 in, writes the completion marker and prunes. Returns the folder."""
+    copies metrics rows 0..step-1 in, runs ``extra(folder)`` (a workload's own files, hashed with the rest), writes
+    the completion marker and prunes. Returns the folder."""
     import psutil  # noqa: F401 - the writer's forked processes need it and would hang the save without it
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
@@ -203,6 +204,8 @@ def save(ctx: RankContext, trainer, step: int) -> Path:
     names: list = [None]
     if ctx.global_rank == 0:
         files.write_metrics(folder, files.metrics_rows(ctx.run_dir, step))
+        if extra is not None:
+            extra(folder)
         names[0] = manifest_files(folder)
     dist.broadcast_object_list(names, src=0)
     # Every rank hashes a share of the files (a checkpoint is read once, in parallel), rank 0 writes them all.

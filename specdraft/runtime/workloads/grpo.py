@@ -14,6 +14,7 @@ import json
 import os
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +24,8 @@ from specdraft.runtime.context import RankContext
 from specdraft.runtime.workloads.cotrain import PAUSE_ENV
 
 RL_DIR = "rl"  # RUN_DIR/rl/: the HF folders the engine starts from, and rollouts.jsonl
+# In a checkpoint saved between two draft refits (draft.refit_interval > 1): the older draft the engine held then.
+ENGINE_DRAFT = "engine_draft.safetensors"
 SFT_SEED = 0x5F7  # the warm-up's prompt stream, apart from the RL prompts'
 
 
@@ -53,7 +56,7 @@ def run(ctx: RankContext) -> dict:
     interval = plan.training.save_interval
     saved = None
     try:
-        loop.open_engine(start)
+        loop.open_engine(start, resumed.get("resumed_from"))
         with preempt.graceful():
             for index in range(start, ctx.steps):
                 phase, seconds, rollout = loop.step(index)
@@ -62,7 +65,7 @@ def run(ctx: RankContext) -> dict:
                 done = index + 1
                 stop = vote.agreed()
                 if stop is not None or (interval and (done % interval == 0 or done == ctx.steps)):
-                    saved = checkpoint.save(ctx, trainer, done)
+                    saved = checkpoint.save(ctx, trainer, done, partial(loop.save_engine_draft, done))
                 if stop is not None:
                     return {
                         "steps": done,
@@ -103,16 +106,28 @@ class Loop:
         self.engine: Any = None  # a RolloutEngine on global rank 0
         self.rank0 = ctx.global_rank == 0
         self.folder = ctx.run_dir / RL_DIR
+        # rank 0: the draft state the engine holds, and the step of the trainer's draft it equals (-1: older)
+        self.engine_draft: dict | None = None
+        self.engine_draft_step = -1
 
     # ------------------------------------------------------------------------------------------------ engine
-    def open_engine(self, step: int) -> None:
-        """Rank 0: the engine from HF folders of the current (initial or restored) weights."""
+    def open_engine(self, step: int, resumed_from: str | None = None) -> None:
+        """Rank 0: the engine from HF folders of the current (initial or restored) weights; a resume between two
+        draft refits starts it with the older draft the interrupted engine held (ENGINE_DRAFT), as it would be."""
         from specdraft.runtime.rl import refit
 
         policy = refit.gather_policy(self.trainer)
         draft = refit.gather_draft(self.trainer) if self.plan.draft.enabled else None
         if not self.rank0 or policy is None:
             return
+        if draft is not None:
+            self._remember_draft(draft, step)
+            held = Path(resumed_from) / ENGINE_DRAFT if resumed_from else None
+            if held is not None and held.is_file():
+                from safetensors.torch import load_file
+
+                draft = {**draft, **load_file(str(held))}
+                self._remember_draft(draft, -1)
         from specdraft.runtime.rl.engine import open_engine
 
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -129,6 +144,18 @@ class Loop:
             device=self.ctx.device,
             seed=self.plan.training.seed,
         )
+
+    def _remember_draft(self, draft: dict, step: int) -> None:
+        self.engine_draft = {k: v.clone() for k, v in draft.items() if isinstance(v, torch.Tensor)}
+        self.engine_draft_step = step
+
+    def save_engine_draft(self, done: int, folder: Path) -> None:
+        """Rank 0, inside checkpoint.save: the engine's draft, when it is older than the trainer's."""
+        if self.engine_draft is None or self.engine_draft_step == done:
+            return
+        from safetensors.torch import save_file
+
+        save_file(self.engine_draft, str(folder / ENGINE_DRAFT))
 
     def close(self) -> None:
         if self.engine is not None:
@@ -151,6 +178,7 @@ class Loop:
             draft = refit.gather_draft(self.trainer)
             if self.rank0 and draft is not None and self.plan.rollout_settings.speculative:
                 out["draft_refit"] = self.engine.refit_draft(refit.eagle3_tensors(self.trainer, draft).items())
+                self._remember_draft(draft, index + 1)
         out["refit"] = time.perf_counter() - started
         return out
 
