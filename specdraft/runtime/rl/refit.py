@@ -76,16 +76,12 @@ def gather_draft(trainer) -> dict[str, torch.Tensor] | None:
     """Every rank: the draft's whole runtime state dict on global rank 0 (None elsewhere, or without a draft)."""
     state: Optional[dict[str, Any]] = None
     if trainer.draft is not None and trainer.ctx.coords.dp == 0 and trainer.cp_rank == 0:
-        group = trainer.ps.get_tensor_model_parallel_group() if trainer.tp > 1 else None
-        params = dict(trainer.draft.named_parameters())
-        state = {}
-        for name, value in trainer.draft.state_dict().items():
-            param = params.get(name)
-            if group is not None and param is not None and getattr(param, "tensor_model_parallel", False):
-                parts = [torch.empty_like(value) for _ in range(trainer.tp)]
-                dist.all_gather(parts, value.contiguous(), group=group)
-                value = torch.cat(parts, dim=param.partition_dim)
-            state[name] = value.detach().cpu() if isinstance(value, torch.Tensor) else value
+        from specdraft.runtime.serve.export import whole_draft_state
+
+        state = {
+            name: value.detach().cpu() if isinstance(value, torch.Tensor) else value
+            for name, value in whole_draft_state(trainer).items()
+        }
         if trainer.ps.get_tensor_model_parallel_rank() != 0:
             state = None
     received: Any = [None] * dist.get_world_size() if dist.get_rank() == 0 else None

@@ -104,17 +104,12 @@ def policy_to(
     )
 
 
-def publish(ctx, trainer, step: int) -> Path | None:
-    """Every draft rank: gather the draft's TP shards on the (dp, cp) = 0 ranks; tp rank 0 writes
-    RUN_DIR/draft/step-<step>/. Returns the folder on the writing rank, else None."""
+def whole_draft_state(trainer) -> dict:
+    """Every rank of the draft's TP group: the draft's state dict with its TP-split parameters all-gathered."""
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    from specdraft.runtime.serve import eagle3 as eagle3_format
-
-    if trainer.draft is None or ctx.coords.dp != 0 or ctx.coords.cp != 0:
-        return None
     group = ps.get_tensor_model_parallel_group() if trainer.tp > 1 else None
     params = dict(trainer.draft.named_parameters())
     state = {}
@@ -125,6 +120,19 @@ def publish(ctx, trainer, step: int) -> Path | None:
             dist.all_gather(parts, value.contiguous(), group=group)
             value = torch.cat(parts, dim=param.partition_dim)
         state[name] = value
+    return state
+
+
+def publish(ctx, trainer, step: int) -> Path | None:
+    """Every draft rank: gather the draft's TP shards on the (dp, cp) = 0 ranks; tp rank 0 writes
+    RUN_DIR/draft/step-<step>/. Returns the folder on the writing rank, else None."""
+    from megatron.core import parallel_state as ps
+
+    from specdraft.runtime.serve import eagle3 as eagle3_format
+
+    if trainer.draft is None or ctx.coords.dp != 0 or ctx.coords.cp != 0:
+        return None
+    state = whole_draft_state(trainer)
     if ps.get_tensor_model_parallel_rank() != 0:
         return None
     folder = published_dir(ctx.run_dir, step)
