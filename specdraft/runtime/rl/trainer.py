@@ -6,8 +6,6 @@ forward from TapChannel taps exactly as in cotrain.
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 
 from specdraft.runtime.models.vocab.parallel import mask_padding
@@ -103,23 +101,3 @@ class GrpoTrainer(CoTrainer):
             else:
                 self.channel.put(chunk, "logits", local.to(self.dtype))
         return total * self.num_microbatches, torch.tensor(1, dtype=torch.int), {}
-
-
-def forward_only_logp(trainer: GrpoTrainer, forward_step, forward_backward) -> dict[int, torch.Tensor]:
-    """The current parameters' log-probs of every label of this rank's microbatches (last stage; {} elsewhere)."""
-    trainer.mode, trainer.logp = "logp", {}
-    trainer.set_training(False)
-    single = len(trainer.chunks) == 1
-    iterators = [iter(trainer.microbatches) for _ in trainer.chunks]
-    with torch.no_grad():
-        forward_backward(
-            forward_step_func=partial(forward_step, trainer, {id(c): i for i, c in enumerate(trainer.chunks)}),
-            data_iterator=iterators[0] if single else iterators,
-            model=trainer.chunks[0] if single else trainer.chunks,
-            num_microbatches=trainer.num_microbatches,
-            seq_length=trainer.row_tokens,
-            micro_batch_size=1,
-            forward_only=True,
-        )
-    trainer.channel.end_step()
-    return trainer.logp

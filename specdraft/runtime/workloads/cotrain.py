@@ -79,30 +79,41 @@ def make_step(trainer):
     from specdraft.runtime.train import activations
 
     forward_backward = get_forward_backward_func()
-    chunk_of = {id(c): i for i, c in enumerate(trainer.chunks)}
-    single = len(trainer.chunks) == 1
     measure = activations.requested()
 
     def step(index: int) -> None:
         trainer.begin_step(index)
         trainer.meter = trainer.new_meter() if measure else None
-        iterators = [iter(trainer.microbatches) for _ in trainer.chunks]
-        forward_backward(
-            forward_step_func=partial(_forward_step, trainer, chunk_of),
-            data_iterator=iterators[0] if single else iterators,
-            model=trainer.chunks[0] if single else trainer.chunks,
-            num_microbatches=trainer.num_microbatches,
-            seq_length=trainer.row_tokens,
-            micro_batch_size=1,
-        )
-        trainer.draft_after_schedule()
-        trainer.channel.end_step()
-        trainer.optimizer_steps()
+        run_schedule(trainer, forward_backward)
         trainer.keep_measurement()
         if trainer.device.type == "cuda":
             torch.cuda.synchronize(trainer.device)  # step_time_s is the device's time, not the time to queue it
 
     return step
+
+
+def schedule_pass(trainer, forward_backward, *, forward_only: bool = False) -> None:
+    """One pass of megatron's schedule over the trainer's microbatches (every chunk; forward only for log-probs)."""
+    chunk_of = {id(c): i for i, c in enumerate(trainer.chunks)}
+    single = len(trainer.chunks) == 1
+    iterators = [iter(trainer.microbatches) for _ in trainer.chunks]
+    forward_backward(
+        forward_step_func=partial(_forward_step, trainer, chunk_of),
+        data_iterator=iterators[0] if single else iterators,
+        model=trainer.chunks[0] if single else trainer.chunks,
+        num_microbatches=trainer.num_microbatches,
+        seq_length=trainer.row_tokens,
+        micro_batch_size=1,
+        forward_only=forward_only,
+    )
+
+
+def run_schedule(trainer, forward_backward) -> None:
+    """A training pass, then the draft's and the optimizers' steps: a cotrain step, and a GRPO step's update."""
+    schedule_pass(trainer, forward_backward)
+    trainer.draft_after_schedule()
+    trainer.channel.end_step()
+    trainer.optimizer_steps()
 
 
 def _forward_step(trainer, chunk_of: dict, data_iterator, model):

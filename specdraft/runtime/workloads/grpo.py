@@ -288,18 +288,14 @@ class Loop:
             handle.write(json.dumps({"step": index, **row}) + "\n")
 
     def _train(self, index: int, samples, seconds: dict) -> None:
-        from specdraft.runtime.rl.trainer import forward_only_logp
-
         started = time.perf_counter()
         t = self.trainer
         self._begin(index, samples)
-        from specdraft.runtime.workloads.cotrain import _forward_step
-
-        t.old_logp = forward_only_logp(t, _forward_step, self.forward_backward)
+        t.old_logp = self._logp()
         t.ref_logp = {}
         if t.reference is not None:
             t.swap_reference()
-            t.ref_logp = forward_only_logp(t, _forward_step, self.forward_backward)
+            t.ref_logp = self._logp()
             t.swap_reference()
         t.mode = "grpo"
         self._schedule(train=True)
@@ -313,21 +309,20 @@ class Loop:
         rows, adv = pack(samples, row_tokens=row_tokens, length=length, num_rows=rows_per_step(self.plan))
         self.trainer.begin_rows(index, rows, adv)
 
-    def _schedule(self, train: bool) -> None:
-        from specdraft.runtime.workloads.cotrain import _forward_step
+    def _logp(self) -> dict[int, torch.Tensor]:
+        """The current parameters' log-probs of every label of this rank's microbatches (last stage; {} elsewhere)."""
+        from specdraft.runtime.workloads.cotrain import schedule_pass
 
         t = self.trainer
-        t.set_training(train)
-        single = len(t.chunks) == 1
-        iterators = [iter(t.microbatches) for _ in t.chunks]
-        self.forward_backward(
-            forward_step_func=partial(_forward_step, t, {id(c): i for i, c in enumerate(t.chunks)}),
-            data_iterator=iterators[0] if single else iterators,
-            model=t.chunks[0] if single else t.chunks,
-            num_microbatches=t.num_microbatches,
-            seq_length=t.row_tokens,
-            micro_batch_size=1,
-        )
-        t.draft_after_schedule()
+        t.mode, t.logp = "logp", {}
+        t.set_training(False)
+        with torch.no_grad():
+            schedule_pass(t, self.forward_backward, forward_only=True)
         t.channel.end_step()
-        t.optimizer_steps()
+        return t.logp
+
+    def _schedule(self, train: bool) -> None:
+        from specdraft.runtime.workloads.cotrain import run_schedule
+
+        self.trainer.set_training(train)
+        run_schedule(self.trainer, self.forward_backward)
