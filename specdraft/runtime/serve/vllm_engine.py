@@ -18,6 +18,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from specdraft.plan.model import LaunchPlan
 from specdraft.runs import files as runfiles
@@ -27,6 +28,11 @@ from specdraft.runtime.serve.offline import EXPORT_MARKER, LoadError, require_on
 CPU_HEAD_DIMS = (32, 512)  # the head sizes vLLM's CPU attention backend serves
 MIN_KV_CACHE_BYTES = 64 << 20
 MAX_EXPORT_MARKER_BYTES = 1 << 20
+# vLLM's acceptance counters, by their metric names
+DRAFTS = "vllm:spec_decode_num_drafts"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
 def require_vllm() -> None:
@@ -288,17 +294,23 @@ def _decode(policy: str, spec_config: dict | None, prompts, params, common: dict
     return outputs, seconds, (drafts, accepted, per_pos)
 
 
+def spec_counters(llm) -> dict[str, float | list[float]]:
+    """vLLM's speculative-decoding counters by name, cumulative (a caller reads their difference around a call)."""
+    out: dict[str, float | list[float]] = {}
+    metric: Any
+    for metric in llm.get_metrics():  # Counter (.value) and Vector (.values) subclasses
+        if metric.name in (DRAFTS, DRAFT_TOKENS, ACCEPTED):
+            out[metric.name] = float(metric.value)
+        elif metric.name == PER_POS:
+            out[metric.name] = [float(v) for v in metric.values]
+    return out
+
+
 def _counters(llm) -> tuple[int, int, list[int]]:
-    values: dict = {}
-    for metric in llm.get_metrics():
-        if metric.name.startswith("vllm:spec_decode_num_"):
-            values[metric.name] = getattr(metric, "values", None) or getattr(metric, "value", 0)
-    per_pos = values.get("vllm:spec_decode_num_accepted_tokens_per_pos") or []
-    return (
-        int(values.get("vllm:spec_decode_num_drafts", 0)),
-        int(values.get("vllm:spec_decode_num_accepted_tokens", 0)),
-        [int(v) for v in per_pos],
-    )
+    values = spec_counters(llm)
+    scalar = {name: v for name, v in values.items() if not isinstance(v, list)}
+    vector = {name: v for name, v in values.items() if isinstance(v, list)}
+    return int(scalar.get(DRAFTS, 0)), int(scalar.get(ACCEPTED, 0)), [int(v) for v in vector.get(PER_POS, [])]
 
 
 def _close(llm) -> None:

@@ -14,12 +14,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from specdraft.runtime.rl.rollouts import GenerationStats, Rollout
-
-# vLLM's acceptance counters (cumulative; a generate call reads their difference)
-DRAFTS = "vllm:spec_decode_num_drafts"
-DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
-PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+from specdraft.runtime.serve.vllm_engine import ACCEPTED, DRAFT_TOKENS, DRAFTS, PER_POS, spec_counters
 
 
 class VllmCore:
@@ -59,16 +54,6 @@ class VllmCore:
         )
         self.asleep = False
 
-    def _counters(self) -> dict[str, float | list[float]]:
-        out: dict[str, float | list[float]] = {}
-        metric: Any
-        for metric in self.llm.get_metrics():  # Counter (.value) and Vector (.values) subclasses
-            if metric.name in (DRAFTS, DRAFT_TOKENS, ACCEPTED):
-                out[metric.name] = float(metric.value)
-            elif metric.name == PER_POS:
-                out[metric.name] = [float(v) for v in metric.values]
-        return out
-
     def generate(
         self,
         prompts: Sequence[Sequence[int]],
@@ -82,7 +67,7 @@ class VllmCore:
         from vllm.inputs import TokensPrompt
 
         self.wake_up()
-        before = self._counters()
+        before = spec_counters(self.llm)
         started = time.perf_counter()
         # vLLM refuses n > 1 when greedy: then each prompt goes in G times with n = 1 (the copies are identical)
         copies, n = (num_generations, 1) if temperature == 0 else (1, num_generations)
@@ -102,7 +87,7 @@ class VllmCore:
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(copies)]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         seconds = time.perf_counter() - started
-        after = self._counters()
+        after = spec_counters(self.llm)
         rollouts = []
         for r, out in enumerate(outputs):
             for completion in sorted(out.outputs, key=lambda c: c.index):
