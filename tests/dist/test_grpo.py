@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.grpo_metrics import without_timing
 from tests.support.paths import REPO, SHIPPED
 from tests.support.rank_procs import RankRun, metrics, result, write_plan
 
@@ -37,8 +38,6 @@ LAYOUTS = {
     "tp2": ([], ["cluster.gpus_per_node=2", "parallel.tp=2", "parallel.cp=1", "parallel.pp=1"]),
     "moe-ep2": (MOE, ["cluster.gpus_per_node=2", "parallel.ep=2", "parallel.cp=1", "parallel.pp=1"]),
 }
-TIMING = ("step_time_s", "draft_time_s", "generate_s", "score_s", "train_s", "refit_s", "policy_refit_s")
-TIMING += ("draft_refit_s", "tokens_per_s")
 
 
 def launch(specdraft_cli, folder: Path, overrides: list[str], steps: int = STEPS, timeout: int = 240, env=None):
@@ -97,10 +96,6 @@ def test_the_grpo_loss_matches_the_single_process_run(name, singles, specdraft_c
     assert want[2]["kl"] > 0, "the reference is the policy as RL started; one update later they differ"
 
 
-def _without_timing(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
-
-
 @pytest.mark.timeout(400)
 def test_a_killed_grpo_run_resumes_exactly(tmp_path):
     run_dir = tmp_path / "killed"
@@ -121,7 +116,7 @@ def test_a_killed_grpo_run_resumes_exactly(tmp_path):
     assert result(run_dir, 0)["resumed_step"] == 2
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(5)), "every step exactly once"
-    assert _without_timing(rows[:4]) == _without_timing(uninterrupted), "bit-identical to the uninterrupted steps"
+    assert without_timing(rows[:4]) == without_timing(uninterrupted), "bit-identical to the uninterrupted steps"
     # The resume's engine started from RUN_DIR/rl/ folders gathered in memory from the restored step-2 weights
     # (pp2): they equal the offline exports of that checkpoint, tensor for tensor.
     from safetensors.torch import load_file

@@ -13,15 +13,12 @@ are tests/slurm/test_preempt_slurm.py's (see its docstring for why the release w
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.slurm.test_preempt_slurm import RELEASE_AFTER_S, Job, _rows, _run, _sacct_state
+from tests.slurm.test_preempt_slurm import RELEASE_AFTER_S, Job, _rows, _run, launch_all
+from tests.support.grpo_metrics import without_timing
 from tests.support.paths import SHIPPED
 
 pytestmark = pytest.mark.slurm
@@ -43,44 +40,12 @@ OVERRIDES = [
 ]
 REQUEUE_AT_ROWS = 3  # mid-run: steps 0-2 logged (the SFT step, two RL steps), three still to run
 WATCH_S = 240
-TIMING = ("step_time_s", "draft_time_s", "generate_s", "score_s", "train_s", "refit_s", "policy_refit_s")
-TIMING += ("draft_refit_s", "tokens_per_s")
-
-
-def _without_timing(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
 
 
 @pytest.fixture(scope="module")
 def jobs(slurm_cluster, tmp_path_factory) -> dict[str, Job]:
-    root = tmp_path_factory.mktemp("grpo-requeue")
-    cli = str(Path(sys.executable).with_name("specdraft"))
-    env = {k: v for k, v in os.environ.items() if k != "SPECDRAFT_DEBUG"}
-    out: dict[str, Job] = {}
-    try:
-        for name in ("requeued", "uninterrupted"):
-            folder = root / name
-            proc = subprocess.run(
-                [cli, "launch", str(LAYOUT), *OVERRIDES, "--workload", "grpo", "--executor", "slurm"]
-                + ["--run-dir", str(folder)],
-                cwd=root,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )
-            assert proc.returncode == 0, proc.stdout + proc.stderr
-            out[name] = Job(folder, json.loads((folder / "run.json").read_text())["job_id"])
-        _watch(out)
-    finally:
-        for job in out.values():
-            if _run(["squeue", "-h", "-j", job.job_id, "-o", "%T"]):
-                _run(["scancel", job.job_id])
-    for job in out.values():
-        job.state = _sacct_state(job.job_id)
-        job.logs = {p.name: p.read_text(errors="replace") for p in (job.folder / "submitit").glob("*_log.*")}
-    return out
+    args = [str(LAYOUT), *OVERRIDES, "--workload", "grpo"]
+    return launch_all(tmp_path_factory.mktemp("grpo-requeue"), {"requeued": args, "uninterrupted": args}, _watch)
 
 
 def _watch(jobs: dict[str, Job]) -> None:
@@ -126,4 +91,4 @@ def test_a_requeued_grpo_run_resumes_exactly_and_completes(jobs):
     resumed = results[0]["resumed_step"]
     assert REQUEUE_AT_ROWS <= resumed < STEPS, "the second attempt continued from a checkpoint, not from step 0"
     assert "preempted (SIGTERM)" in job.logs.get(f"{job.job_id}_1_log.out", ""), "the requeue's SIGTERM reached it"
-    assert _without_timing(rows) == _without_timing(expected), "the requeued run equals the uninterrupted one"
+    assert without_timing(rows) == without_timing(expected), "the requeued run equals the uninterrupted one"

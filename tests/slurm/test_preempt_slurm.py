@@ -91,19 +91,20 @@ class Job:
     logs: dict[str, str] = field(default_factory=dict)
 
 
-@pytest.fixture(scope="module")
-def jobs(slurm_cluster, tmp_path_factory) -> dict[str, Job]:
-    root = tmp_path_factory.mktemp("preempt")
-    cli = str(Path(sys.executable).with_name("specdraft"))
-    env = {k: v for k, v in os.environ.items() if k != "SPECDRAFT_DEBUG"}
+CLI = str(Path(sys.executable).with_name("specdraft"))
+
+
+def launch_all(root: Path, runs: dict[str, list[str]], watch) -> dict[str, Job]:
+    """`specdraft launch ARGS --executor slurm` of every run (name -> ARGS) into root/name, then ``watch(jobs)``
+    until they are done; whatever is still queued is cancelled, and each Job gets its sacct state and logs."""
     out: dict[str, Job] = {}
     try:
-        for name, overrides in RUNS.items():
+        for name, args in runs.items():
             folder = root / name
             proc = subprocess.run(
-                [cli, "launch", *overrides, "--executor", "slurm", "--run-dir", str(folder)],
+                [CLI, "launch", *args, "--executor", "slurm", "--run-dir", str(folder)],
                 cwd=root,
-                env=env,
+                env=_env(),
                 capture_output=True,
                 text=True,
                 timeout=120,
@@ -111,17 +112,35 @@ def jobs(slurm_cluster, tmp_path_factory) -> dict[str, Job]:
             )
             assert proc.returncode == 0, proc.stdout + proc.stderr
             out[name] = Job(folder, json.loads((folder / "run.json").read_text())["job_id"])
-        _watch(out)
+        watch(out)
     finally:
         for job in out.values():
             if _run(["squeue", "-h", "-j", job.job_id, "-o", "%T"]):
                 _run(["scancel", job.job_id])
     for job in out.values():
         job.state = _sacct_state(job.job_id)
-        job.status = subprocess.run(
-            [cli, "status", str(job.folder)], cwd=root, env=env, capture_output=True, text=True, timeout=60, check=False
-        ).stdout
         job.logs = {p.name: p.read_text(errors="replace") for p in (job.folder / "submitit").glob("*_log.*")}
+    return out
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "SPECDRAFT_DEBUG"}
+
+
+@pytest.fixture(scope="module")
+def jobs(slurm_cluster, tmp_path_factory) -> dict[str, Job]:
+    root = tmp_path_factory.mktemp("preempt")
+    out = launch_all(root, RUNS, _watch)
+    for job in out.values():
+        job.status = subprocess.run(
+            [CLI, "status", str(job.folder)],
+            cwd=root,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        ).stdout
     return out
 
 
