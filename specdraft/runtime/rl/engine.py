@@ -36,6 +36,11 @@ class RolloutEngine(Protocol):
         """Load new draft weights (EAGLE-3 checkpoint names, as serve/eagle3.py writes them); returns seconds."""
         ...
 
+    def sleep(self) -> None:
+        """Colocated with the trainer: give the accelerator memory back while the policy trains; the next generate
+        or refit wakes the engine (vLLM's sleep mode on CUDA; a no-op elsewhere)."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -1,12 +1,13 @@
-"""The live policy and draft gathered to global rank 0 in memory, in the rollout engine's names: the policy as HF
-tensors (every rank's tp/pp/ep shard mapped with hf/mapping.source, the inverse of hf/load.py), the draft as
-EAGLE-3 tensors (serve/eagle3.py); and the HF folders the engine starts from, written at step 0.
+"""The live policy and draft gathered to global rank 0 in memory (one flat send per rank and refit), in the rollout
+engine's names: the policy as HF tensors (every rank's tp/pp/ep shard mapped with hf/mapping.source, the inverse of
+hf/load.py), the draft as EAGLE-3 tensors (serve/eagle3.py); and the HF folders the engine starts from.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -16,11 +17,14 @@ from specdraft.runtime.models.hf import export as hf_export
 from specdraft.runtime.models.hf import mapping
 from specdraft.runtime.models.hf.checkpoint import FAMILIES, geometry
 
-Piece = tuple[str, Optional[tuple[int, int]], Optional[tuple[int, int]], torch.Tensor]  # HF name, rows, cols, block
+# One slice of an HF tensor a rank sends: HF name, rows, cols, the live parameter, and its rows [at, at + n).
+Slice = tuple[str, Optional[tuple[int, int]], Optional[tuple[int, int]], torch.Tensor, int, int]
+# What rank 0 knows of a sender's buffer: (name, rows, cols, shape, dtype) per tensor, in packing order.
+Meta = tuple[str, Optional[tuple[int, int]], Optional[tuple[int, int]], tuple[int, ...], torch.dtype]
 
 
-def _policy_pieces(trainer) -> list[Piece]:
-    """(HF name, rows, cols, block) of every slice of an HF tensor this rank holds and is the one to send."""
+def _policy_slices(trainer) -> list[Slice]:
+    """Every slice of an HF tensor this rank holds and is the one to send."""
     ps, plan = trainer.ps, trainer.plan
     g = geometry(plan.model, FAMILIES[hf_export.policy_architecture(plan)])
     tp = mapping.Shard(trainer.tp, ps.get_tensor_model_parallel_rank() if trainer.tp > 1 else 0)
@@ -44,51 +48,102 @@ def _policy_pieces(trainer) -> list[Piece]:
             at = 0
             for piece in mapping.source(gname, g, tp, etp).pieces:
                 rows = mapping.piece_shape(piece, wanted[piece.name])[0]
-                block = param.detach().narrow(0, at, rows).cpu()
-                out.append((piece.name, piece.rows, piece.cols, block))
+                out.append((piece.name, piece.rows, piece.cols, param, at, rows))
                 at += rows
     return out
 
 
-def gather_policy(trainer) -> dict[str, torch.Tensor] | None:
-    """Every rank: the whole policy in HF names on global rank 0 (None elsewhere), in the export's dtype."""
-    plan = trainer.plan
-    pieces = _policy_pieces(trainer)
-    world = dist.get_world_size()
-    received: Any = [None] * world if dist.get_rank() == 0 else None
-    dist.gather_object(pieces, received, dst=0)
-    if received is None:
-        return None
-    g = geometry(plan.model, FAMILIES[hf_export.policy_architecture(plan)])
-    dtype = hf_export.export_dtype(plan)
-    out = {name: torch.zeros(shape, dtype=dtype) for name, shape in mapping.hf_tensors(g).items()}
-    for rank_pieces in received:
-        for name, rows, cols, block in rank_pieces:
+def _pack(tensors: list[torch.Tensor], device) -> torch.Tensor:
+    """One flat byte buffer of ``tensors`` (any dtypes), so a sender's refit is one send, not a pickle."""
+    if not tensors:
+        return torch.empty(0, dtype=torch.uint8, device=device)
+    return torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+
+
+def _unpack(buffer: torch.Tensor, metas: list[Meta]) -> Iterator[tuple]:
+    """(name, rows, cols, tensor) per entry of a buffer ``_pack`` made; tensors are views of the CPU buffer."""
+    buffer, at = buffer.cpu(), 0
+    for name, rows, cols, shape, dtype in metas:
+        nbytes = math.prod(shape) * dtype.itemsize
+        yield name, rows, cols, buffer[at : at + nbytes].view(dtype).reshape(shape)
+        at += nbytes
+
+
+class Gather:
+    """The policy and draft of every rank gathered to global rank 0. Which rank sends which tensors, and their
+    shapes, are fixed by the layout: they are exchanged once (a pickled gather), after which a refit is one
+    flat send per sending rank (gloo here, NCCL on GPUs), and none at all in one process."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.dtype = hf_export.export_dtype(trainer.plan)
+        self.slices = _policy_slices(trainer)
+        self.policy_metas = self._exchange(
+            [(name, rows, cols, (n, *param.shape[1:]), self.dtype) for name, rows, cols, param, _, n in self.slices]
+        )
+        self.draft_metas: list[list[Meta]] | None = None
+
+    def _exchange(self, metas: list[Meta]) -> list[list[Meta]]:
+        """Every rank: rank 0 gets each rank's list of what it sends (elsewhere: an empty list)."""
+        received: Any = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(metas, received, dst=0)
+        return received or []
+
+    def _collect(self, own: list[torch.Tensor], metas: list[list[Meta]]) -> list[tuple]:
+        """Every rank: send ``own`` to rank 0; rank 0 gets (name, rows, cols, tensor) of every rank's tensors."""
+        device = self.trainer.device
+        if self.rank != 0:
+            if own:
+                dist.send(_pack(own, device), dst=0)
+            return []
+        out: list[tuple] = []
+        for rank, rank_metas in enumerate(metas):
+            if rank == 0:
+                out += [(m[0], m[1], m[2], t) for m, t in zip(rank_metas, own)]
+            elif rank_metas:
+                size = sum(math.prod(m[3]) * m[4].itemsize for m in rank_metas)
+                buffer = torch.empty(size, dtype=torch.uint8, device=device)
+                dist.recv(buffer, src=rank)
+                out += list(_unpack(buffer, rank_metas))
+        return out
+
+    def policy(self) -> dict[str, torch.Tensor] | None:
+        """Every rank: the whole policy in HF names on global rank 0 (None elsewhere), in the export's dtype."""
+        own = [p.detach().narrow(0, at, n).to(self.dtype) for _, _, _, p, at, n in self.slices]
+        pieces = self._collect(own, self.policy_metas)
+        if self.rank != 0:
+            return None
+        plan = self.trainer.plan
+        g = geometry(plan.model, FAMILIES[hf_export.policy_architecture(plan)])
+        out = {name: torch.zeros(shape, dtype=self.dtype) for name, shape in mapping.hf_tensors(g).items()}
+        for name, rows, cols, block in pieces:
             r0, r1 = rows or (0, out[name].shape[0])
             if cols is None:
                 out[name][r0:r1] = block
             else:
                 out[name][r0:r1, cols[0] : cols[1]] = block
-    return out
+        return out
 
+    def draft(self) -> dict[str, torch.Tensor] | None:
+        """Every rank: the draft's whole runtime state dict (its tensors) on global rank 0 (None elsewhere, or
+        without a draft)."""
+        trainer = self.trainer
+        state: dict[str, torch.Tensor] = {}
+        if trainer.draft is not None and trainer.ctx.coords.dp == 0 and trainer.cp_rank == 0:
+            from specdraft.runtime.serve.export import whole_draft_state
 
-def gather_draft(trainer) -> dict[str, torch.Tensor] | None:
-    """Every rank: the draft's whole runtime state dict on global rank 0 (None elsewhere, or without a draft)."""
-    state: Optional[dict[str, Any]] = None
-    if trainer.draft is not None and trainer.ctx.coords.dp == 0 and trainer.cp_rank == 0:
-        from specdraft.runtime.serve.export import whole_draft_state
-
-        state = {
-            name: value.detach().cpu() if isinstance(value, torch.Tensor) else value
-            for name, value in whole_draft_state(trainer).items()
-        }
-        if trainer.ps.get_tensor_model_parallel_rank() != 0:
-            state = None
-    received: Any = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(state, received, dst=0)
-    if received is None:
-        return None
-    return next((s for s in received if s is not None), None)
+            state = {k: v for k, v in whole_draft_state(trainer).items() if isinstance(v, torch.Tensor)}
+            if trainer.ps.get_tensor_model_parallel_rank() != 0:
+                state = {}
+        if self.draft_metas is None:
+            self.draft_metas = self._exchange([(k, None, None, tuple(v.shape), v.dtype) for k, v in state.items()])
+        pieces = self._collect(list(state.values()), self.draft_metas)
+        if self.rank != 0:
+            return None
+        # a copy: the trainer's parameters move on while the engine holds these
+        out = {name: t.detach().cpu().clone() for name, _, _, t in pieces}
+        return out or None
 
 
 def eagle3_tensors(trainer, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

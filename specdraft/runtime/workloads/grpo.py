@@ -104,6 +104,7 @@ class Loop:
         self.plan, self.g = ctx.plan, ctx.plan.grpo
         self.forward_backward = get_forward_backward_func()
         self.engine: Any = None  # a RolloutEngine on global rank 0
+        self.gather: Any = None  # refit.Gather, made as the engine opens
         self.rank0 = ctx.global_rank == 0
         self.folder = ctx.run_dir / RL_DIR
         # rank 0: the draft state the engine holds, and the step of the trainer's draft it equals (-1: older)
@@ -116,8 +117,9 @@ class Loop:
         draft refits starts it with the older draft the interrupted engine held (ENGINE_DRAFT), as it would be."""
         from specdraft.runtime.rl import refit
 
-        policy = refit.gather_policy(self.trainer)
-        draft = refit.gather_draft(self.trainer) if self.plan.draft.enabled else None
+        self.gather = refit.Gather(self.trainer)
+        policy = self.gather.policy()
+        draft = self.gather.draft() if self.plan.draft.enabled else None
         if not self.rank0 or policy is None:
             return
         if draft is not None:
@@ -146,7 +148,7 @@ class Loop:
         )
 
     def _remember_draft(self, draft: dict, step: int) -> None:
-        self.engine_draft = {k: v.clone() for k, v in draft.items() if isinstance(v, torch.Tensor)}
+        self.engine_draft = dict(draft)  # Gather.draft gives fresh copies
         self.engine_draft_step = step
 
     def save_engine_draft(self, done: int, folder: Path) -> None:
@@ -168,14 +170,14 @@ class Loop:
 
         started = time.perf_counter()
         out = {"policy_refit": 0.0, "draft_refit": 0.0}
-        policy = refit.gather_policy(self.trainer)
+        policy = self.gather.policy()
         if self.rank0 and policy is not None:
             out["policy_refit"] = self.engine.refit_policy(policy.items())
         every = self.plan.draft.refit_interval
         # a frozen draft's one refit is as the warm-up ends, whatever the interval (it never trains after)
         last_warm = self.g.draft_mode == "frozen" and index == self.g.sft_steps - 1
         if self.plan.draft.enabled and self.trainer.cotraining and ((index + 1) % every == 0 or last_warm):
-            draft = refit.gather_draft(self.trainer)
+            draft = self.gather.draft()
             if self.rank0 and draft is not None and self.plan.rollout_settings.speculative:
                 out["draft_refit"] = self.engine.refit_draft(refit.eagle3_tensors(self.trainer, draft).items())
                 self._remember_draft(draft, index + 1)
@@ -254,6 +256,8 @@ class Loop:
             temperature=self.g.temperature,
             seed=seed,
         )
+        if self.plan.rollout_settings.colocated:
+            self.engine.sleep()  # the trainer's turn on the shared GPUs; the refit wakes the engine
         generated = time.perf_counter()
         # prompt-major, each prompt's G responses in the engine's order: the groups the advantages normalise in
         ordered = sorted(range(len(rollouts)), key=lambda i: rollouts[i].prompt_index)

@@ -25,7 +25,7 @@ RUNNABLE = ["training.packing=false", "rollout.colocated=false", "rollout.num_no
 
 # What the profile refuses in each shipped layout (the spec field each refusal names); an empty set is accepted.
 REFUSED = {
-    "grpo-tiny-cpu": {"parallel.cp"},
+    "grpo-tiny-cpu": set(),
     "llama3-70b": {"parallel.cp", "rollout.max_policy_lag"},
     "llama3.1-8b-pat": set(),
     "mixtral-8x22b": {"parallel.cp", "rollout.max_policy_lag"},
@@ -230,8 +230,10 @@ def test_every_spec_field_is_carried_or_listed_as_not_carried():
     assert all(key in KEYS for f, key in CARRIED.items() if f != "name")
 
 
-def test_the_grpo_layout_without_cp_and_packing_is_accepted_with_its_grpo_keys():
-    plan = _plan(SHIPPED / "grpo-tiny-cpu.yaml", ["parallel.cp=1", "training.packing=false"])
+def test_the_shipped_grpo_layout_is_accepted_with_its_grpo_keys_and_under_cp_refused():
+    under_cp = _plan(SHIPPED / "grpo-tiny-cpu.yaml", ["parallel.cp=2", "training.packing=true"])
+    assert {r.path for r in refusals(under_cp)} == {"parallel.cp"}
+    plan = _plan(SHIPPED / "grpo-tiny-cpu.yaml", [])
     assert refusals(plan) == []
     cfg = plan.renders.nemo_rl
     assert cfg["grpo"]["num_prompts_per_step"] == 8 and cfg["grpo"]["num_generations_per_prompt"] == 4

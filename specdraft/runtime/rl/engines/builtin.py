@@ -232,6 +232,9 @@ class BuiltinEngine:
         self._to_target = self.draft.target_ids()
         return time.perf_counter() - started
 
+    def sleep(self) -> None:
+        """Nothing to free: the built-in engine holds no cache between calls."""
+
     def close(self) -> None:
         self.model = None
         self.draft = None
