@@ -6,7 +6,9 @@
   and KL rel 2e-5 (abs 1e-7), draft rel 2e-4.
 - A run (pp2, 2 ranks) SIGKILLed on every rank mid-run resumes with --resume to a metrics.jsonl bit-identical, step
   for step, to what it logged before the kill (policy, draft, both optimizers, the reference, prompt position, RNG).
-  The HF and EAGLE-3 folders the resumed engine starts from, gathered in memory, equal `specdraft export`'s.
+  The HF and EAGLE-3 folders the resumed engine starts from, gathered in memory, equal `specdraft export`'s. Its
+  checkpoint resumed under another layout (--resume-from, one process) continues within the parity tolerances: the
+  reference reshards with the policy.
 - A reward function that raises is refused with exit 2 and a message naming the prompt; the failure is recorded.
 - From an SFT-warmed start on the built-in markov task the reward rises by >= 0.2 within 20 RL steps.
 - grpo.engine=vllm beside a two-rank trainer (pp2) completes two RL steps with in-place refits.
@@ -44,10 +46,19 @@ LAYOUTS = {
 }
 
 
-def launch(specdraft_cli, folder: Path, overrides: list[str], steps: int = STEPS, timeout: int = 240, env=None):
+def launch(
+    specdraft_cli,
+    folder: Path,
+    overrides: list[str],
+    steps: int = STEPS,
+    timeout: int = 240,
+    env=None,
+    resume_from=None,
+):
+    more = ["--resume-from", resume_from] if resume_from else []
     return specdraft_cli(
         "launch", LAYOUT, *overrides, "--workload", "grpo", "--steps", steps, "--executor", "local",
-        "--run-dir", folder, timeout=timeout, env=env,
+        "--run-dir", folder, *more, timeout=timeout, env=env,
     )  # fmt: skip
 
 
@@ -101,7 +112,7 @@ def test_the_grpo_loss_matches_the_single_process_run(name, singles, specdraft_c
 
 
 @pytest.mark.timeout(400)
-def test_a_killed_grpo_run_resumes_exactly(tmp_path):
+def test_a_killed_grpo_run_resumes_exactly(specdraft_cli, tmp_path):
     run_dir = tmp_path / "killed"
     common = [
         "grpo.sft_steps=1", "grpo.reference_policy_kl_penalty=0.1", "draft.refit_interval=2",
@@ -136,6 +147,20 @@ def test_a_killed_grpo_run_resumes_exactly(tmp_path):
             offline.update(load_file(str(shard)))
         assert sorted(live) == sorted(offline), name
         assert all(live[k].equal(offline[k]) for k in live), name
+    # The same step-2 checkpoint under another layout (one process): the reference reshards with the policy, so the
+    # rollouts are the same and the KL and losses continue within the parity tolerances.
+    other = tmp_path / "other"
+    proc = launch(
+        specdraft_cli, other, [*common, *SINGLE], steps=5, env=None, resume_from=run_dir / "checkpoints" / "step-2"
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    moved = rows_of(other)
+    assert [r["step"] for r in moved] == list(range(5))
+    for g, w in zip(moved[2:], rows[2:]):
+        assert g["reward_mean"] == w["reward_mean"], "the same rollouts"
+        assert g["kl"] == pytest.approx(w["kl"], rel=2e-5, abs=1e-7) and g["kl"] > 0
+        assert g["policy_loss"] == pytest.approx(w["policy_loss"], rel=2e-5, abs=1e-7)
+        assert g["draft_loss"] == pytest.approx(w["draft_loss"], rel=2e-4, abs=1e-6)
 
 
 @pytest.mark.timeout(200)

@@ -135,8 +135,11 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
         get_cuda_rng_tracker().set_states(state["tracker"])
 
 
-def sharded_state(trainer, *, rng: bool, draft_optimizer: bool, mains: bool = True) -> dict:
-    """This rank's part of the checkpoint as a sharded state dict (the template to load into, too)."""
+def sharded_state(
+    trainer, *, rng: bool, draft_optimizer: bool, mains: bool = True, reference_per_rank: bool = False
+) -> dict:
+    """This rank's part of the checkpoint as a sharded state dict (the template to load into, too).
+    ``reference_per_rank``: a checkpoint of an older specdraft, whose GRPO reference is each rank's own object."""
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
     out: dict = {"target": {}}
@@ -153,12 +156,32 @@ def sharded_state(trainer, *, rng: bool, draft_optimizer: bool, mains: bool = Tr
     rank, world = dist.get_rank(), dist.get_world_size()
     if rng:
         out["rng"] = ShardedObject("rng_state", _rng_state(trainer.device), (world,), (rank,), replica_id=0)
-    reference = getattr(trainer, "reference", None)  # GRPO's frozen reference policy: this rank's copy
-    if reference is not None:
+    reference = getattr(trainer, "reference", None)  # GRPO's frozen reference policy
+    if reference is not None and reference_per_rank:
         out["reference"] = ShardedObject(
             "grpo_reference", [r.cpu() for r in reference], (world,), (rank,), replica_id=0
         )
+    elif reference is not None:
+        out["reference"] = _reference_sharded(trainer, reference, target_all)
     return out
+
+
+def _reference_sharded(trainer, reference: list, model_sharded: dict) -> dict:
+    """The reference's tensors sharded, keyed and replicated like the parameters they copy (the way optimizer state
+    is, SwiGLU's factory included), so a reference reshards into another layout with the policy."""
+    from megatron.core.dist_checkpointing.optimizer import (
+        get_param_id_to_sharded_param_map,
+        make_sharded_optimizer_tensor,
+    )
+
+    params = list(trainer.target_params.all())
+    by_id = get_param_id_to_sharded_param_map(model_sharded, params)
+    if len(by_id) != len(params):
+        raise RuntimeError(
+            f"{len(params) - len(by_id)} policy parameter(s) have no entry in the model's sharded state dict; the "
+            "GRPO reference could not be checkpointed"
+        )
+    return {f"ref.{i}": make_sharded_optimizer_tensor(by_id[i], r, prefix="reference") for i, r in enumerate(reference)}
 
 
 def save(ctx: RankContext, trainer, step: int, extra=None) -> Path:
@@ -189,6 +212,8 @@ def save(ctx: RankContext, trainer, step: int, extra=None) -> Path:
         "main_weights": trainer.precision.main_weights,
         "loss_scale": trainer.loss_scaler.state() if trainer.loss_scaler is not None else None,
         "data": trainer.data.position(step),
+        # how the GRPO reference is stored: "sharded" like the policy (older checkpoints: each rank's own object)
+        "reference": "sharded" if getattr(trainer, "reference", None) is not None else None,
     }
     if ctx.global_rank == 0:
         ctx.paths.real_dir(CHECKPOINTS)  # a link in its place would send the save out of the run folder
@@ -229,7 +254,10 @@ def _load(trainer, folder: Path, meta: dict, rng: bool) -> None:
     _init_optimizer_state(trainer.optimizer, meta["target_optimizer_step"])
     if draft_optimizer:
         _init_optimizer_state(trainer.draft_optimizer, meta["draft_optimizer_step"])
-    template = sharded_state(trainer, rng=rng, draft_optimizer=draft_optimizer, mains=mains)
+    per_rank = meta.get("reference") != "sharded"
+    template = sharded_state(
+        trainer, rng=rng, draft_optimizer=draft_optimizer, mains=mains, reference_per_rank=per_rank
+    )
     loaded = safe_load.load(template, folder, meta)
     for v, chunk in enumerate(trainer.chunks):
         chunk.load_state_dict(loaded["target"][f"chunk{v}"])
@@ -246,8 +274,11 @@ def _load(trainer, folder: Path, meta: dict, rng: bool) -> None:
     if rng:
         _set_rng_state(loaded["rng"], trainer.device)
     if "reference" in loaded:
+        saved_reference = loaded["reference"]
+        if isinstance(saved_reference, dict):
+            saved_reference = [saved_reference[f"ref.{i}"] for i in range(len(trainer.reference))]
         with torch.no_grad():
-            for r, saved in zip(trainer.reference, loaded["reference"]):
+            for r, saved in zip(trainer.reference, saved_reference):
                 r.copy_(saved)
 
 
