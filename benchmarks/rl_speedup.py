@@ -1,6 +1,7 @@
 """Speculative rollouts in GRPO: three arms of the real `grpo` workload on the same seeds, and their ratios.
 
-Run: `.venv/bin/python benchmarks/rl_speedup.py [--seeds 0 1 2] [--steps 24] [--set KEY=VALUE ...] [--png PNG]`.
+Run: `.venv/bin/python benchmarks/rl_speedup.py [--seeds 0 1 2] [--steps 28] [--engine builtin|vllm] [--set KEY=VALUE
+...] [--png PNG]`.
 Per seed (training.seed) it launches the shipped layout grpo-tiny-cpu three times, single process
 (`specdraft launch LAYOUT --workload grpo --executor local`, cluster.gpus_per_node=1 parallel.cp=1 parallel.pp=1),
 the same grpo.sft_steps warm-up first, then RL on the same prompts:
@@ -125,7 +126,8 @@ def plot(results: dict[int, dict], png: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=24, help="all steps, the layout's 4 SFT warm-up steps included")
+    parser.add_argument("--steps", type=int, default=28, help="all steps, the layout's 4 SFT warm-up steps included")
+    parser.add_argument("--engine", choices=["builtin", "vllm"], default="builtin", help="grpo.engine of every arm")
     parser.add_argument("--set", dest="overrides", nargs="*", default=[], help="more KEY=VALUE layout overrides")
     parser.add_argument("--png", type=Path, default=ROOT / "docs" / "rl_speedup.png")
     parser.add_argument("--json", type=Path, default=None)
@@ -138,7 +140,7 @@ def main() -> None:
         for seed in args.seeds:
             results[seed] = {}
             for arm, extra in ARMS.items():
-                overrides = [f"training.seed={seed}", *extra, *args.overrides]
+                overrides = [f"training.seed={seed}", f"grpo.engine={args.engine}", *extra, *args.overrides]
                 results[seed][arm] = launch(root / f"seed{seed}-{arm}", overrides, args.steps)
                 print(f"seed {seed} {arm}: {len(results[seed][arm])} RL steps", flush=True)
     finally:

@@ -10,11 +10,12 @@ import torch
 
 from specdraft.runtime.rl.engine import open_engine
 from specdraft.runtime.rl.engines import sampling
-from tests.support import rl_models
+from tests.support import chi_square, rl_models
 
 pytestmark = pytest.mark.dist
 K = 3
 PROMPTS = [[5, 17, 99, 3], [250, 42, 7, 8, 9, 10], [1, 2]]
+VOCAB = rl_models.hf_models.VOCAB
 
 
 def _open(policy, draft=None, eos_id=None):
@@ -89,21 +90,6 @@ def test_eos_ends_a_rollout_and_marks_it_finished(folders):
         assert after.response == before.response[:cut] and after.finished == (eos in before.response)
 
 
-def _p_value(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Two-sample chi-square homogeneity test of two equal-size samples of token ids; bins with fewer than 10
-    tokens in both samples together are pooled into one."""
-    counts_a, counts_b = torch.bincount(a, minlength=rl_models.hf_models.VOCAB), torch.bincount(b, minlength=257)
-    total = counts_a + counts_b
-    small = total < 10
-    ca = torch.cat([counts_a[~small], counts_a[small].sum()[None]]).double()
-    cb = torch.cat([counts_b[~small], counts_b[small].sum()[None]]).double()
-    keep = (ca + cb) > 0
-    ca, cb = ca[keep], cb[keep]
-    statistic = ((ca - cb) ** 2 / (ca + cb)).sum()
-    df = ca.numel() - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), statistic / 2))
-
-
 N = 1200  # samples per arm: the accept-always rule's p-value is then below 1e-12, the exact rule's above 1e-3
 
 
@@ -122,14 +108,16 @@ def plain_samples(folders):
 def test_sampling_with_the_draft_has_the_targets_law(folders, plain_samples):
     engine = _open(folders["policy"], folders["draft"])
     spec = _positions(engine, seed=12)
-    p_values = [_p_value(plain_samples[:, i], spec[:, i]) for i in range(K + 2)]
+    p_values = [chi_square.p_value(plain_samples[:, i], spec[:, i], VOCAB) for i in range(K + 2)]
     assert min(p_values) > 1e-3, p_values
 
 
 def test_a_wrong_acceptance_rule_is_caught_by_the_same_test(folders, plain_samples, monkeypatch):
     monkeypatch.setattr(sampling, "accept_probability", lambda p_x, q_x: torch.ones_like(p_x))  # accept always
     spec = _positions(_open(folders["policy"], folders["draft"]), seed=12)
-    p_values = [_p_value(plain_samples[:, i], spec[:, i]) for i in range(1, K + 1)]  # the drafted positions
+    p_values = [
+        chi_square.p_value(plain_samples[:, i], spec[:, i], VOCAB) for i in range(1, K + 1)
+    ]  # the drafted positions
     assert max(p_values) < 1e-6, p_values
 
 

