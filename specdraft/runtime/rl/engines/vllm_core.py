@@ -35,6 +35,10 @@ class VllmCore:
 
         self.k, self.eos_id = k, eos_id
         self.cuda = device.startswith("cuda")
+        if not self.cuda:
+            from specdraft.runtime.serve import vllm_cpu_fix
+
+            vllm_cpu_fix.apply()
         self.draft = draft_dir is not None
         positions = json.loads((Path(policy_dir) / "config.json").read_text()).get("max_position_embeddings", 2048)
         self.llm = LLM(
