@@ -53,12 +53,12 @@ def launch(
         metavar="CHECKPOINT",
         help="Start from this checkpoint folder (another run, or another layout of the same model).",
     ),
-    workload: str = typer.Option(
-        "cotrain",
+    workload: Optional[str] = typer.Option(
+        None,
         "--workload",
         "-w",
         help="cotrain (the co-training job), grpo (RL post-training, docs/grpo.md) or selftest (collectives over "
-        "every group and tap route).",
+        "every group and tap route); default: the layout's `workload` (cotrain unless it says otherwise).",
     ),
     steps: Optional[int] = typer.Option(None, "--steps", help="Steps to run (default: training.train_iters)."),
     wait: bool = typer.Option(False, "--wait", help="Slurm: wait for the job to end and report every rank."),
@@ -98,10 +98,10 @@ def launch(
         err.print(f"resuming from: {plain(request.checkpoint)}", markup=False)
     out = _console()
     bar = None
-    if workload in ("cotrain", "grpo") and request.waits:
+    if request.workload in ("cotrain", "grpo") and request.waits:
         from specdraft.cli.cotrain_view import ProgressBar
 
-        bar = ProgressBar(err, request.run_dir, steps or plan.training.train_iters, label=workload)
+        bar = ProgressBar(err, request.run_dir, steps or plan.training.train_iters, label=request.workload)
 
     def on_progress(progress) -> None:
         if bar is not None:

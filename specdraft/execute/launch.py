@@ -65,7 +65,7 @@ def prepare(
     executor: str | None = None,
     run_dir: str | None = None,
     python: str | None = None,
-    workload: str = "cotrain",
+    workload: str | None = None,
     steps: int | None = None,
     force: bool = False,
     wait: bool = False,
@@ -73,7 +73,8 @@ def prepare(
     resume_from: str | None = None,
 ) -> LaunchRequest:
     """Pick the executor, the run folder and the interpreter, check a resume's checkpoint, and render the script:
-    no side effects."""
+    no side effects. ``workload`` None: the layout's own (plan.workload)."""
+    workload = workload or plan.workload
     if workload not in WORKLOADS:
         raise UserError(f"--workload {workload!r} is unknown", f"use one of: {', '.join(WORKLOADS)}")
     if steps is not None and steps < 1:

@@ -353,6 +353,7 @@ def _build(
         schema_version=SCHEMA_VERSION,
         specdraft_version=__version__,
         name=spec.name,
+        workload=spec.workload,
         spec_sha256=spec_sha256(spec),
         spec=spec,
         model=model_shape(spec),

@@ -27,7 +27,8 @@ from specdraft.spec.schema import LayoutSpec, RopeScaling
 # 9: the draft's path and norm_before_residual.
 # 10: the grpo section, draft.refit_interval.
 # 11: grpo.draft_mode (cotrain or frozen after the SFT warm-up).
-SCHEMA_VERSION = 11
+# 12: workload, what launch runs by default.
+SCHEMA_VERSION = 12
 Tap = Union[int, str]  # a target layer index, or "embedding" / "logits"
 
 
@@ -288,6 +289,7 @@ class LaunchPlan:
     schema_version: int
     specdraft_version: str
     name: str
+    workload: str  # what launch runs unless --workload says otherwise
     spec_sha256: str
     spec: LayoutSpec  # provenance: what the plan was compiled from; consumers read the resolved sections below
     model: ModelShape

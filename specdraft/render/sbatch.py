@@ -149,7 +149,7 @@ def render_sbatch(
     run_dir: str,
     *,
     python: str,
-    workload: str = "cotrain",
+    workload: str | None = None,
     steps: int | None = None,
     resume: bool = False,
     resume_from: str | None = None,
@@ -157,7 +157,8 @@ def render_sbatch(
 ) -> SbatchRender:
     """Render the sbatch script for ``plan`` in the run folder ``run_dir`` (an absolute, normalised path);
     ``resume``/``resume_from`` (an absolute path) add the payload's --resume/--resume-from on every rank;
-    ``package`` is the specdraft package folder slurm.container_specdraft=mount mounts (default: this one's).
+    ``package`` is the specdraft package folder slurm.container_specdraft=mount mounts (default: this one's);
+    ``workload`` None is the layout's own (plan.workload).
 
     Raises ValueError listing every value that cannot be made safe (see ``unsafe_values``)."""
     slurm, cluster = plan.slurm, plan.cluster
@@ -172,7 +173,7 @@ def render_sbatch(
     argv = payload_argv(
         python,
         plan_path,
-        workload,
+        workload or plan.workload,
         steps,
         resume=resume,
         resume_from=resume_from,

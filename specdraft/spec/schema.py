@@ -377,6 +377,9 @@ class LayoutSpec:
 
     name: str
     """Layout name; used in job names and run folders (letters, digits, '.', '_' and '-')."""
+    workload: Literal["cotrain", "grpo", "selftest"] = "cotrain"
+    """What `specdraft launch` runs unless --workload says otherwise: the co-training job, GRPO (docs/grpo.md) or the
+    collectives self-test."""
     model: ModelSpec
     """The target (policy) model's shape."""
     cluster: ClusterSpec = field(default_factory=ClusterSpec)

@@ -91,6 +91,7 @@ CARRIED: dict[str, str] = {
 
 # Spec fields the render has no NeMo-RL key for, and why (the output lists them under `# not carried`).
 NOT_CARRIED: dict[str, str] = {
+    "workload": "NeMo-RL's entry point is its script: examples/run_grpo.py for GRPO",
     "grpo.engine": "NeMo-RL's generation backend is its policy.generation.backend (vllm)",
     "grpo.task": "NeMo-RL's tasks are its data: and env: sections",
     "grpo.reward": "NeMo-RL's rewards come from its environments (env:)",

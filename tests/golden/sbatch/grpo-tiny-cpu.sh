@@ -32,5 +32,5 @@ export OMP_NUM_THREADS=1
 # Slurm's SIGTERM reach the runtime: it stops every rank at a step boundary, saves a checkpoint and exits 75; after
 # USR2 the job is requeued (at most slurm.max_requeues = 3 times) and the restarted job resumes on its own.
 # On the host rank 0 runs `scontrol requeue` itself.
-# 4 tasks; every one runs: /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/grpo-tiny-cpu/plan.json --workload cotrain
-srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/grpo-tiny-cpu/submitit/%j_%t_log.out --error=/scratch/runs/grpo-tiny-cpu/submitit/%j_%t_log.err /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/grpo-tiny-cpu/plan.json --workload cotrain
+# 4 tasks; every one runs: /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/grpo-tiny-cpu/plan.json --workload grpo
+srun --unbuffered --kill-on-bad-exit=1 --output=/scratch/runs/grpo-tiny-cpu/submitit/%j_%t_log.out --error=/scratch/runs/grpo-tiny-cpu/submitit/%j_%t_log.err /opt/venv/bin/python -u -m specdraft.runtime.entry /scratch/runs/grpo-tiny-cpu/plan.json --workload grpo

@@ -192,3 +192,19 @@ def test_the_launcher_knows_the_runtime_preempted_exit_code():
     from specdraft.runtime.train.preempt import PREEMPTED_EXIT
 
     assert LAUNCHER == PREEMPTED_EXIT == 75
+
+
+def test_launch_runs_the_layouts_workload_unless_told_otherwise(tmp_path):
+    from specdraft.errors import SpecError
+    from specdraft.execute.launch import prepare
+    from tests.support.paths import SHIPPED
+
+    grpo = compile(load_layout(SHIPPED / "grpo-tiny-cpu.yaml", []))
+    run_dir = str(tmp_path / "run")
+    assert grpo.workload == "grpo" and compile(load_layout(None, [])).workload == "cotrain"
+    request = prepare(grpo, executor="local", run_dir=run_dir)
+    assert request.workload == "grpo" and "--workload grpo" in request.render.script
+    assert prepare(grpo, executor="local", run_dir=run_dir, workload="selftest").workload == "selftest"
+    with pytest.raises(SpecError) as caught:
+        load_layout(None, ["workload=rl"])
+    assert [p.path for p in caught.value.problems] == ["workload"]
