@@ -101,6 +101,12 @@ def prepare(
     total = steps if steps is not None else plan.training.train_iters
     checkpoint, notes = check_resume(plan, folder, workload, resume, source, total)
     notes = (*draft_notes, *notes)
+    if workload == "cotrain" and not plan.training.packing:
+        notes = (
+            *notes,
+            "training.packing = false: the cotrain runtime packs its rows all the same (only the grpo workload runs "
+            "unpacked rows); the field sets the memory plan and the Megatron and NeMo-RL renders",
+        )
     interpreter = chosen.default_python(plan, python)
     try:
         render = render_sbatch(

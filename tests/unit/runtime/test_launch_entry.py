@@ -208,3 +208,14 @@ def test_launch_runs_the_layouts_workload_unless_told_otherwise(tmp_path):
     with pytest.raises(SpecError) as caught:
         load_layout(None, ["workload=rl"])
     assert [p.path for p in caught.value.problems] == ["workload"]
+
+
+def test_cotrain_says_it_packs_whatever_training_packing_says(tmp_path):
+    from specdraft.execute.launch import prepare
+    from tests.support.paths import SHIPPED
+
+    plan = compile(load_layout(SHIPPED / "grpo-tiny-cpu.yaml", []))  # training.packing: false
+    run_dir = str(tmp_path / "run")
+    assert not any("training.packing" in n for n in prepare(plan, executor="local", run_dir=run_dir).notes)
+    notes = prepare(plan, executor="local", run_dir=run_dir, workload="cotrain").notes
+    assert any(n.startswith("training.packing = false: the cotrain runtime packs") for n in notes), notes
