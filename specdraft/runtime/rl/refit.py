@@ -53,11 +53,23 @@ def _policy_slices(trainer) -> list[Slice]:
     return out
 
 
+ALIGN = 8  # bytes: each tensor starts at a multiple, so a view of any dtype is aligned
+
+
+def _span(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    """A tensor's bytes in the flat buffer, padded to ALIGN."""
+    return -(-math.prod(shape) * dtype.itemsize // ALIGN) * ALIGN
+
+
 def _pack(tensors: list[torch.Tensor], device) -> torch.Tensor:
     """One flat byte buffer of ``tensors`` (any dtypes), so a sender's refit is one send, not a pickle."""
-    if not tensors:
-        return torch.empty(0, dtype=torch.uint8, device=device)
-    return torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+    buffer = torch.zeros(sum(_span(tuple(t.shape), t.dtype) for t in tensors), dtype=torch.uint8, device=device)
+    at = 0
+    for t in tensors:
+        data = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        buffer[at : at + data.numel()] = data
+        at += _span(tuple(t.shape), t.dtype)
+    return buffer
 
 
 def _unpack(buffer: torch.Tensor, metas: list[Meta]) -> Iterator[tuple]:
@@ -66,7 +78,7 @@ def _unpack(buffer: torch.Tensor, metas: list[Meta]) -> Iterator[tuple]:
     for name, rows, cols, shape, dtype in metas:
         nbytes = math.prod(shape) * dtype.itemsize
         yield name, rows, cols, buffer[at : at + nbytes].view(dtype).reshape(shape)
-        at += nbytes
+        at += _span(shape, dtype)
 
 
 class Gather:
@@ -102,7 +114,7 @@ class Gather:
             if rank == 0:
                 out += [(m[0], m[1], m[2], t) for m, t in zip(rank_metas, own)]
             elif rank_metas:
-                size = sum(math.prod(m[3]) * m[4].itemsize for m in rank_metas)
+                size = sum(_span(m[3], m[4]) for m in rank_metas)
                 buffer = torch.empty(size, dtype=torch.uint8, device=device)
                 dist.recv(buffer, src=rank)
                 out += list(_unpack(buffer, rank_metas))
@@ -133,7 +145,11 @@ class Gather:
         if trainer.draft is not None and trainer.ctx.coords.dp == 0 and trainer.cp_rank == 0:
             from specdraft.runtime.serve.export import whole_draft_state
 
-            state = {k: v for k, v in whole_draft_state(trainer).items() if isinstance(v, torch.Tensor)}
+            state = {
+                k: v
+                for k, v in whole_draft_state(trainer).items()
+                if isinstance(v, torch.Tensor) and not k.endswith("._extra_state")  # TE's fp8 metadata: no weight
+            }
             if trainer.ps.get_tensor_model_parallel_rank() != 0:
                 state = {}
         if self.draft_metas is None:
