@@ -115,11 +115,14 @@ def grpo_info(row: dict) -> str:
 
     found = row.get("engine")
     engine: dict = found if isinstance(found, dict) else {}
+    per_pos = engine.get("acceptance_per_pos")
+    positions = " ".join(num(v, ".2f") for v in per_pos[:8]) if isinstance(per_pos, list) else "?"
     return (
         f"reward {num(row.get('reward_mean'), '.3f')}±{num(row.get('reward_std'), '.3f')}  "
         f"len {num(row.get('response_length'), '.1f')}  loss {num(row.get('policy_loss'), '.3f')}  "
         f"kl {num(row.get('kl'), '.4f')}  clip {num(row.get('clip_fraction'), '.2f')}  "
-        f"draft {num(row.get('draft_loss'), '.3f')}  accept_len {num(engine.get('accept_length'), '.2f')}  "
+        f"draft {num(row.get('draft_loss'), '.3f')}  "
+        f"accept_len {num(engine.get('accept_length'), '.2f')} [{positions}]  "
         f"gen {num(row.get('generate_s'), '.1f')}s refit {num(row.get('refit_s'), '.2f')}s "
         f"train {num(row.get('train_s'), '.1f')}s {num(row.get('tokens_per_s'), '.0f')} tok/s"
     )

@@ -47,6 +47,7 @@ def _line(step: int, steps: int, r: dict) -> str:
     return (
         f"{head} reward {r['reward_mean']:.3f}±{r['reward_std']:.3f} len {r['response_length']:.1f} "
         f"loss {r['policy_loss']:.4f} kl {r['kl']:.4f} clip {r['clip_fraction']:.3f} draft_loss {r['draft_loss']} "
-        f"engine accept_len {e['accept_length']:.2f} gen {r['generate_s']:.2f}s refit {r['refit_s']:.2f}s "
-        f"train {r['train_s']:.2f}s"
+        f"engine accept_len {e['accept_length']:.2f} [{' '.join(f'{a:.2f}' for a in e['acceptance_per_pos'])}] "
+        f"gen {r['generate_s']:.2f}s refit {r['refit_s']:.2f}s train {r['train_s']:.2f}s "
+        f"{r.get('tokens_per_s', 0.0):.0f} tok/s"
     )
