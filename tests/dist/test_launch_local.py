@@ -12,6 +12,7 @@ import pytest
 
 from specdraft.execute.local import group_members
 from tests.support.paths import SHIPPED
+from tests.support.signals import default_sigint
 
 pytestmark = pytest.mark.dist
 TWO_RANKS = ["cluster.gpus_per_node=2", "parallel.cp=1"]  # tp1 cp1 pp2: the cheapest world with a tap route
@@ -180,6 +181,7 @@ def test_ctrl_c_waits_for_the_ranks_save(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_sigint,
     )
     try:
         metrics = folder / "metrics.jsonl"

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.paths import REPO
+from tests.support.signals import default_sigint
 
 # A stand-in rank: on SIGTERM it finishes "its step and save" (SAVE_S seconds), writes saved-RANK and exits 75, as the
 # runtime does; without one it runs forever.
@@ -66,6 +67,7 @@ def _launch(tmp_path: Path, grace: float, save_s: float) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env=_env(),
+        preexec_fn=default_sigint,
     )
     assert proc.stdout.readline().strip() == "started", proc.stderr.read()
     _wait_for(lambda: all((tmp_path / f"started-{r}").exists() for r in range(2)))
@@ -161,6 +163,7 @@ def _cli(tmp_path: Path, mode: str = "clean", grace: float = 30.0) -> tuple[subp
         stderr=subprocess.PIPE,
         text=True,
         env=_env(),
+        preexec_fn=default_sigint,
     )
     _wait_for(lambda: (tmp_path / "pids.json").exists() and (tmp_path / "pids.json").stat().st_size > 0)
     pids = json.loads((tmp_path / "pids.json").read_text())
