@@ -65,7 +65,10 @@ def summarize(results: dict[int, dict]) -> dict:
 
     out: dict = {"arms": {}}
     for arm in ARMS:
-        a = {key: mean(arm, key) for key in ("accept_length", "forwards_per_token", "generate_s", "step_s", "refit_s")}
+        a = {
+            key: mean(arm, key)
+            for key in ("accept_length", "forwards_per_token", "generate_s", "train_s", "step_s", "refit_s")
+        }
         a["accept_length_first"] = statistics.fmean(r[arm][0]["accept_length"] for r in results.values())
         a["accept_length_last"] = mean(arm, "accept_length", last=True)
         a["refit_share"] = a["refit_s"] / a["step_s"]

@@ -5,7 +5,6 @@ hf/load.py), the draft as EAGLE-3 tensors (serve/eagle3.py); and the HF folders 
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -16,6 +15,7 @@ from specdraft.runtime.models import moe
 from specdraft.runtime.models.hf import export as hf_export
 from specdraft.runtime.models.hf import mapping
 from specdraft.runtime.models.hf.checkpoint import FAMILIES, geometry
+from specdraft.runtime.rl import flat
 
 # One slice of an HF tensor a rank sends: HF name, rows, cols, the live parameter, and its rows [at, at + n).
 Slice = tuple[str, Optional[tuple[int, int]], Optional[tuple[int, int]], torch.Tensor, int, int]
@@ -53,32 +53,11 @@ def _policy_slices(trainer) -> list[Slice]:
     return out
 
 
-ALIGN = 8  # bytes: each tensor starts at a multiple, so a view of any dtype is aligned
-
-
-def _span(shape: tuple[int, ...], dtype: torch.dtype) -> int:
-    """A tensor's bytes in the flat buffer, padded to ALIGN."""
-    return -(-math.prod(shape) * dtype.itemsize // ALIGN) * ALIGN
-
-
-def _pack(tensors: list[torch.Tensor], device) -> torch.Tensor:
-    """One flat byte buffer of ``tensors`` (any dtypes), so a sender's refit is one send, not a pickle."""
-    buffer = torch.zeros(sum(_span(tuple(t.shape), t.dtype) for t in tensors), dtype=torch.uint8, device=device)
-    at = 0
-    for t in tensors:
-        data = t.detach().contiguous().reshape(-1).view(torch.uint8)
-        buffer[at : at + data.numel()] = data
-        at += _span(tuple(t.shape), t.dtype)
-    return buffer
-
-
 def _unpack(buffer: torch.Tensor, metas: list[Meta]) -> Iterator[tuple]:
-    """(name, rows, cols, tensor) per entry of a buffer ``_pack`` made; tensors are views of the CPU buffer."""
-    buffer, at = buffer.cpu(), 0
-    for name, rows, cols, shape, dtype in metas:
-        nbytes = math.prod(shape) * dtype.itemsize
-        yield name, rows, cols, buffer[at : at + nbytes].view(dtype).reshape(shape)
-        at += _span(shape, dtype)
+    """(name, rows, cols, tensor) per entry of a buffer flat.pack made; tensors are views of the CPU buffer."""
+    tensors = flat.views(buffer.cpu(), [(shape, dtype) for *_, shape, dtype in metas])
+    for (name, rows, cols, _, _), tensor in zip(metas, tensors):
+        yield name, rows, cols, tensor
 
 
 class Gather:
@@ -107,14 +86,14 @@ class Gather:
         device = self.trainer.device
         if self.rank != 0:
             if own:
-                dist.send(_pack(own, device), dst=0)
+                dist.send(flat.pack(own, device), dst=0)
             return []
         out: list[tuple] = []
         for rank, rank_metas in enumerate(metas):
             if rank == 0:
                 out += [(m[0], m[1], m[2], t) for m, t in zip(rank_metas, own)]
             elif rank_metas:
-                size = sum(_span(m[3], m[4]) for m in rank_metas)
+                size = flat.num_bytes((m[3], m[4]) for m in rank_metas)
                 buffer = torch.empty(size, dtype=torch.uint8, device=device)
                 dist.recv(buffer, src=rank)
                 out += list(_unpack(buffer, rank_metas))

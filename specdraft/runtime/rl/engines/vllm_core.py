@@ -13,6 +13,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from specdraft.runtime.rl import flat
 from specdraft.runtime.rl.rollouts import GenerationStats, Rollout
 from specdraft.runtime.serve.vllm_engine import ACCEPTED, DRAFT_TOKENS, DRAFTS, PER_POS, spec_counters
 
@@ -142,13 +143,11 @@ class VllmCore:
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         return time.perf_counter() - started
 
-    def refit_policy(self, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
-        return self._reload(weights, draft=False)
-
-    def refit_draft(self, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
-        if not self.draft:
+    def refit(self, names: Sequence[str], specs: Sequence[flat.Spec], buffer: torch.Tensor, *, draft: bool) -> float:
+        """A refit as engines/vllm.py sends it: the tensors are views of one flat buffer."""
+        if draft and not self.draft:
             raise ValueError("this engine was opened without a draft: there is none to refit")
-        return self._reload(weights, draft=True)
+        return self._reload(zip(names, flat.views(buffer, specs)), draft=draft)
 
     def sleep(self) -> None:
         """CUDA, colocated with the trainer: free the KV cache and offload the weights while the policy trains
