@@ -144,9 +144,8 @@ class VllmCore:
         return time.perf_counter() - started
 
     def refit(self, names: Sequence[str], specs: Sequence[flat.Spec], buffer: torch.Tensor, *, draft: bool) -> float:
-        """A refit as engines/vllm.py sends it: the tensors are views of one flat buffer."""
-        if draft and not self.draft:
-            raise ValueError("this engine was opened without a draft: there is none to refit")
+        """A refit as engines/vllm.py sends it (which refuses a draft refit without a draft): the tensors are views
+        of one flat buffer."""
         return self._reload(zip(names, flat.views(buffer, specs)), draft=draft)
 
     def sleep(self) -> None:
