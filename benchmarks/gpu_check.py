@@ -31,7 +31,7 @@ from plain_llama import Shape, plain_step_seconds  # this script's folder is on 
 from specdraft.runtime.attention import backend as attention_backend
 from specdraft.runtime.attention.branch import branch_attention
 
-LAYOUT = Path(__file__).resolve().parents[1] / "specdraft" / "layouts" / "one-gpu.yaml"
+LAYOUT = Path(__file__).resolve().parents[1] / "layouts" / "one-gpu.yaml"
 # (c) on CPU: the one-GPU layout shrunk to seconds per step (8 layers: the draft's default taps must be distinct).
 SMOKE_OVERRIDES = [
     "cluster.gpu=cpu",

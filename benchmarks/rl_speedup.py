@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYOUT = ROOT / "specdraft" / "layouts" / "grpo-tiny-cpu.yaml"
+LAYOUT = ROOT / "layouts" / "grpo-tiny-cpu.yaml"
 SINGLE = ["cluster.gpus_per_node=1", "parallel.cp=1", "parallel.pp=1"]
 ARMS = {"none": ["draft.enabled=false"], "frozen": ["grpo.draft_mode=frozen"], "cotrain": ["grpo.draft_mode=cotrain"]}
 

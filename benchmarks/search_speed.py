@@ -28,7 +28,7 @@ from specdraft.search.ranking import search  # noqa: E402
 from specdraft.search.space import bases, candidate_spec, splits  # noqa: E402
 from specdraft.spec.load import load_layout  # noqa: E402
 
-LAYOUT = ROOT / "specdraft" / "layouts" / "llama3-70b.yaml"
+LAYOUT = ROOT / "layouts" / "llama3-70b.yaml"
 OVERRIDES = ["cluster.num_nodes=128"]  # 128 x 8 = 1,024 GPUs
 
 

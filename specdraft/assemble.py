@@ -84,7 +84,7 @@ def read_plan(path: str | Path) -> LaunchPlan:
     """Read, parse and verify plan.json at ``path`` (a regular file of bounded size), and, where its checkpoint
     folder is on this machine, that the checkpoint's config.json is still the one the plan was compiled from."""
     from specdraft.fsutil import read_regular_text
-    from specdraft.spec.hf_config import check_recorded
+    from specdraft.spec.checkpoints.hf_config import check_recorded
 
     text = read_regular_text(Path(path), MAX_PLAN_BYTES, "plan file")
     plan = verify(parse_plan(text, str(path)), str(path))

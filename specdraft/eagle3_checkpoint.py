@@ -1,6 +1,6 @@
 """A published EAGLE-3 checkpoint's config.json in specdraft's terms, without torch: which of three layouts it is
 (vLLM's LlamaForCausalLMEagle3, SpecForge's, speculators' Eagle3Speculator), its shape, and its aux layers in
-specdraft's numbering. Shared by the CLI's spec check (spec/draft_checkpoint.py) and the ranks' import."""
+specdraft's numbering. Shared by the CLI's spec check (spec/checkpoints/draft.py) and the ranks' import."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from specdraft.plan.compile import plan_memory
 from specdraft.spec.derived import draft_stage_index, resolved_dp
 from specdraft.spec.schema import LayoutSpec
-from specdraft.spec.validate_parallel import stage_layer_counts
+from specdraft.spec.validate.parallel import stage_layer_counts
 
 
 @dataclass(frozen=True, kw_only=True)

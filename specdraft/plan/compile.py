@@ -33,7 +33,7 @@ from specdraft.spec import derived
 from specdraft.spec.load import spec_sha256
 from specdraft.spec.schema import LayoutSpec, ParallelSpec
 from specdraft.spec.validate import validate_fields
-from specdraft.spec.validate_parallel import stage_layer_counts
+from specdraft.spec.validate.parallel import stage_layer_counts
 
 CP_ATTENTION_MODE = "zigzag_ring_branch_merge"
 

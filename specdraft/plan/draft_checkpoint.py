@@ -12,7 +12,7 @@ SCALING = ("factor", "low_freq_factor", "high_freq_factor", "original_max_positi
 
 
 def expected(plan: LaunchPlan) -> Expected:
-    """spec/draft_checkpoint.expected, from the plan's model and draft sections."""
+    """spec/checkpoints/draft.expected, from the plan's model and draft sections."""
     m, d = plan.model, plan.draft
     scaling = m.rope_scaling
     n = m.num_layers

@@ -16,7 +16,7 @@ from typing import NamedTuple, Optional
 from specdraft.plan.dims import ParallelDims
 from specdraft.spec import derived
 from specdraft.spec.schema import LayoutSpec
-from specdraft.spec.validate_parallel import divisors
+from specdraft.spec.validate.parallel import divisors
 
 RECOMPUTE = ("none", "selective", "full")
 # The spec fields a search varies (and `--pin` may fix); everything else comes from the spec.
@@ -223,7 +223,7 @@ def _chunks(spec: LayoutSpec, pp: int, first, last, e: bool, loss: bool, vpp) ->
     if key in _CHUNKS:
         return _CHUNKS[key]
     from specdraft.plan.stages import chunk_layout
-    from specdraft.spec.validate_parallel import layer_split_problems
+    from specdraft.spec.validate.parallel import layer_split_problems
 
     # The split rules read the spec, so the split is checked on it and mapped from its parallel section.
     probe = dataclasses.replace(

@@ -27,7 +27,7 @@ DEFAULT_LAYOUT = "tiny-cpu"
 
 
 def builtin_layout_text(name: str = DEFAULT_LAYOUT) -> str:
-    """The YAML text of a layout shipped inside the package (specdraft/layouts/)."""
+    """The YAML text of a layout shipped inside the package (layouts/)."""
     return resources.files("specdraft.layouts").joinpath(f"{name}.yaml").read_text(encoding="utf-8")
 
 
@@ -85,8 +85,8 @@ def _read_layout(file: Path) -> str:
 
 def load_layout_text(text: str, overrides: Sequence[str] = (), source: str = "<text>") -> LayoutSpec:
     """Parse YAML text plus dotlist overrides into a LayoutSpec, reporting every problem at once."""
-    from specdraft.spec import hf_config
-    from specdraft.spec.source import to_plain_dict
+    from specdraft.spec.checkpoints import hf_config
+    from specdraft.spec.source.text import to_plain_dict
 
     data = to_plain_dict(text, overrides, source)
     hf = hf_config.read(data, source)  # model.path's config.json, when it is a local folder
@@ -96,7 +96,7 @@ def load_layout_text(text: str, overrides: Sequence[str] = (), source: str = "<t
     if hf is not None and spec is not None:
         problems += hf_config.disagreements(spec.model, hf, given)
     if spec is not None and spec.draft.path is not None:
-        from specdraft.spec import draft_checkpoint
+        from specdraft.spec.checkpoints import draft as draft_checkpoint
 
         problems += draft_checkpoint.problems(spec)  # the EAGLE-3 checkpoint the draft starts from
     if problems:

@@ -3,5 +3,5 @@
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED = REPO / "specdraft" / "layouts"
+SHIPPED = REPO / "layouts"
 GOLDEN = REPO / "tests" / "golden"

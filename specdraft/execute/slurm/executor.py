@@ -150,8 +150,8 @@ class SlurmExecutor(Executor):
 
 def _check_container_paths(request) -> None:
     """In a container the ranks see only the run folder and slurm.container_mounts: a --resume-from checkpoint
-    elsewhere would be missing there (model.path and data.path are validate's: spec/validate_container.py)."""
-    from specdraft.spec.validate_container import mount_target, under
+    elsewhere would be missing there (model.path and data.path are validate's: spec/validate/container.py)."""
+    from specdraft.spec.validate.container import mount_target, under
 
     slurm = request.plan.slurm
     if not slurm.container_image or request.resume_from is None:

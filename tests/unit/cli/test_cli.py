@@ -126,7 +126,7 @@ def test_yaml_syntax_error_is_one_clear_message(tmp_path):
 
 
 def test_validate_every_shipped_layout():
-    for layout in sorted((ROOT / "specdraft" / "layouts").glob("*.yaml")):
+    for layout in sorted((ROOT / "layouts").glob("*.yaml")):
         out = run("validate", str(layout))
         assert out.returncode == 0, (layout, out.stderr)
         assert "valid:" in out.stdout

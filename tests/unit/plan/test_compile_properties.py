@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 
 from specdraft.assemble import check, compile
 from specdraft.plan.memory import DTYPE_BYTES
-from specdraft.spec.validate import default_aux_layers
+from specdraft.spec.derived import default_aux_layers
 from tests.support.layouts import valid_layouts
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

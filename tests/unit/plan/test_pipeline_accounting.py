@@ -14,7 +14,7 @@ from specdraft.spec.load import load_layout
 from tests.support.paths import REPO
 
 ROOT = REPO
-BIG = ROOT / "specdraft" / "layouts" / "llama3-70b.yaml"
+BIG = ROOT / "layouts" / "llama3-70b.yaml"
 ACCOUNT_BOTH = [
     "parallel.account_for_embedding_in_pipeline_split=true",
     "parallel.account_for_loss_in_pipeline_split=true",

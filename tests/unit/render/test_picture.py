@@ -36,7 +36,7 @@ def rgb(image, point):
 
 
 def test_64_gpu_layout_colours_each_rank_by_stage_and_marks_the_draft():
-    plan = compile(load_layout(ROOT / "specdraft" / "layouts" / "llama3-70b.yaml"))  # 8 x 8 H100, pp4, draft on stage 3
+    plan = compile(load_layout(ROOT / "layouts" / "llama3-70b.yaml"))  # 8 x 8 H100, pp4, draft on stage 3
     assert plan.world_size == DETAIL_LIMIT
     picture, image = pixels(plan)
     assert not picture.summary
@@ -53,7 +53,7 @@ def test_64_gpu_layout_colours_each_rank_by_stage_and_marks_the_draft():
 
 
 def test_more_than_64_ranks_draw_one_tile_per_node_and_svg_works():
-    plan = compile(load_layout(ROOT / "specdraft" / "layouts" / "mixtral-8x22b.yaml"))  # 16 x 8, pp4
+    plan = compile(load_layout(ROOT / "layouts" / "mixtral-8x22b.yaml"))  # 16 x 8, pp4
     picture, image = pixels(plan)
     assert picture.summary and sorted(picture.cells) == list(range(16))
     for node in (0, 5, 10, 15):

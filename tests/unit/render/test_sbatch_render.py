@@ -185,7 +185,7 @@ def test_hostile_values_are_inert_and_arrive_intact(tmp_path):
     canary = tmp_path / "PWNED"
     layout = _with_slurm(HOSTILE_SLURM.format(canary=canary))
     plan = compile(load_layout_text(layout, source="hostile"))
-    # validate refuses such an image and mount (spec/validate_container.py); a hand-edited plan.json still reaches
+    # validate refuses such an image and mount (spec/validate/container.py); a hand-edited plan.json still reaches
     # the render, which must carry them inert.
     hostile = dataclasses.replace(
         plan.slurm,

@@ -20,13 +20,13 @@ from specdraft.search.ranking import search
 from specdraft.search.space import bases, candidate_spec, splits
 from specdraft.spec.load import load_layout, spec_sha256
 from specdraft.spec.schema import ClusterSpec, LayoutSpec, ModelSpec, TrainingSpec
-from specdraft.spec.validate_parallel import divisors
+from specdraft.spec.validate.parallel import divisors
 from tests.support.cli import run_cli
 from tests.support.layouts import valid_layouts
 from tests.support.paths import REPO
 
 ROOT = REPO
-BIG = ROOT / "specdraft" / "layouts" / "llama3-70b.yaml"
+BIG = ROOT / "layouts" / "llama3-70b.yaml"
 ISSUE_KEYS = {
     "parallel",
     "training",

@@ -1,4 +1,4 @@
-"""Container mode and memory rules (spec/validate_container.py): each refusal names the field, the value, the rule
+"""Container mode and memory rules (spec/validate/container.py): each refusal names the field, the value, the rule
 and the fix, word for word as `specdraft validate` prints it."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import pytest
 
 from specdraft import eagle3_checkpoint
 from specdraft.errors import SpecError
-from specdraft.spec.draft_checkpoint import expected, review
+from specdraft.spec.checkpoints.draft import expected, review
 from specdraft.spec.load import load_layout
 from tests.support import eagle3_formats
 

@@ -15,7 +15,7 @@ from specdraft.assemble import check, compile
 from specdraft.errors import SpecError
 from specdraft.render.sbatch import render_sbatch
 from specdraft.spec.load import builtin_layout_text, load_layout_text
-from specdraft.spec.sbatch_options import MANAGED_LONG, MANAGED_SHORT, option_problem
+from specdraft.spec.validate.sbatch_options import MANAGED_LONG, MANAGED_SHORT, option_problem
 
 # Every long option name of sbatch/srun/salloc's shared table, Slurm 20.11 to 25.x (getopt_long matches among all).
 SBATCH_LONG = set(

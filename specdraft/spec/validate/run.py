@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 
 from specdraft.spec.derived import slurm_time_seconds
-from specdraft.spec.sbatch_options import option_problem as sbatch_option_problem
 from specdraft.spec.schema import LayoutSpec
+from specdraft.spec.validate.sbatch_options import option_problem as sbatch_option_problem
 
 SLURM_WORD_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._,:@+-]*$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -12,12 +12,12 @@ from specdraft.spec.bounds import check as check_bounds
 from specdraft.spec.derived import default_aux_layers, kv_heads, resolved_dp
 from specdraft.spec.gpus import CATALOGUE
 from specdraft.spec.schema import LayoutSpec
-from specdraft.spec.validate_container import container_rules
-from specdraft.spec.validate_data import data_rules
-from specdraft.spec.validate_grpo import grpo_rules
-from specdraft.spec.validate_model import model_rules
-from specdraft.spec.validate_parallel import divisors, parallel_rules
-from specdraft.spec.validate_run import checkpoint_rules, slurm_rules
+from specdraft.spec.validate.container import container_rules
+from specdraft.spec.validate.data import data_rules
+from specdraft.spec.validate.grpo import grpo_rules
+from specdraft.spec.validate.model import model_rules
+from specdraft.spec.validate.parallel import divisors, parallel_rules
+from specdraft.spec.validate.run import checkpoint_rules, slurm_rules
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 

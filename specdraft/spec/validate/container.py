@@ -88,7 +88,7 @@ def container_rules(spec: LayoutSpec, err) -> None:
                     "keep slurm.mem and drop this option, or drop slurm.mem",
                 )
     if s.container_image is None or "\n" in s.container_image or not s.container_image.strip():
-        return  # no container (a blank or multi-line image is validate_run's to report)
+        return  # no container (a blank or multi-line image is validate.run's to report)
     problem = image_problem(s.container_image)
     if problem:
         err("slurm.container_image", s.container_image, *problem)

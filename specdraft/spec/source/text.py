@@ -20,7 +20,7 @@ from specdraft.spec.bounds import (
     MAX_OVERRIDES,
     MAX_YAML_NODES,
 )
-from specdraft.spec.source_checks import first_line, interpolation_targets, markers
+from specdraft.spec.source.checks import first_line, interpolation_targets, markers
 
 # YAML 1.1 reads `1:30:00` as the base-60 integer 5400, so `slurm.time: 1:30:00` became 5400 minutes. YAML 1.2
 # (and every reader's intuition) keeps it text; so does specdraft, in files and in overrides.
