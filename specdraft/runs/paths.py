@@ -14,7 +14,7 @@ from specdraft.spec.bounds import MAX_WORLD_SIZE  # noqa: F401 - the one bound o
 
 # RUN/.specdraft-run plan.json run.json sbatch.sh .launch.lock .record.lock .specdraft-reserve metrics.jsonl
 # results/rank-NNNNN.json logs/rank-N.{out,err} (local) submitit/ (Slurm) attempts/<n>/ checkpoints/step-N/
-# draft/step-N/ taps/ requeue-request (container mode)
+# draft/step-N/ taps/ requeue-request (container mode) rl/{policy,draft}/ rl/rollouts.jsonl (GRPO)
 RUN_MARKER = ".specdraft-run"  # makes a folder specdraft's (runs/rundir.py)
 PLAN = "plan.json"
 RECORD = "run.json"
@@ -36,14 +36,23 @@ TAPS = "taps"  # the TapChannel's audit log (SPECDRAFT_TAP_AUDIT=1)
 REQUEUE_REQUEST = "requeue-request"
 # RUN/serve-cache/vllm/{policy,draft}/: the exports `rollout measure --engine vllm` serves, kept for reuse
 SERVE_CACHE = "serve-cache"
+# RUN/rl/: GRPO's own files. policy/ and draft/ are the HF and EAGLE-3 folders the rollout engines start from;
+# rollouts.jsonl holds one JSON object per sample (step, instance, policy_version, prompt_text, response_text,
+# answer, reward, prompt_ids, response_ids, finished) or per failed step ({"step", "error"}), rewound with
+# metrics.jsonl on a resume.
+RL = "rl"
+RL_POLICY = f"{RL}/policy"
+RL_DRAFT = f"{RL}/draft"
+ROLLOUTS = f"{RL}/rollouts.jsonl"
 # Folders ranks and executors write into: each must be a real folder inside the run folder, never a link.
-WRITTEN_DIRS = (RESULTS, LOGS, SUBMITIT, ATTEMPTS, CHECKPOINTS, DRAFTS, TAPS, SERVE_CACHE)
+WRITTEN_DIRS = (RESULTS, LOGS, SUBMITIT, ATTEMPTS, CHECKPOINTS, DRAFTS, TAPS, SERVE_CACHE, RL)
 STEP_RE = re.compile(r"^step-(\d{1,12})$")
 
 MAX_PLAN_BYTES = 256 * 2**20  # a 131,072-GPU plan is about 25 MB; anything far larger is not a plan
 MAX_RECORD_BYTES = 1 << 20  # a record with a thousand attempts is about 300 KB
 MAX_RESULT_BYTES = 1 << 20  # a result line holds checks and a traceback tail: a few KB
 MAX_METRICS_BYTES = 64 << 20  # the newest 64 MiB of metrics.jsonl: about 200,000 steps
+MAX_ROLLOUTS_BYTES = 256 << 20  # the newest 256 MiB of rollouts.jsonl: its samples carry their text
 MAX_MARKER_BYTES = 64 << 20  # the manifest lists every shard file: a few hundred bytes per rank
 MAX_DCP_METADATA_BYTES = 1 << 30  # torch DCP's .metadata: about 1 KB per tensor shard
 # `status` and the launcher check the content hashes of a checkpoint up to this size (a read of every byte); a larger
@@ -186,6 +195,22 @@ class RunPaths:
     @property
     def serve_cache(self) -> Path:
         return self.root / SERVE_CACHE
+
+    @property
+    def rl(self) -> Path:
+        return self.root / RL
+
+    @property
+    def rl_policy(self) -> Path:
+        return self.root / RL_POLICY
+
+    @property
+    def rl_draft(self) -> Path:
+        return self.root / RL_DRAFT
+
+    @property
+    def rollouts(self) -> Path:
+        return self.root / ROLLOUTS
 
     def result(self, rank: int) -> Path:
         return self.root / result_name(rank)
