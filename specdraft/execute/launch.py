@@ -95,6 +95,8 @@ def prepare(
         # The file's structure before any allocation; its token lengths need the tokenizer: every rank checks them
         # before its first collective (runtime/train/corpus.py).
         check_file(plan.data.path, plan.data.format, plan.data.tokenizer)
+    if workload == "grpo":
+        check_grpo(plan)
     chosen, why = executors.choose(executor, plan.cluster.executor)
     folder = run_dir_for(plan, run_dir)
     source = os.path.abspath(resume_from) if resume_from is not None else None
@@ -155,6 +157,32 @@ def check_checkpoint(plan: LaunchPlan) -> dict | None:
         )
     argv = ["--model", json.dumps(encode_value(plan.model)), "--path", path]
     return json.loads(payload.run("models.hf.check", argv, lambda line: None))
+
+
+def check_grpo(plan: LaunchPlan) -> dict | None:
+    """What the grpo workload needs before any rank starts: the plan's rollout instances, and every row of a prompt
+    file rendered with the checkpoint's chat template, tokenised and checked to fit (the runtime's check payload).
+    Returns the prompt check's summary, or None for a built-in task."""
+    import json
+
+    from specdraft.execute import payload
+    from specdraft.plan.codec import encode_value
+
+    if plan.rollout is None:
+        raise UserError(
+            "--workload grpo runs the plan's rollout instances, but this plan has none (its layout's workload is "
+            f"{plan.workload!r} and rollout.enabled is false)",
+            "set workload: grpo (or rollout.enabled: true) in the layout, then launch it",
+        )
+    if plan.data.path is None:
+        return None
+    check_file(plan.data.path, plan.data.format, plan.data.tokenizer)
+    from specdraft.plan.grpo import prompt_limit
+
+    limit, why = prompt_limit(plan)
+    argv = ["--data", json.dumps(encode_value(plan.data)), "--vocab", str(plan.model.vocab_size)]
+    argv += ["--limit", str(limit), "--why", why, "--max-new", str(plan.grpo.max_new_tokens)]
+    return json.loads(payload.run("rl.prompt_check", argv, lambda line: None))
 
 
 def check_draft_checkpoint(plan: LaunchPlan) -> tuple[str, ...]:

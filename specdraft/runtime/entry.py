@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
 
             open_source(plan)  # draft.path: config.json and the safetensors headers against the plan's draft
         # The data file is read and tokenised before any collective: a bad file stops every rank with one message.
-        data = _load_data(plan) if args.workload == "cotrain" else None
+        data = _load_data(plan, args.workload)
         device, backend = _device(plan, local_rank)
         record.update(device=device, backend=backend)
         # torchrun's names, for code that reads them (MASTER_ADDR/MASTER_PORT come from the launcher).
@@ -349,9 +349,15 @@ def main(argv: list[str] | None = None) -> int:
         return 143 if terminated else USER_ERROR_EXIT if isinstance(err, (ResumeError, DataError, UserError)) else 1
 
 
-def _load_data(plan: LaunchPlan):
-    if plan.data.path is None:
+def _load_data(plan: LaunchPlan, workload: str):
+    """The data file, tokenised: cotrain's training samples, or grpo's prompts (each row's prompt through the chat
+    template, its reference answer); None without one, and for the other workloads."""
+    if plan.data.path is None or workload not in ("cotrain", "grpo"):
         return None
+    if workload == "grpo":
+        from specdraft.runtime.rl.prompts import load_prompt_file
+
+        return load_prompt_file(plan)
     from specdraft.runtime.train.corpus import load_corpus
 
     return load_corpus(plan)

@@ -65,8 +65,8 @@ class Gather:
     shapes, are fixed by the layout: they are exchanged once (a pickled gather), after which a refit is one
     flat send per sending rank (gloo here, NCCL on GPUs), and none at all in one process."""
 
-    def __init__(self, trainer):
-        self.trainer = trainer
+    def __init__(self, trainer, dst: int = 0):
+        self.trainer, self.dst = trainer, dst
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.dtype = hf_export.export_dtype(trainer.plan)
         self.slices = _policy_slices(trainer)
@@ -77,20 +77,20 @@ class Gather:
 
     def _exchange(self, metas: list[Meta]) -> list[list[Meta]]:
         """Every rank: rank 0 gets each rank's list of what it sends (elsewhere: an empty list)."""
-        received: Any = [None] * self.world if self.rank == 0 else None
-        dist.gather_object(metas, received, dst=0)
+        received: Any = [None] * self.world if self.rank == self.dst else None
+        dist.gather_object(metas, received, dst=self.dst)
         return received or []
 
     def _collect(self, own: list[torch.Tensor], metas: list[list[Meta]]) -> list[tuple]:
         """Every rank: send ``own`` to rank 0; rank 0 gets (name, rows, cols, tensor) of every rank's tensors."""
         device = self.trainer.device
-        if self.rank != 0:
+        if self.rank != self.dst:
             if own:
-                dist.send(flat.pack(own, device), dst=0)
+                dist.send(flat.pack(own, device), dst=self.dst)
             return []
         out: list[tuple] = []
         for rank, rank_metas in enumerate(metas):
-            if rank == 0:
+            if rank == self.dst:
                 out += [(m[0], m[1], m[2], t) for m, t in zip(rank_metas, own)]
             elif rank_metas:
                 size = flat.num_bytes((m[3], m[4]) for m in rank_metas)
@@ -103,7 +103,7 @@ class Gather:
         """Every rank: the whole policy in HF names on global rank 0 (None elsewhere), in the export's dtype."""
         own = [p.detach().narrow(0, at, n).to(self.dtype) for _, _, _, p, at, n in self.slices]
         pieces = self._collect(own, self.policy_metas)
-        if self.rank != 0:
+        if self.rank != self.dst:
             return None
         plan = self.trainer.plan
         g = geometry(plan.model, FAMILIES[hf_export.policy_architecture(plan)])
@@ -134,7 +134,7 @@ class Gather:
         if self.draft_metas is None:
             self.draft_metas = self._exchange([(k, None, None, tuple(v.shape), v.dtype) for k, v in state.items()])
         pieces = self._collect(list(state.values()), self.draft_metas)
-        if self.rank != 0:
+        if self.rank != self.dst:
             return None
         # a copy: the trainer's parameters move on while the engine holds these
         out = {name: t.detach().cpu().clone() for name, _, _, t in pieces}
