@@ -112,13 +112,15 @@ class GrpoLoop:
     def _generate(self, batch: StepBatch, instance: int) -> dict:
         queue = batch.dispatch.queues[instance]
         engine = self.instances.engine
-        seed = self.plan.training.seed * 1_000_003 + batch.step + 7_919 * instance
+        G = batch.num_generations
+        # a prompt's samples draw from its stream position's seed: the same on any instance and under any schedule
+        base = self.plan.training.seed * 1_000_003
         rollouts, stats = engine.generate(
             [batch.prompts[p].tokens for p in queue],
-            num_generations=batch.num_generations,
+            num_generations=G,
             max_new_tokens=self.g.max_new_tokens,
             temperature=self.g.temperature,
-            seed=seed,
+            seed=[(base + batch.prompts[p].index) * G for p in queue],
         )
         if self.plan.rollout_settings.colocated:
             engine.sleep()  # the trainer's turn on the shared GPUs; the refit wakes the engine
