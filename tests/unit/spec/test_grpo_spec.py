@@ -110,7 +110,8 @@ def test_a_prompt_file_needs_rewards_that_read_text(tmp_path):
 def test_a_built_in_task_refuses_a_model_with_a_tokenizer_of_its_own(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{}")
     errors, _ = _problems(GRPO, f"model.path={tmp_path}")
-    assert any(e.startswith("data.path: the built-in grpo.task 'markov' writes its prompts in token ids") for e in errors)
+    want = "data.path: the built-in grpo.task 'markov' writes its prompts in token ids"
+    assert any(e.startswith(want) for e in errors)
 
 
 def test_the_engines_max_model_len_fits_the_policys_positions():
