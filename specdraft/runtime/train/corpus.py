@@ -124,17 +124,35 @@ def encode(tokenizer, fmt: str, value, method: str) -> tuple[list[int], list[int
     return render_messages(tokenizer, messages, method)
 
 
+def check_vocabulary(tokenizer, folder: str, vocab: int) -> None:
+    """Every id the tokenizer can produce must be a row of the model's embedding: a tokenizer with more tokens than
+    model.vocab_size, or one that maps any token (an added or special one) to an id at or past it, is refused by
+    name before a row is read (it would train on a zero embedding and an impossible label, or fail in an index)."""
+    if len(tokenizer) > vocab:
+        raise DataError(
+            f"the tokenizer in {folder} has {len(tokenizer):,} tokens, more than model.vocab_size ({vocab:,})",
+            f"set model.vocab_size to at least {len(tokenizer):,} (the model's config.json vocab_size)",
+        )
+    ids = {**tokenizer.get_vocab(), **{t: i for t, i in zip(tokenizer.all_special_tokens, tokenizer.all_special_ids)}}
+    past = sorted((i, t) for t, i in ids.items() if not isinstance(i, int) or not 0 <= i < vocab)
+    if past:
+        i, token = past[-1]
+        raise DataError(
+            f"the tokenizer in {folder} maps {token!r} to id {i:,}, outside model.vocab_size ({vocab:,}); "
+            f"{len(past):,} token(s) are outside it",
+            "use the tokenizer the model was trained with, or set model.vocab_size above every id the tokenizer "
+            "gives (the model's config.json vocab_size)",
+        )
+
+
 def load_corpus(plan) -> Corpus:
     """The plan's data file tokenised: DataError naming every row that cannot be trained on (too long for
-    model.seq_length, no token with loss, refused by the template) and any tokenizer that does not fit the model."""
+    model.seq_length, no token with loss, refused by the template, a token id outside the vocabulary) and any
+    tokenizer that does not fit the model."""
     data, seq_length, vocab = plan.data, plan.model.seq_length, plan.model.vocab_size
     fmt, records = read_records(data.path, data.format)
     tokenizer = load_tokenizer(data.tokenizer)
-    if len(tokenizer) > vocab:
-        raise DataError(
-            f"the tokenizer in {data.tokenizer} has {len(tokenizer):,} tokens, more than model.vocab_size ({vocab:,})",
-            f"set model.vocab_size to at least {len(tokenizer):,} (the model's config.json vocab_size)",
-        )
+    check_vocabulary(tokenizer, data.tokenizer, vocab)
     method = mask_method(tokenizer, fmt)
     if method == "plain" and (fmt == "messages" or tokenizer.eos_token_id is None):
         raise DataError(
@@ -153,7 +171,10 @@ def load_corpus(plan) -> Corpus:
         except (ValueError, TypeError, TemplateError) as err:  # the template's own refusal, or ours (prefix)
             problems.append(f"{where}: the chat template refused it ({type(err).__name__}: {err})")
             continue
-        if len(ids) > seq_length:
+        outside = [i for i in ids if not 0 <= i < vocab]
+        if outside:
+            problems.append(f"{where}: token id {outside[0]:,} is outside model.vocab_size ({vocab:,})")
+        elif len(ids) > seq_length:
             problems.append(f"{where}: {len(ids):,} tokens, longer than model.seq_length ({seq_length:,})")
         elif sum(mask[1:]) == 0:
             problems.append(f"{where}: no token to train on (the assistant/response part is empty)")
