@@ -92,6 +92,25 @@ def read_results(run_dir: str | Path, world_size: int) -> dict[int, dict]:
     return out
 
 
+def settle(state: str, results: dict[int, dict], world_size: int) -> tuple[str, str | None]:
+    """(state, why) of a run its executor saw end: a rank's result decides. COMPLETED stands only when every rank
+    wrote a result and every result passed; a rank that exited 0 without writing one (a reward that called
+    os._exit(0), a kill the exit code hides) makes the run FAILED, and ``why`` names the ranks."""
+    if state != "COMPLETED":
+        return state, None
+    missing = sorted(set(range(world_size)) - set(results))
+    failed = sorted(r for r, rec in results.items() if not rec.get("ok"))
+    if missing:
+        return "FAILED", f"rank(s) {_ranks(missing)} exited without writing a result"
+    if failed:
+        return "FAILED", f"rank(s) {_ranks(failed)} did not pass"
+    return state, None
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:10])) + (f" and {len(ranks) - 10} more" if len(ranks) > 10 else "")
+
+
 def root_cause(results: dict[int, dict], exit_order: list[int] | None = None) -> int | None:
     """The rank that failed first: a rank that raised on its own (not terminated by a signal) with the earliest
     failure time; else the first rank to exit non-zero (``exit_order``, known to the local executor)."""

@@ -20,7 +20,7 @@ from importlib import import_module
 from pathlib import Path
 
 from specdraft.datafile import DataError
-from specdraft.errors import SpecdraftError, UserError
+from specdraft.errors import SpecdraftError, UserError, headline_of
 from specdraft.plan.codec import PlanFormatError
 from specdraft.plan.model import LaunchPlan
 from specdraft.runs.checkpoints import ResumeError
@@ -339,8 +339,9 @@ def main(argv: list[str] | None = None) -> int:
             finished_at=time.time(),
         )
         print("\n".join(tail), file=sys.stderr, flush=True)
-        if isinstance(err, DataError):  # a rank's one-line summaries show the last line: make it the problem
-            record["error"] += "\n" + err.headline
+        headline = headline_of(err)
+        if headline:  # a rank's one-line summaries show the last line: make it the problem, not the fix
+            record["error"] += "\n" + headline
         if rank is not None and rank >= 0:
             try:
                 write_result(run_dir, rank, record)
