@@ -158,13 +158,15 @@ def _finish(folder, result) -> None:
     from specdraft.cli.runs_view import rank_table
     from specdraft.errors import UserError
     from specdraft.execute import monitor
-    from specdraft.execute.report import read_results
+    from specdraft.execute.report import read_results, warnings_of
     from specdraft.runs.paths import PREEMPTED_EXIT
 
     plan = monitor.read_plan(folder)
     results = read_results(folder, plan.world_size)
     out = _console()
     out.print(rank_table(plan, results, result.state))
+    for warning in warnings_of(results):  # what the ranks did other than asked (a data position that did not apply)
+        _console(stderr=True).print(f"warning: {plain(warning)}", markup=False)
     if result.problem and result.state != "CANCELLED" and monitor.stopped_at(results, plan.world_size) is not None:
         # Not a failure: every rank saved and stopped (EX_TEMPFAIL, the ranks' own exit code): run it again.
         _console(stderr=True).print(f"{plain(result.state)}: {plain(result.problem)}", markup=False)

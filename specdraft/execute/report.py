@@ -62,6 +62,8 @@ def _sane(record: object, rank: int) -> dict | None:
         and all(_number(record.get(k) or 0.0) for k in ("failed_at", "finished_at", "started_at"))
         and isinstance(record.get("slurm_job_id") or "", str)
         and _stop_ok(record.get("preempted"))
+        and isinstance(record.get("warnings", []), list)
+        and all(isinstance(w, str) for w in record.get("warnings", []))
     )
     if shapes_ok:
         return record
@@ -109,6 +111,16 @@ def settle(state: str, results: dict[int, dict], world_size: int) -> tuple[str, 
 
 def _ranks(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks[:10])) + (f" and {len(ranks) - 10} more" if len(ranks) > 10 else "")
+
+
+def warnings_of(results: dict[int, dict]) -> list[str]:
+    """The warnings the ranks recorded that changed what the run did (a data position that did not apply, a
+    damaged checkpoint skipped), once each, with the ranks that gave each."""
+    seen: dict[str, list[int]] = {}
+    for rank, record in sorted(results.items()):
+        for warning in record.get("warnings") or []:
+            seen.setdefault(warning, []).append(rank)
+    return [f"rank {_ranks(ranks)}: {warning}" for warning, ranks in seen.items()]
 
 
 def root_cause(results: dict[int, dict], exit_order: list[int] | None = None) -> int | None:

@@ -249,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         "pid": os.getpid(),
     }
     rank = None
+    ctx: RankContext | None = None
     try:
         rank, local_rank, world_size, node = rank_env(os.environ)
         record.update(global_rank=rank, local_rank=local_rank, node=node)
@@ -300,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeError(f"injected fault on rank {rank} ({FAULT_ENV}={fault})")
         out = workload(ctx) or {}
         record.update(out)
+        record["warnings"] = list(ctx.warnings)
         failed = [c for c in record.get("checks", []) if not c["passed"]]
         preempted = record.get("preempted")
         record.update(ok=not failed and not preempted, error=None, terminated=bool(preempted), finished_at=time.time())
@@ -333,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         record.update(
             ok=False,
             terminated=terminated,
+            warnings=list(ctx.warnings) if ctx is not None else [],
             error="\n".join(tail),
             error_type=type(err).__name__,
             failed_at=time.time(),

@@ -337,10 +337,15 @@ def restore(ctx: RankContext, trainer) -> tuple[int, dict]:
     No resume: (0, {})."""
     if ctx.resume is None:
         return 0, {}
+
+    def warn(message: str) -> None:  # what changes the run goes into the result too (entry), not only stderr
+        _warn(message)
+        ctx.warnings.append(message)
+
     choice: list = [None]
     if ctx.global_rank == 0:
         try:
-            choice[0] = ("ok", files.choose(ctx.run_dir, ctx.plan, ctx.resume, ctx.resume_from, _warn, ctx.steps))
+            choice[0] = ("ok", files.choose(ctx.run_dir, ctx.plan, ctx.resume, ctx.resume_from, warn, ctx.steps))
         except files.ResumeError as err:
             choice[0] = ("error", str(err))
     dist.broadcast_object_list(choice, src=0)  # one decision, the same on every rank
@@ -356,7 +361,7 @@ def restore(ctx: RankContext, trainer) -> tuple[int, dict]:
         skipped.append(str(folder))
         reasons.append(f"{folder}: {why[:600]}")
         if ctx.global_rank == 0:
-            _warn(f"skipping checkpoint {folder}: {why[:2000]}")
+            warn(f"skipping checkpoint {folder}: {why[:2000]}")
     else:
         if value:
             raise files.ResumeError(f"no checkpoint could be loaded: {'; '.join(reasons)}")
@@ -367,7 +372,7 @@ def restore(ctx: RankContext, trainer) -> tuple[int, dict]:
     step = int(meta["step"])
     note = trainer.data.restore(step, meta.get("data"))
     if note and ctx.global_rank == 0:
-        _warn(note)
+        warn(note)
     if ctx.global_rank == 0:
         files.rewrite_metrics(ctx.run_dir, files.metrics_rows(folder, step))
         print(

@@ -1,7 +1,8 @@
 """A rank's result decides the run's state, through a real local launch whose ranks are real processes: `--python`
 names a stand-in interpreter that writes (or does not write) each rank's result file the way the runtime does, then
 exits as told. A rank that exits 0 without its result makes the run FAILED (run.json, status and the launcher's
-exit code), naming the rank.
+exit code), naming the rank; the warnings the ranks record (what they did other than asked) reach the launcher's
+output and `status`.
 """
 
 from __future__ import annotations
@@ -46,3 +47,13 @@ def test_a_rank_that_exits_0_without_its_result_fails_the_run(tmp_path):
     assert record.state == "FAILED" and "rank(s) 1 exited without writing a result" in (record.message or "")
     status = run_cli("status", run)
     assert status.returncode == 0 and "state FAILED" in " ".join(status.stdout.split()), status.stdout
+
+
+def test_what_the_ranks_warn_of_reaches_the_launcher_and_status(tmp_path):
+    why = "the checkpoint's data position does not apply: it was written with other data"
+    run, got = _launch(tmp_path, {str(r): {"warnings": [why]} for r in range(4)})
+    assert got.returncode == 0, got.stderr
+    assert f"warning: rank 0, 1, 2, 3: {why}" in got.stderr, got.stderr
+    assert read_record(run).state == "COMPLETED"
+    status = run_cli("status", run)
+    assert f"rank 0, 1, 2, 3: {why}" in " ".join(status.stdout.split()), status.stdout
