@@ -37,6 +37,7 @@ WORKLOADS = {
 }
 FAULT_ENV = "SPECDRAFT_FAULT_RANK"  # test-only: this rank raises just before the workload (a real fault)
 TIMEOUT_ENV = "SPECDRAFT_DIST_TIMEOUT_S"
+TRAINING_WORKLOADS = ("cotrain", "grpo")  # they read the HF checkpoint, the draft's and the data file
 
 
 class WorkloadUnavailable(RuntimeError):
@@ -259,16 +260,8 @@ def main(argv: list[str] | None = None) -> int:
             record["coords"] = {k: getattr(me, k) for k in ("tp", "cp", "dp", "pp", "ep", "etp", "edp")}
         check_placement(plan, rank, local_rank, world_size, node)
         workload = load_workload(args.workload)
-        if args.workload == "cotrain":
-            # A HF checkpoint that cannot make the plan's policy fails every rank alike, before any collective.
-            from specdraft.runtime.models.hf.checkpoint import plan_checkpoint
-
-            plan_checkpoint(plan)
-            from specdraft.runtime.models.eagle3_import import open_source
-
-            open_source(plan)  # draft.path: config.json and the safetensors headers against the plan's draft
-        # The data file is read and tokenised before any collective: a bad file stops every rank with one message.
-        data = _load_data(plan) if args.workload == "cotrain" else None
+        # What every rank reads is checked before the first collective: a bad file fails every rank alike.
+        data = check_inputs(plan) if args.workload in TRAINING_WORKLOADS else None
         device, backend = _device(plan, local_rank)
         record.update(device=device, backend=backend)
         # torchrun's names, for code that reads them (MASTER_ADDR/MASTER_PORT come from the launcher).
@@ -353,7 +346,15 @@ def main(argv: list[str] | None = None) -> int:
         return 143 if terminated else USER_ERROR_EXIT if isinstance(err, (ResumeError, DataError, UserError)) else 1
 
 
-def _load_data(plan: LaunchPlan):
+def check_inputs(plan: LaunchPlan):
+    """The checks of every training workload (cotrain, grpo) before any collective: the HF checkpoint the policy
+    starts from (config.json and the safetensors headers against the plan's model), the draft's (draft.path), and
+    the data file read and tokenised (returned for the workload: ctx.data; None for the built-in data)."""
+    from specdraft.runtime.models.eagle3_import import open_source
+    from specdraft.runtime.models.hf.checkpoint import plan_checkpoint
+
+    plan_checkpoint(plan)
+    open_source(plan)
     if plan.data.path is None:
         return None
     from specdraft.runtime.train.corpus import load_corpus

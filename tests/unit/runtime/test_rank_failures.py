@@ -1,12 +1,16 @@
 """How a rank fails, read from its real process (`python -m specdraft.runtime.entry`, one rank of a larger world):
 
 - a user error (any UserError: a DataError, a RewardError, a refused file) shows its message on the line the
-  launcher's summary and the per-rank tables show, never its fix.
+  launcher's summary and the per-rank tables show, never its fix;
+- the grpo workload runs the same checks before its first collective as cotrain (the HF checkpoint, the draft's,
+  the data file): a bad checkpoint stops the rank with its own message, not after a process-group timeout.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +23,8 @@ from specdraft.errors import UserError, headline_of
 from specdraft.execute.report import failure_message, read_results
 from specdraft.runtime.rl.rewards import RewardError
 from specdraft.spec.load import load_layout
+from tests.support import hf_models
+from tests.support.model_files import rewrite_header
 
 
 def _rank(plan_path: Path, world: int, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -65,3 +71,22 @@ def test_a_rank_that_stops_on_a_user_error_is_summarised_by_its_message(tmp_path
     assert "is a FIFO" in last and "fix:" not in last, results[0]["error"]
     summary = failure_message(plan, results, 0, tmp_path, None, "the run FAILED").splitlines()[0]
     assert summary.endswith(last) and "failed first: plan file" in summary, summary
+
+
+def test_grpo_checks_the_checkpoint_before_its_first_collective(tmp_path):
+    folder = Path(shutil.copytree(hf_models.make("llama", tmp_path / "made"), tmp_path / "llama"))
+
+    def overlap(header: dict) -> None:
+        a, b = (next(n for n in header if n.endswith(f"layers.{i}.input_layernorm.weight")) for i in (0, 1))
+        header[b]["data_offsets"] = list(header[a]["data_offsets"])
+
+    rewrite_header(folder / "model.safetensors", overlap)
+    plan = compile(load_layout(None, hf_models.overrides(folder)))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "plan.json").write_text(plan.to_json())
+    # Past the checks, rank 0 would wait for its peers: the timeout says so, and no check ran before it.
+    proc = _rank(tmp_path / "run" / "plan.json", plan.world_size, "--workload", "grpo", SPECDRAFT_DIST_TIMEOUT_S="30")
+    result = json.loads((tmp_path / "run" / "results" / "rank-00000.json").read_text())
+    assert result["ok"] is False and result["error_type"] == "CheckpointError", result["error"][-2000:]
+    assert str(folder / "model.safetensors") in result["error"] and "overlap" in result["error"], result["error"]
+    assert proc.returncode != 0
