@@ -5,6 +5,7 @@ any rank starts, and every rank runs it again before tokenising (runtime/train/c
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from dataclasses import dataclass
@@ -95,6 +96,18 @@ def check_file(path: str, fmt: str, tokenizer: str | None) -> tuple[str, int | N
             return fmt, None
     fmt, records = read_records(path, fmt)
     return fmt, len(records)
+
+
+def file_sha256(path: str) -> str:
+    """The sha256 of the data file's bytes: what a checkpoint records, so a resume knows the file it trained on."""
+    digest = hashlib.sha256()
+    with _open_regular(path) as handle:
+        try:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+        except OSError as err:
+            raise DataError(f"cannot read data file {path}: {err.strerror or err}", "check the file") from None
+    return digest.hexdigest()
 
 
 def check_tokenizer_folder(folder: str) -> None:

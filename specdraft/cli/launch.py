@@ -53,6 +53,12 @@ def launch(
         metavar="CHECKPOINT",
         help="Start from this checkpoint folder (another run, or another layout of the same model).",
     ),
+    allow_data_change: bool = typer.Option(
+        False,
+        "--allow-data-change",
+        help="With --resume/--resume-from: continue although data.path's content changed since the checkpoint "
+        "(the new file is trained from its first sample); without it such a resume is refused.",
+    ),
     workload: Optional[str] = typer.Option(
         None,
         "--workload",
@@ -85,6 +91,7 @@ def launch(
         wait=wait,
         resume=resume,
         resume_from=resume_from,
+        allow_data_change=allow_data_change,
     )
     err = _console(stderr=True)
     for note in request.notes:

@@ -26,10 +26,19 @@ from specdraft.runs.marker import (
     read_marker,
     write_marker,
 )
-from specdraft.runs.paths import CHECKPOINTS, MAX_DCP_METADATA_BYTES, METRICS, STEP_RE, RunPaths, contained, link_note
+from specdraft.runs.paths import (
+    CHECKPOINTS,
+    MAX_DCP_METADATA_BYTES,
+    METRICS,
+    STEP_RE,
+    RunPaths,
+    contained,
+    link_note,
+)
 
 __all__ = ["MARKER", "METRICS", "CorruptCheckpoint", "ResumeError", "check_hashes", "write_marker", "hash_files"]
 MAX_METRICS_LINE = 1 << 20  # a metrics row is a few hundred bytes; a longer line is not one of ours
+ALLOW_DATA_CHANGE = "--allow-data-change"
 
 
 class ResumeError(SpecdraftError):
@@ -282,3 +291,28 @@ def write_metrics(folder: Path, lines: list[str]) -> Path:
 def rewrite_metrics(run_dir: Path, lines: list[str]) -> None:
     """metrics.jsonl becomes exactly ``lines`` (atomically): no step of the abandoned future survives a resume."""
     write_metrics(RunPaths(run_dir).root, lines)
+
+
+def data_change(saved: object, now: dict | None) -> tuple[str, str] | None:
+    """(the checkpoint's hash, this data's hash) when a checkpoint written with a data file is resumed with a file
+    of other content: the file's sha256 where both record it (older checkpoints do not), else the digest of its
+    tokenised samples. None when they agree, or when either side has no data file."""
+    if not isinstance(saved, dict) or not isinstance(now, dict):
+        return None
+    for key in ("sha256", "digest"):
+        then, here = saved.get(key), now.get(key)
+        if isinstance(then, str) and isinstance(here, str):
+            return None if then == here else (then, here)
+    return None
+
+
+def data_change_refused(path: str, folder: Path, hashes: tuple[str, str]) -> tuple[str, str]:
+    """(message, fix) refusing a resume whose data file changed since ``folder`` was written: the file, both
+    hashes shortened, the fix."""
+    then, now = hashes
+    return (
+        f"data file {path} is not the file checkpoint {folder} was trained on (sha256 {then[:12]} then, {now[:12]} "
+        "now): its data position does not apply, and the data would restart at its first sample",
+        f"restore the file the run trained on, or launch again with {ALLOW_DATA_CHANGE} to train on the new file "
+        "from its first sample",
+    )

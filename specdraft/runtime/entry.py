@@ -228,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
         help="continue from this checkpoint folder (any run or layout of the same model shape)",
     )
     parser.add_argument(
+        "--allow-data-change",
+        action="store_true",
+        help="a resume may continue with a data file other than the checkpoint's (it starts at its first sample)",
+    )
+    parser.add_argument(
         "--measure-activations",
         action="store_true",
         help="cotrain: count the bytes saved for backward per microbatch in the first step (results' memory)",
@@ -288,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             resume=mode,
             resume_from=args.resume_from,
             data=data,
+            allow_data_change=args.allow_data_change,
         )
         fault = os.environ.get(FAULT_ENV)
         if fault is not None and fault.strip() == str(rank):

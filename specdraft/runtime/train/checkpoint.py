@@ -354,6 +354,11 @@ def restore(ctx: RankContext, trainer) -> tuple[int, dict]:
         raise files.ResumeError(value)
     skipped, reasons = [], []
     for folder, meta in value:
+        # The same decision on every rank: each has the same data and reads the same marker.
+        changed = files.data_change(meta.get("data"), trainer.data.position(0))
+        if changed is not None and not ctx.allow_data_change:
+            message, fix = files.data_change_refused(str(ctx.plan.data.path), folder, changed)
+            raise files.ResumeError(f"{message}; fix: {fix}")
         rng = files.same_layout(meta, ctx.plan)
         why = _verify(ctx, folder, meta) or _try_load(ctx, trainer, folder, meta, rng)
         if not why:

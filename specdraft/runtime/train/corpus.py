@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdraft.datafile import DataError, problems_error, read_records, row_name
+from specdraft.datafile import DataError, file_sha256, problems_error, read_records, row_name
 from specdraft.runtime.train import chat
 
 GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -40,6 +40,7 @@ class Corpus:
     digest: str  # sha256 over every sample's ids and mask
     format: str
     mask_method: str  # "generation", "prefix", "plain" (no template) or "all" (text)
+    sha256: str = ""  # of the file's bytes (datafile.file_sha256): a resume compares it with the checkpoint's
 
 
 def load_tokenizer(folder: str):
@@ -199,4 +200,10 @@ def load_corpus(plan) -> Corpus:
         if refused_by:
             fix += f"; the rows the template refused were rendered by {refused_by}"
         raise problems_error(data.path, problems, fix)
-    return Corpus(samples=tuple(samples), digest=digest.hexdigest(), format=fmt, mask_method=method)
+    return Corpus(
+        samples=tuple(samples),
+        digest=digest.hexdigest(),
+        format=fmt,
+        mask_method=method,
+        sha256=file_sha256(data.path),
+    )
