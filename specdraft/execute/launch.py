@@ -32,6 +32,7 @@ from specdraft.runs.paths import (
     LOGS,
     METRICS,
     RESULTS,
+    ROLLOUTS,
     WRITTEN_DIRS,
     RunPaths,
 )
@@ -327,12 +328,12 @@ def _archive(run_dir: str, attempt: int, resume: bool) -> None:
     --resume nor the new run's metrics can mix in the abandoned history."""
     dst = RunPaths(run_dir).attempt(attempt - 1)
     names = [(RESULTS, True), (LOGS, True)]
-    if not resume:
-        names += [(CHECKPOINTS, True), (METRICS, False)]
+    if not resume:  # GRPO's samples go with the metrics: a new run must not append to the old one's steps
+        names += [(CHECKPOINTS, True), (METRICS, False), (ROLLOUTS, False)]
     for name, folder in names:
         path = Path(run_dir) / name
         if is_dir(run_dir, name) if folder else (path.is_file() and not path.is_symlink()):
-            dst.mkdir(parents=True, exist_ok=True)
+            (dst / name).parent.mkdir(parents=True, exist_ok=True)
             path.rename(dst / name)
 
 

@@ -372,6 +372,7 @@ def restore(ctx: RankContext, trainer) -> tuple[int, dict]:
             raise files.ResumeError(f"no checkpoint could be loaded: {'; '.join(reasons)}")
         if ctx.global_rank == 0:  # a requeued job that never saved starts over: its old rows go
             files.rewrite_metrics(ctx.run_dir, [])
+            files.rewind_rollouts(ctx.run_dir, 0)
         dist.barrier()
         return 0, {"resumed_from": None}
     step = int(meta["step"])
@@ -380,6 +381,7 @@ def restore(ctx: RankContext, trainer) -> tuple[int, dict]:
         warn(note)
     if ctx.global_rank == 0:
         files.rewrite_metrics(ctx.run_dir, files.metrics_rows(folder, step))
+        files.rewind_rollouts(ctx.run_dir, step)  # GRPO's samples of the steps the resume runs again go too
         print(
             f"[specdraft] resumed from {folder} (step {step}, "
             f"{'same layout' if rng else 'saved under another layout: resharded, RNG streams not carried'})",

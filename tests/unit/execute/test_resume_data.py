@@ -1,8 +1,10 @@
-"""What a resume continues with: the data file it trained on.
+"""What a resume continues with: the data file it trained on, and GRPO's rollouts.jsonl rewound with metrics.jsonl.
 
 - A checkpoint records its data file's sha256; `launch --resume` with a file whose content changed since is refused
   before anything is written (exit 2, naming the file, both hashes and the fix), unless --allow-data-change, which
   the ranks get too (they check the same against the digest of an older checkpoint that lacks the sha256).
+- rollouts.jsonl keeps only the rows of the steps before the one a resume continues at, in both its formats (one
+  row per sample, or per step in older runs); a start over (--force) moves it to attempts/ with metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import hashlib
 import json
 
 from specdraft.assemble import compile
+from specdraft.execute.launch import _archive
 from specdraft.runs import checkpoints
 from specdraft.runs.rundir import claim_run_dir
 from specdraft.spec.load import load_layout
@@ -65,3 +68,25 @@ def test_an_older_checkpoint_without_the_files_hash_is_left_to_the_ranks(tmp_pat
         "b" * 64,
     )
     assert checkpoints.data_change(None, {"digest": "b" * 64}) is None, "the built-in data: no file to compare"
+
+
+def _rows(path) -> list:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_rollouts_are_rewound_to_the_resumed_step_and_moved_on_a_start_over(tmp_path):
+    run = tmp_path / "run"
+    claim_run_dir(run)
+    (run / "rl").mkdir()
+    rollouts = run / "rl" / "rollouts.jsonl"
+    old = [{"step": s, "rollouts": [[0, [5, 6], 1.0]]} for s in (1, 2, 3)]  # one line per step (older runs)
+    new = [{"step": s, "instance": 0, "prompt_index": i, "reward": 0.5} for s in (3, 4) for i in (0, 1)]
+    lines = [json.dumps(r) for r in old + new] + ['{"step": 9, "instance": 0, "resp']  # cut short by a kill
+    rollouts.write_text("\n".join(lines))
+    checkpoints.rewind_rollouts(run, 3)
+    assert [r["step"] for r in _rows(rollouts)] == [1, 2], "steps 3 and later run again: their rows go"
+    checkpoints.rewind_rollouts(run, 0)
+    assert rollouts.read_text() == ""
+    rollouts.write_text(json.dumps(new[0]) + "\n")
+    _archive(str(run), 2, resume=False)
+    assert not rollouts.exists() and _rows(run / "attempts" / "1" / "rl" / "rollouts.jsonl") == [new[0]]
