@@ -9,14 +9,12 @@ error.
 from __future__ import annotations
 
 import json
-import struct
-from pathlib import Path
 
 import pytest
 
 from specdraft.runtime.models.hf.checkpoint import CheckpointError, read_tensors
 from tests.support.cli import run_cli
-from tests.unit.runs.test_fuzz_model_files import DRAFT, HEADER, INDEX, LLAMA
+from tests.support.model_files import DRAFT, HEADER, INDEX, LLAMA, write_safetensors
 
 BIG = "1" + "0" * 4999  # a 5,000-digit integer
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -90,11 +88,6 @@ def test_a_hostile_data_row_is_refused_naming_file_line_and_field(tmp_path):
     )
 
 
-def _safetensors(path: Path, header: str, data: bytes = bytes(56)) -> None:
-    raw = header.encode()
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
-
-
 HEADER_CASES = [
     ("big integer", "a", '{"dtype": "F32", "shape": [2, 3], "data_offsets": [0, ' + BIG + "]}",
      "`a.data_offsets[1]` is an integer of 5,000 digits"),
@@ -107,7 +100,7 @@ HEADER_CASES = [
 
 @pytest.mark.parametrize(("name", "key", "raw", "field"), HEADER_CASES, ids=[c[0] for c in HEADER_CASES])
 def test_a_hostile_safetensors_header_is_refused_naming_file_and_field(tmp_path, name, key, raw, field):
-    _safetensors(tmp_path / "model.safetensors", _replace(HEADER, key, raw))
+    write_safetensors(tmp_path / "model.safetensors", _replace(HEADER, key, raw))
     with pytest.raises(CheckpointError) as err:
         read_tensors(tmp_path)
     assert str(tmp_path / "model.safetensors") in str(err.value) and field in str(err.value), str(err.value)
@@ -124,7 +117,7 @@ INDEX_CASES = [
 
 @pytest.mark.parametrize(("name", "key", "raw", "field"), INDEX_CASES, ids=[c[0] for c in INDEX_CASES])
 def test_a_hostile_shard_index_is_refused_naming_file_and_field(tmp_path, name, key, raw, field):
-    _safetensors(tmp_path / "s1.safetensors", json.dumps({"a": HEADER["a"]}), bytes(24))
+    write_safetensors(tmp_path / "s1.safetensors", json.dumps({"a": HEADER["a"]}), bytes(24))
     (tmp_path / "model.safetensors.index.json").write_text(_replace(INDEX, key, raw))
     with pytest.raises(CheckpointError) as err:
         read_tensors(tmp_path)
@@ -135,7 +128,7 @@ def test_launch_refuses_a_hostile_header_with_exit_2_before_anything_starts(tmp_
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(LLAMA))
-    _safetensors(folder / "model.safetensors", _replace(HEADER, "a", HEADER_CASES[0][2]))
+    write_safetensors(folder / "model.safetensors", _replace(HEADER, "a", HEADER_CASES[0][2]))
     got = run_cli("launch", f"model.path={folder}", "model.seq_length=64", "--executor", "local", "--dry-run")
     _refused(got, str(folder / "model.safetensors"), "`a.data_offsets[1]` is an integer of 5,000 digits")
     assert not (tmp_path / "runs").exists()

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -27,60 +25,14 @@ from specdraft.spec.checkpoints import hf_config
 from specdraft.spec.load import load_layout
 from tests.support.cli import run_cli
 from tests.support.json_fuzz import mutated
+from tests.support.model_files import DRAFT, HEADER, INDEX, LLAMA, write_safetensors
 
 FUZZ = settings(
     max_examples=int(os.environ.get("SPECDRAFT_FUZZ_EXAMPLES", "60")),
     deadline=timedelta(seconds=20),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "num_hidden_layers": 8,
-    "hidden_size": 64,
-    "intermediate_size": 256,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 128,
-    "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
-    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                     "original_max_position_embeddings": 8192},
-    "hidden_act": "silu",
-    "tie_word_embeddings": False,
-}  # fmt: skip
-DRAFT = {
-    "architectures": ["LlamaForCausalLMEagle3"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 256,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "num_hidden_layers": 1,
-    "vocab_size": 128,
-    "draft_vocab_size": 128,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
-    "hidden_act": "silu",
-    "norm_before_residual": False,
-    "eagle_aux_hidden_state_layer_ids": [2, 4, 5],
-    "eagle_config": {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": [1, 3, 4]},
-}
-# Two tensors tiling 56 data bytes, as safetensors writes them.
-HEADER = {
-    "__metadata__": {"format": "pt"},
-    "a": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
-    "b": {"dtype": "I64", "shape": [4], "data_offsets": [24, 56]},
-}
-INDEX = {"metadata": {"total_size": 112}, "weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}}
 ROW = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}], "id": 7}
-
-
-def _safetensors(path: Path, header: bytes, data: bytes = bytes(56)) -> Path:
-    path.write_bytes(struct.pack("<Q", len(header)) + header + data)
-    return path
 
 
 def _clean(call):
@@ -105,7 +57,7 @@ def shard_folder(tmp_path_factory):
     for name, keep in (("s1.safetensors", "a"), ("s2.safetensors", "b")):
         size = 24 if keep == "a" else 32
         entry = {**HEADER[keep], "data_offsets": [0, size]}
-        _safetensors(folder / name, json.dumps({keep: entry}).encode(), bytes(size))
+        write_safetensors(folder / name, json.dumps({keep: entry}).encode(), bytes(size))
     return folder
 
 
@@ -126,7 +78,7 @@ def test_random_model_configs(tmp_path_factory, data):
 @FUZZ
 @given(data=st.data())
 def test_random_safetensors_headers(tmp_path_factory, data):
-    path = _safetensors(
+    path = write_safetensors(
         tmp_path_factory.mktemp("st") / "model.safetensors", data.draw(mutated(json.dumps(HEADER).encode()))
     )
     found = _clean(lambda: hf.read_header(path))

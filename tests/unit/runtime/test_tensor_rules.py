@@ -7,8 +7,6 @@ refused by name, never converted.
 
 from __future__ import annotations
 
-import json
-import struct
 from pathlib import Path
 
 import pytest
@@ -19,24 +17,10 @@ from specdraft.runtime.models.eagle3_import import open_source
 from specdraft.runtime.models.hf.checkpoint import CheckpointError, open_checkpoint
 from specdraft.spec.load import load_layout
 from tests.support import eagle3_formats, hf_models
+from tests.support.model_files import rewrite_header
 
 safetensors = pytest.importorskip("safetensors")
 from safetensors.torch import load_file  # noqa: E402
-
-
-def _header(path: Path) -> tuple[dict, bytes]:
-    raw = path.read_bytes()
-    (length,) = struct.unpack("<Q", raw[:8])
-    return json.loads(raw[8 : 8 + length]), raw[8 + length :]
-
-
-def _rewrite(path: Path, change) -> None:
-    """``path``'s header changed by ``change(header)``, the data bytes kept as they are."""
-    header, data = _header(path)
-    change(header)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)  # safetensors pads its header to 8 bytes
-    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
 
 
 def _name_of(header: dict, suffix: str) -> str:
@@ -68,7 +52,7 @@ def test_policy_bytes_their_header_does_not_own_are_refused_as_safetensors_refus
     import shutil
 
     folder = Path(shutil.copytree(llama, tmp_path / "llama"))
-    _rewrite(folder / "model.safetensors", change)
+    rewrite_header(folder / "model.safetensors", change)
     with pytest.raises(safetensors.SafetensorError):  # the reference: safetensors' own loader refuses the file
         load_file(str(folder / "model.safetensors"))
     plan = compile(load_layout(None, hf_models.overrides(folder)))
@@ -91,7 +75,7 @@ def _draft(folder: Path, change=None, dtype=None) -> object:
         tensors[name] = (tensors[name] * 100).to(dtype)
     eagle3_formats.write("vllm", folder, tensors, eagle3_formats.llama_fields(**SHAPE), 128, AUX)
     if change is not None:
-        _rewrite(folder / "model.safetensors", change)
+        rewrite_header(folder / "model.safetensors", change)
     return compile(load_layout(None, [f"draft.path={folder}", f"draft.aux_layers={AUX}"]))
 
 
