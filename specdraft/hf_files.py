@@ -46,7 +46,9 @@ CONFIG = Obj(
     }
 )
 INDEX = Obj({"weight_map": Obj(values=str), "metadata": Opt(Obj())})
-_ENTRY = Obj({"dtype": str, "shape": ListOf(int), "data_offsets": ListOf(int, 2)})
+_ENTRY = Obj(
+    {"dtype": str, "shape": ListOf(int), "data_offsets": ListOf(int, 2)}, required=("dtype", "shape", "data_offsets")
+)
 HEADER = Obj({METADATA: Opt(Obj(values=str))}, values=_ENTRY)
 
 

@@ -119,8 +119,9 @@ def _error(error: type[UserError], message: str, fix: str, why: str) -> UserErro
 
 # --------------------------------------------------------------------------------------------------- shapes
 # A shape says what a reader expects where: a Python type (or tuple of types; bool never counts as a number),
-# Opt(shape) for a value that may also be null, ListOf(shape), Obj({key: shape}, values=shape) for an object whose
-# named keys (when present) and other values have those shapes, or ANY. Absent keys are the reader's to default.
+# Opt(shape) for a value that may also be null, ListOf(shape), Obj({key: shape}, values=shape, required=keys) for an
+# object whose named keys (when present) and other values have those shapes, or ANY. Absent keys are the reader's
+# to default, unless required.
 ANY = object
 
 
@@ -139,6 +140,7 @@ class ListOf:
 class Obj:
     keys: dict[str, Any] = field(default_factory=dict)
     values: Any = ANY
+    required: tuple[str, ...] = ()  # keys that must be there (the others may be absent)
 
 
 @dataclass(frozen=True)
@@ -212,7 +214,7 @@ def fits(value: Any, shape: Any) -> bool:
         if type(value) is not dict:
             return False
         keys, rest = shape.keys, shape.values
-        return all(fits(v, keys.get(k, rest)) for k, v in value.items())
+        return all(k in value for k in shape.required) and all(fits(v, keys.get(k, rest)) for k, v in value.items())
     return _fits(value, shape)
 
 
@@ -248,6 +250,9 @@ def problems(value: Any, shape: Any, path: str = "") -> list[str]:
             if not isinstance(item, dict):
                 out.append(f"`{name}` is {kind(item)}: must be an object")
                 continue
+            for key in want.required:
+                if key not in item:
+                    out.append(f"`{where}.{key}` is missing" if where else f"`{key}` is missing")
             for key, sub in reversed(list(item.items())):
                 inner = want.keys.get(key, want.values)
                 todo.append((sub, inner, f"{where}.{key}" if where else key))

@@ -95,6 +95,7 @@ HEADER_CASES = [
     ("list for an object", "a", "[0, 24]", "`a` is a list: must be an object"),
     ("list for a dtype", "a", '{"dtype": ["F32"], "shape": [2, 3], "data_offsets": [0, 24]}',
      "`a.dtype` is a list: must be a string"),
+    ("no dtype", "a", '{"shape": [2, 3], "data_offsets": [0, 24]}', "`a.dtype` is missing"),
 ]  # fmt: skip
 
 
