@@ -100,7 +100,7 @@ def headline_of(err: BaseException) -> str | None:
     """The one line that says what went wrong in an error the user fixes (its message's first line, never its fix),
     for the views that show one line per rank; None for any other error, whose last line is the exception."""
     if isinstance(err, UserError):
-        return err.headline or None
+        return getattr(err, "headline", "") or None
     if isinstance(err, SpecdraftError):
         lines = str(err).strip().splitlines()
         return lines[0] if len(lines) > 1 else None
