@@ -64,47 +64,63 @@ def _math_verify() -> Callable[[Prompt, tuple[int, ...]], float]:
     return score
 
 
-def _call(fn, prompt: Prompt, response: tuple[int, ...], timeout_s: float):
-    """fn(prompt, response) on a daemon thread: a hang is reported after ``timeout_s`` and never blocks exit."""
+def _call(fn, prompt: Prompt, response: tuple[int, ...], timeout_s: float) -> float:
+    """fn(prompt, response) on a daemon thread, its value checked there too (a number, finite as a float): a hang is
+    reported after ``timeout_s`` and never blocks exit; anything else wrong is a RewardError naming the prompt."""
     box: dict = {}
 
     def target():
         try:
             box["value"] = fn(prompt, response)
+            box["reward"] = _finite(box["value"])
         except BaseException as err:  # reported to the caller below, with the prompt named
             box["error"] = err
 
     worker = threading.Thread(target=target, daemon=True, name=f"reward-{prompt.index}")
     worker.start()
     worker.join(timeout_s)
+    where = f"on prompt {prompt.index} (tokens {list(prompt.tokens)[:32]})"
     if worker.is_alive():
         raise RewardError(
-            f"the reward function did not return within {timeout_s:g}s on prompt {prompt.index} "
-            f"(tokens {list(prompt.tokens)[:32]})",
+            f"the reward function did not return within {timeout_s:g}s {where}",
             "make it faster, or raise grpo.reward_timeout_s",
+        )
+    if "value" in box and "reward" not in box:
+        value = box["value"]
+        raise RewardError(
+            f"the reward function returned {_shown(value)} ({type(value).__name__}) {where}",
+            "return a finite int, float or bool",
         )
     if "error" in box:
         err = box["error"]
         raise RewardError(
-            f"the reward function raised {type(err).__name__}: {err} on prompt {prompt.index} "
-            f"(tokens {list(prompt.tokens)[:32]})",
+            f"the reward function raised {type(err).__name__}: {str(err)[:1000]} {where}",
             "fix the reward function; it must return a number for every response",
         )
-    return box["value"]
+    return box["reward"]
+
+
+def _finite(value) -> float:
+    """``value`` as the float a reward is: a bool, int or float that is finite as a float (10**400 is not)."""
+    if not isinstance(value, (bool, int, float)):
+        raise TypeError("not a number")
+    out = float(value)  # OverflowError for an int past float's range
+    if not math.isfinite(out):
+        raise ValueError("not finite")
+    return out
+
+
+def _shown(value) -> str:
+    """A short echo of what a reward returned (an int of 5,000 digits has no repr)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1:,} digits"
+    try:
+        return repr(value)[:200]
+    except Exception as err:  # a user object whose __repr__ fails: say so, not a traceback
+        return f"<{type(value).__name__}: repr failed with {type(err).__name__}>"
 
 
 def score(fn, prompts: list[Prompt], rollouts, timeout_s: float) -> list[float]:
-    """One float per rollout (rollout.prompt_index indexes ``prompts``); a non-number or non-finite value is a
-    RewardError naming the prompt."""
-    out = []
-    for r in rollouts:
-        prompt = prompts[r.prompt_index]
-        value = _call(fn, prompt, tuple(r.response), timeout_s)
-        if not isinstance(value, (bool, int, float)) or not math.isfinite(float(value)):
-            raise RewardError(
-                f"the reward function returned {value!r} ({type(value).__name__}) on prompt {prompt.index} "
-                f"(tokens {list(prompt.tokens)[:32]})",
-                "return a finite int, float or bool",
-            )
-        out.append(float(value))
-    return out
+    """One float per rollout (rollout.prompt_index indexes ``prompts``); every value is checked inside the guarded
+    call (_call): a non-number or one not finite as a float is a RewardError naming the prompt."""
+    return [_call(fn, prompts[r.prompt_index], tuple(r.response), timeout_s) for r in rollouts]

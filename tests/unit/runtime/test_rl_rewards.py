@@ -50,6 +50,8 @@ def test_user_rewards_are_called_with_plain_lists(monkeypatch):
         (lambda p, r, i: 1 / 0, "raised ZeroDivisionError"),
         (lambda p, r, i: "good", "returned 'good'"),
         (lambda p, r, i: float("nan"), "returned nan"),
+        (lambda p, r, i: 10**400, "returned an integer of about 401 digits (int)"),  # past float: not an OverflowError
+        (lambda p, r, i: -(10**5000), "returned an integer of about 5,001 digits (int)"),  # no repr past 4,300 digits
         (lambda p, r, i: __import__("time").sleep(30), "did not return within 0.2s"),
     ],
 )
