@@ -5,12 +5,13 @@ any rank starts, and every rank runs it again before tokenising (runtime/train/c
 
 from __future__ import annotations
 
-import json
+import hashlib
 import os
 import stat
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from specdraft import jsonfile
 from specdraft.errors import UserError, echo
 from specdraft.fsutil import file_kind
 
@@ -96,6 +97,18 @@ def check_file(path: str, fmt: str, tokenizer: str | None) -> tuple[str, int | N
             return fmt, None
     fmt, records = read_records(path, fmt)
     return fmt, len(records)
+
+
+def file_sha256(path: str) -> str:
+    """The sha256 of the data file's bytes: what a checkpoint records, so a resume knows the file it trained on."""
+    digest = hashlib.sha256()
+    with _open_regular(path) as handle:
+        try:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+        except OSError as err:
+            raise DataError(f"cannot read data file {path}: {err.strerror or err}", "check the file") from None
+    return digest.hexdigest()
 
 
 def check_tokenizer_folder(folder: str) -> None:
@@ -203,13 +216,10 @@ def _jsonl_lines(handle, problems: list[str]) -> Iterator[tuple[int, Any]]:
             continue
         if not text.strip():
             continue  # a blank line (a trailing newline, a separator) holds no row
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as err:
-            problems.append(f"line {number}: is not JSON ({err.msg} at column {err.colno}): {echo(text.strip()[:80])}")
-            continue
-        except RecursionError:
-            problems.append(f"line {number}: is nested too deeply to read")
+        try:  # the bounded parser: a 5,000-digit integer or deep nesting is this line's problem, in any field
+            value = jsonfile.parse(text, f"line {number}")
+        except jsonfile.BadJson as err:
+            problems.append(f"line {number}: is not JSON ({err.why}): {echo(text.strip()[:80])}")
             continue
         yield number, value
 

@@ -4,12 +4,13 @@ specdraft's numbering. Shared by the CLI's spec check (spec/checkpoints/draft.py
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
+from specdraft import jsonfile
 from specdraft.errors import UserError
+from specdraft.jsonfile import ListOf, Obj, Opt
 
 CONFIG = "config.json"
 MAX_CONFIG_BYTES = 1 << 20
@@ -22,6 +23,17 @@ LLAMA_DEFAULTS: dict[str, Any] = {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "
 # eagle_config, NeMo-RL and specdraft count the layer whose *output* it is. The same tensor is one apart.
 INPUTS = "vLLM's numbering: the layer whose input is captured"
 OUTPUTS = "SpecForge's numbering: the layer whose output is captured"
+AUX_KEY = "eagle_aux_hidden_state_layer_ids"
+# The keys whose type the reader relies on; the rest are checked value by value where they are read.
+_LAYER = {"rope_scaling": Opt(Obj()), "rope_parameters": Opt(Obj()), "hidden_act": Opt(str), "model_type": Opt(str)}
+SHAPE = Obj(
+    {
+        **_LAYER,
+        "architectures": Opt(ListOf(str)),
+        "eagle_config": Opt(Obj({AUX_KEY: Opt(ListOf(int))})),
+        "transformer_layer_config": Opt(Obj(_LAYER)),
+    }
+)
 
 
 class Finding(NamedTuple):
@@ -93,13 +105,16 @@ def read(folder: Path) -> tuple[Optional[DraftConfig], list[Finding]]:
     from specdraft.fsutil import read_regular_file
 
     try:
-        config = json.loads(read_regular_file(file, MAX_CONFIG_BYTES, CONFIG).decode("utf-8"))
+        config = jsonfile.parse(read_regular_file(file, MAX_CONFIG_BYTES, CONFIG), str(file), restore)
+    except jsonfile.BadJson as err:
+        return bad(f"{file} is not JSON ({err.why})", restore)
     except UserError as err:
         return bad(err.message, restore)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        return bad(f"{file} is not JSON ({err})", restore)
     if not isinstance(config, dict):
-        return bad(f"{file} holds {type(config).__name__}, not a JSON object", restore)
+        return bad(f"{file} holds {jsonfile.kind(config)}, not a JSON object", restore)
+    found = jsonfile.problems(config, SHAPE)
+    if found:
+        return bad(f"{file}: {'; '.join(found[:10])}", restore)
     archs = config.get("architectures")
     if "speculators_model_type" in config:
         if config["speculators_model_type"] != SPECULATORS:
@@ -213,7 +228,7 @@ def _ids(value: Any) -> Optional[list[int]]:
 
 def _aux(top: dict, fmt: str, bad) -> tuple[Optional[tuple[int, ...]], str]:
     """The taps in specdraft's numbering (layer outputs) and how the file said them."""
-    key = "eagle_aux_hidden_state_layer_ids"
+    key = AUX_KEY
     raw = top.get("eagle_config")
     nested: dict = raw if isinstance(raw, dict) else {}
     if key in top:

@@ -86,12 +86,25 @@ class SpecError(SpecdraftError):
 
 
 class UserError(SpecdraftError):
-    """A problem outside the layout itself (a missing file, a run folder in the way, a failed job)."""
+    """A problem outside the layout itself (a missing file, a run folder in the way, a failed job). ``headline`` is
+    one line of it (the message's first), for the views that show one line per rank."""
 
     def __init__(self, message: str, fix: str = ""):
         self.message = message
         self.fix = fix
+        self.headline = message.strip().splitlines()[0] if message.strip() else ""
         super().__init__(f"{message}\n  fix: {fix}" if fix else message)
+
+
+def headline_of(err: BaseException) -> str | None:
+    """The one line that says what went wrong in an error the user fixes (its message's first line, never its fix),
+    for the views that show one line per rank; None for any other error, whose last line is the exception."""
+    if isinstance(err, UserError):
+        return getattr(err, "headline", "") or None
+    if isinstance(err, SpecdraftError):
+        lines = str(err).strip().splitlines()
+        return lines[0] if len(lines) > 1 else None
+    return None
 
 
 # The OSErrors a user or a filesystem causes (a path too long, a read-only or full disk, a missing permission), with

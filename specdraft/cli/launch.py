@@ -53,6 +53,12 @@ def launch(
         metavar="CHECKPOINT",
         help="Start from this checkpoint folder (another run, or another layout of the same model).",
     ),
+    allow_data_change: bool = typer.Option(
+        False,
+        "--allow-data-change",
+        help="With --resume/--resume-from: continue although data.path's content changed since the checkpoint "
+        "(the new file is trained from its first sample); without it such a resume is refused.",
+    ),
     workload: Optional[str] = typer.Option(
         None,
         "--workload",
@@ -85,6 +91,7 @@ def launch(
         wait=wait,
         resume=resume,
         resume_from=resume_from,
+        allow_data_change=allow_data_change,
     )
     err = _console(stderr=True)
     for note in request.notes:
@@ -158,13 +165,15 @@ def _finish(folder, result) -> None:
     from specdraft.cli.runs_view import rank_table
     from specdraft.errors import UserError
     from specdraft.execute import monitor
-    from specdraft.execute.report import read_results
+    from specdraft.execute.report import read_results, warnings_of
     from specdraft.runs.paths import PREEMPTED_EXIT
 
     plan = monitor.read_plan(folder)
     results = read_results(folder, plan.world_size)
     out = _console()
     out.print(rank_table(plan, results, result.state))
+    for warning in warnings_of(results):  # what the ranks did other than asked (a data position that did not apply)
+        _console(stderr=True).print(f"warning: {plain(warning)}", markup=False)
     if result.problem and result.state != "CANCELLED" and monitor.stopped_at(results, plan.world_size) is not None:
         # Not a failure: every rank saved and stopped (EX_TEMPFAIL, the ranks' own exit code): run it again.
         _console(stderr=True).print(f"{plain(result.state)}: {plain(result.problem)}", markup=False)

@@ -123,7 +123,7 @@ def runs_table(entries, fresh: dict) -> Table:
 
 def print_status(console: Console, folder: Path, record) -> None:
     from specdraft.execute import monitor
-    from specdraft.execute.report import read_results
+    from specdraft.execute.report import read_results, warnings_of
 
     state, record, seen = monitor.current_state(folder, record)
     plan = monitor.read_plan(folder)
@@ -145,6 +145,8 @@ def print_status(console: Console, folder: Path, record) -> None:
         f"{plan.world_size - len(results)} without a result"
     )
     console.print(rank_table(plan, results, state))
+    for warning in warnings_of(results):
+        console.print(f"[yellow]warning[/]: {safe(_clip(plain(warning, one_line=True), 600))}")
     metrics = monitor.metrics_summary(folder)
     if metrics:
         count, last = metrics

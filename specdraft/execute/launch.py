@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from specdraft.datafile import check_file
+from specdraft.datafile import check_file, file_sha256
 from specdraft.errors import UserError
 from specdraft.execute import diskspace, monitor
 from specdraft.execute import executor as executors
@@ -26,7 +26,16 @@ from specdraft.plan.model import LaunchPlan
 from specdraft.render.sbatch import render_sbatch
 from specdraft.runs import checkpoints
 from specdraft.runs.files import is_dir
-from specdraft.runs.paths import CHECKPOINTS, HASH_CHECK_BYTES, LOGS, METRICS, RESULTS, WRITTEN_DIRS, RunPaths
+from specdraft.runs.paths import (
+    CHECKPOINTS,
+    HASH_CHECK_BYTES,
+    LOGS,
+    METRICS,
+    RESULTS,
+    ROLLOUTS,
+    WRITTEN_DIRS,
+    RunPaths,
+)
 from specdraft.runs.record import Attempt, RunRecord, new_record, now_iso, read_record
 from specdraft.runs.rundir import (
     ACTIVE,
@@ -71,9 +80,11 @@ def prepare(
     wait: bool = False,
     resume: bool = False,
     resume_from: str | None = None,
+    allow_data_change: bool = False,
 ) -> LaunchRequest:
-    """Pick the executor, the run folder and the interpreter, check a resume's checkpoint, and render the script:
-    no side effects. ``workload`` None: the layout's own (plan.workload)."""
+    """Pick the executor, the run folder and the interpreter, check a resume's checkpoint (and that its data file
+    is the one it trained on, unless ``allow_data_change``), and render the script: no side effects. ``workload``
+    None: the layout's own (plan.workload)."""
     workload = workload or plan.workload
     if workload not in WORKLOADS:
         raise UserError(f"--workload {workload!r} is unknown", f"use one of: {', '.join(WORKLOADS)}")
@@ -101,7 +112,7 @@ def prepare(
     folder = run_dir_for(plan, run_dir)
     source = os.path.abspath(resume_from) if resume_from is not None else None
     total = steps if steps is not None else plan.training.train_iters
-    checkpoint, notes = check_resume(plan, folder, workload, resume, source, total)
+    checkpoint, notes = check_resume(plan, folder, workload, resume, source, total, allow_data_change)
     notes = (*draft_notes, *notes)
     if workload == "cotrain" and not plan.training.packing:
         notes = (
@@ -112,7 +123,14 @@ def prepare(
     interpreter = chosen.default_python(plan, python)
     try:
         render = render_sbatch(
-            plan, folder, python=interpreter, workload=workload, steps=steps, resume=resume, resume_from=source
+            plan,
+            folder,
+            python=interpreter,
+            workload=workload,
+            steps=steps,
+            resume=resume,
+            resume_from=source,
+            allow_data_change=allow_data_change,
         )
     except ValueError as err:
         raise UserError(
@@ -130,6 +148,7 @@ def prepare(
         force=force,
         resume=resume,
         resume_from=source,
+        allow_data_change=allow_data_change,
         checkpoint=checkpoint,
         notes=notes,
         waits=wait or chosen.runs_in_launcher,
@@ -204,11 +223,13 @@ def check_resume(
     resume: bool,
     resume_from: str | None,
     steps: int | None = None,
+    allow_data_change: bool = False,
 ) -> tuple[str | None, tuple[str, ...]]:
     """The checkpoint a --resume / --resume-from launch will continue from, checked as the ranks will check it
     (runs/checkpoints.choose), and the warnings about damaged ones it skips; UserError for a resume that cannot go
-    ahead (no checkpoint, another spec's, another model shape, --resume-from at or past ``steps``), before
-    anything is written or submitted."""
+    ahead (no checkpoint, another spec's, another model shape, --resume-from at or past ``steps``, a data file
+    whose content changed since the checkpoint without ``allow_data_change``), before anything is written or
+    submitted."""
     if not resume and resume_from is None:
         return None, ()
     flag = "--resume" if resume else "--resume-from"
@@ -252,7 +273,17 @@ def check_resume(
         )
     except checkpoints.ResumeError as err:
         raise UserError(str(err)) from None
-    return str(chosen[0][0]), tuple(notes)
+    folder, meta = chosen[0]
+    if plan.data.path is not None and workload == "cotrain":
+        changed = checkpoints.data_change(meta.get("data"), {"sha256": file_sha256(plan.data.path)})
+        if changed is not None and not allow_data_change:
+            raise UserError(*checkpoints.data_change_refused(plan.data.path, folder, changed))
+        if changed is not None:
+            notes.append(
+                f"{checkpoints.ALLOW_DATA_CHANGE}: data file {plan.data.path} changed since {folder} was written "
+                f"(sha256 {changed[0][:12]} then, {changed[1][:12]} now); the run trains on it from its first sample"
+            )
+    return str(folder), tuple(notes)
 
 
 def dry_run_notes(request: LaunchRequest) -> list[str]:
@@ -325,12 +356,12 @@ def _archive(run_dir: str, attempt: int, resume: bool) -> None:
     --resume nor the new run's metrics can mix in the abandoned history."""
     dst = RunPaths(run_dir).attempt(attempt - 1)
     names = [(RESULTS, True), (LOGS, True)]
-    if not resume:
-        names += [(CHECKPOINTS, True), (METRICS, False)]
+    if not resume:  # GRPO's samples go with the metrics: a new run must not append to the old one's steps
+        names += [(CHECKPOINTS, True), (METRICS, False), (ROLLOUTS, False)]
     for name, folder in names:
         path = Path(run_dir) / name
         if is_dir(run_dir, name) if folder else (path.is_file() and not path.is_symlink()):
-            dst.mkdir(parents=True, exist_ok=True)
+            (dst / name).parent.mkdir(parents=True, exist_ok=True)
             path.rename(dst / name)
 
 

@@ -23,6 +23,7 @@ from typing import Callable
 from specdraft.errors import UserError
 from specdraft.execute import diskspace
 from specdraft.execute.executor import Executor, Observation, Progress, ProgressFn
+from specdraft.execute.report import read_results, settle
 from specdraft.runs import files as runfiles
 from specdraft.runs.paths import LOGS, PLAN, PREEMPTED_EXIT, RECORD, local_logs
 from specdraft.runs.record import LocalProcesses, RunRecord, now_iso
@@ -307,11 +308,14 @@ class LocalExecutor(Executor):
             state = "PREEMPTED"  # every rank stopped at the same step boundary after saving
         else:
             state = "COMPLETED"
+        # Every rank exited 0: the results decide (a rank that exited 0 without one failed).
+        state, why = settle(state, read_results(run_dir, plan.world_size), plan.world_size)
         # Ranks that died on a full disk leave no result or log line saying so: the launcher says it.
         full = state in ("FAILED", "CANCELLED", "TIMEOUT") and diskspace.low_on_space(run_dir)
+        note = {"message": diskspace.full_disk_note(run_dir)} if full else {"message": why} if why else {}
         return diskspace.update(
             run_dir,
-            **({"message": diskspace.full_disk_note(run_dir)} if full else {}),
+            **note,
             state=state,
             attempt={"state": state, "ended": now_iso()},
             exit_codes=tuple(c for _, c in sorted(outcome.exit_codes.items())),

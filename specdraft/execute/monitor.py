@@ -17,7 +17,7 @@ from specdraft.errors import SpecError, UserError
 from specdraft.execute import diskspace
 from specdraft.execute import executor as executors
 from specdraft.execute.executor import Observation, Progress, ProgressFn
-from specdraft.execute.report import failure_message, read_results, root_cause
+from specdraft.execute.report import failure_message, read_results, root_cause, settle
 from specdraft.runs import checkpoints
 from specdraft.runs import files as runfiles
 from specdraft.runs.marker import MARKER, CorruptCheckpoint
@@ -101,7 +101,12 @@ def current_state(
 
 def _settle(run_dir: str | Path, record: RunRecord, seen: Observation) -> Observation:
     """A job that ended FAILED only because every rank stopped at a checkpoint (exit 75: Slurm preempted it or
-    warned of its time limit, and it could not requeue itself again) is PREEMPTED: resumable, not broken."""
+    warned of its time limit, and it could not requeue itself again) is PREEMPTED: resumable, not broken. A job that
+    ends COMPLETED is FAILED when a rank left no result or a failed one (report.settle: the results decide, once,
+    as the state changes; a state already recorded stands)."""
+    if seen.state == "COMPLETED" and record.state != "COMPLETED":
+        state, why = settle(seen.state, read_results(run_dir, record.world_size), record.world_size)
+        return seen if why is None else dataclasses.replace(seen, state=state, note=why)
     if seen.state != "FAILED":
         return seen
     if record.state == "PREEMPTED":  # settled before: no need to read every result again

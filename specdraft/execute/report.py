@@ -62,6 +62,8 @@ def _sane(record: object, rank: int) -> dict | None:
         and all(_number(record.get(k) or 0.0) for k in ("failed_at", "finished_at", "started_at"))
         and isinstance(record.get("slurm_job_id") or "", str)
         and _stop_ok(record.get("preempted"))
+        and isinstance(record.get("warnings", []), list)
+        and all(isinstance(w, str) for w in record.get("warnings", []))
     )
     if shapes_ok:
         return record
@@ -90,6 +92,35 @@ def read_results(run_dir: str | Path, world_size: int) -> dict[int, dict]:
         if record is not None:
             out[rank] = record
     return out
+
+
+def settle(state: str, results: dict[int, dict], world_size: int) -> tuple[str, str | None]:
+    """(state, why) of a run its executor saw end: a rank's result decides. COMPLETED stands only when every rank
+    wrote a result and every result passed; a rank that exited 0 without writing one (a reward that called
+    os._exit(0), a kill the exit code hides) makes the run FAILED, and ``why`` names the ranks."""
+    if state != "COMPLETED":
+        return state, None
+    missing = sorted(set(range(world_size)) - set(results))
+    failed = sorted(r for r, rec in results.items() if not rec.get("ok"))
+    if missing:
+        return "FAILED", f"rank(s) {_ranks(missing)} exited without writing a result"
+    if failed:
+        return "FAILED", f"rank(s) {_ranks(failed)} did not pass"
+    return state, None
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:10])) + (f" and {len(ranks) - 10} more" if len(ranks) > 10 else "")
+
+
+def warnings_of(results: dict[int, dict]) -> list[str]:
+    """The warnings the ranks recorded that changed what the run did (a data position that did not apply, a
+    damaged checkpoint skipped), once each, with the ranks that gave each."""
+    seen: dict[str, list[int]] = {}
+    for rank, record in sorted(results.items()):
+        for warning in record.get("warnings") or []:
+            seen.setdefault(warning, []).append(rank)
+    return [f"rank {_ranks(ranks)}: {warning}" for warning, ranks in seen.items()]
 
 
 def root_cause(results: dict[int, dict], exit_order: list[int] | None = None) -> int | None:

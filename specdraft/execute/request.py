@@ -22,6 +22,7 @@ class LaunchRequest:
     force: bool  # relaunch into a folder whose job has ended
     resume: bool  # --resume: continue this run folder from its newest complete checkpoint
     resume_from: str | None  # --resume-from: start from this checkpoint folder (absolute)
+    allow_data_change: bool = False  # --allow-data-change: a resume may continue with another data file
     checkpoint: str | None  # the checkpoint the run is expected to continue from (checked before anything is written)
     notes: tuple[str, ...]  # warnings found while checking (a damaged checkpoint that will be skipped)
     waits: bool  # the launch returns only once the run ended (--wait, or an executor that runs in the launcher)

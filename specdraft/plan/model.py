@@ -354,10 +354,12 @@ class LaunchPlan:
     @classmethod
     def from_json(cls, text: str) -> "LaunchPlan":
         """Parse plan.json; refuse another schema_version (naming both) or any field of the wrong shape."""
-        try:
-            data = json.loads(text)
-        except (ValueError, RecursionError) as err:  # JSONDecodeError; an integer past 4,300 digits; deep nesting
-            raise PlanFormatError(f"not JSON ({str(err)[:200] or type(err).__name__})") from None
+        from specdraft import jsonfile
+
+        try:  # the bounded parser: a huge integer, NaN or deep nesting is a refusal, not a traceback
+            data = jsonfile.parse(text, "the plan")
+        except jsonfile.BadJson as err:
+            raise PlanFormatError(f"not JSON ({err.why[:200]})") from None
         return cls.from_dict(data)
 
     @classmethod

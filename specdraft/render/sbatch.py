@@ -57,14 +57,16 @@ def payload_argv(
     resume: bool = False,
     resume_from: str | None = None,
     mounted_from: str | None = None,
+    allow_data_change: bool = False,
 ) -> list[str]:
-    """The rank payload's argv; the resume flag (if any) is the same on every rank. ``mounted_from``: the folder
+    """The rank payload's argv; the resume flags (if any) are the same on every rank. ``mounted_from``: the folder
     holding the mounted specdraft package, put first on sys.path (slurm.container_specdraft=mount)."""
     entry = ["-m", "specdraft.runtime.entry"] if mounted_from is None else ["-c", MOUNTED_ENTRY, mounted_from]
     argv = [python, "-u", *entry, plan_path, "--workload", workload]
     argv += ["--steps", str(steps)] if steps is not None else []
     argv += ["--resume"] if resume else []
-    return argv + (["--resume-from", resume_from] if resume_from is not None else [])
+    argv += ["--resume-from", resume_from] if resume_from is not None else []
+    return argv + (["--allow-data-change"] if allow_data_change else [])
 
 
 @cache
@@ -154,9 +156,11 @@ def render_sbatch(
     resume: bool = False,
     resume_from: str | None = None,
     package: str | None = None,
+    allow_data_change: bool = False,
 ) -> SbatchRender:
     """Render the sbatch script for ``plan`` in the run folder ``run_dir`` (an absolute, normalised path);
-    ``resume``/``resume_from`` (an absolute path) add the payload's --resume/--resume-from on every rank;
+    ``resume``/``resume_from`` (an absolute path) add the payload's --resume/--resume-from on every rank, and
+    ``allow_data_change`` its --allow-data-change;
     ``package`` is the specdraft package folder slurm.container_specdraft=mount mounts (default: this one's);
     ``workload`` None is the layout's own (plan.workload).
 
@@ -178,6 +182,7 @@ def render_sbatch(
         resume=resume,
         resume_from=resume_from,
         mounted_from=os.path.dirname(package) if package else None,
+        allow_data_change=allow_data_change,
     )
     command = shlex.join(argv)
     srun = [

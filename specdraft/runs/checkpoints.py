@@ -8,11 +8,12 @@ import dataclasses
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Callable
 
 from specdraft.errors import SpecdraftError, echo
-from specdraft.fsutil import atomic_write_text
+from specdraft.fsutil import atomic_write_text, current_umask
 from specdraft.plan.model import LaunchPlan
 from specdraft.runs import files as runfiles
 from specdraft.runs.dcp import DCP_METADATA, check_metadata
@@ -26,10 +27,22 @@ from specdraft.runs.marker import (
     read_marker,
     write_marker,
 )
-from specdraft.runs.paths import CHECKPOINTS, MAX_DCP_METADATA_BYTES, METRICS, STEP_RE, RunPaths, contained, link_note
+from specdraft.runs.paths import (
+    CHECKPOINTS,
+    MAX_DCP_METADATA_BYTES,
+    METRICS,
+    RL,
+    ROLLOUTS,
+    STEP_RE,
+    RunPaths,
+    contained,
+    link_note,
+)
 
 __all__ = ["MARKER", "METRICS", "CorruptCheckpoint", "ResumeError", "check_hashes", "write_marker", "hash_files"]
 MAX_METRICS_LINE = 1 << 20  # a metrics row is a few hundred bytes; a longer line is not one of ours
+MAX_ROLLOUT_LINE = 64 << 20  # a rollouts.jsonl row carries one sample's text, or (older runs) a whole step's ids
+ALLOW_DATA_CHANGE = "--allow-data-change"
 
 
 class ResumeError(SpecdraftError):
@@ -282,3 +295,63 @@ def write_metrics(folder: Path, lines: list[str]) -> Path:
 def rewrite_metrics(run_dir: Path, lines: list[str]) -> None:
     """metrics.jsonl becomes exactly ``lines`` (atomically): no step of the abandoned future survives a resume."""
     write_metrics(RunPaths(run_dir).root, lines)
+
+
+def data_change(saved: object, now: dict | None) -> tuple[str, str] | None:
+    """(the checkpoint's hash, this data's hash) when a checkpoint written with a data file is resumed with a file
+    of other content: the file's sha256 where both record it (older checkpoints do not), else the digest of its
+    tokenised samples. None when they agree, or when either side has no data file."""
+    if not isinstance(saved, dict) or not isinstance(now, dict):
+        return None
+    for key in ("sha256", "digest"):
+        then, here = saved.get(key), now.get(key)
+        if isinstance(then, str) and isinstance(here, str):
+            return None if then == here else (then, here)
+    return None
+
+
+def data_change_refused(path: str, folder: Path, hashes: tuple[str, str]) -> tuple[str, str]:
+    """(message, fix) refusing a resume whose data file changed since ``folder`` was written: the file, both
+    hashes shortened, the fix."""
+    then, now = hashes
+    return (
+        f"data file {path} is not the file checkpoint {folder} was trained on (sha256 {then[:12]} then, {now[:12]} "
+        "now): its data position does not apply, and the data would restart at its first sample",
+        f"restore the file the run trained on, or launch again with {ALLOW_DATA_CHANGE} to train on the new file "
+        "from its first sample",
+    )
+
+
+def rewind_rollouts(run_dir: Path, step: int) -> None:
+    """RUN/rl/rollouts.jsonl keeps only its rows of steps before ``step`` (the step a resume continues at), as
+    metrics.jsonl does: no step of the abandoned future is left twice. Both row formats carry "step" (one row per
+    sample, or per step in older runs); a torn or foreign line is dropped. Streamed, then replaced atomically."""
+    if not runfiles.is_dir(run_dir, RL):
+        return
+    try:
+        fd = runfiles.open_file(run_dir, ROLLOUTS, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    target = RunPaths(run_dir).rollouts
+    out_fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "rb") as src, os.fdopen(out_fd, "wb") as dst:
+            while raw := src.readline(MAX_ROLLOUT_LINE + 1):
+                if len(raw) > MAX_ROLLOUT_LINE:
+                    while raw and not raw.endswith(b"\n"):  # the rest of an oversized line
+                        raw = src.readline(MAX_ROLLOUT_LINE + 1)
+                    continue
+                try:
+                    row = runfiles.parse_json(raw, ROLLOUTS)
+                except runfiles.BadRunFile:
+                    continue  # a line cut short by a kill
+                kept = row.get("step") if isinstance(row, dict) else None
+                if isinstance(kept, int) and not isinstance(kept, bool) and 0 <= kept < step:
+                    dst.write(raw if raw.endswith(b"\n") else raw + b"\n")
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.chmod(tmp, 0o666 & ~current_umask())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

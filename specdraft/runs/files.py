@@ -9,55 +9,35 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
-import math
 import os
 import stat
 from pathlib import Path
 from typing import Any, Iterator
 
+from specdraft import jsonfile
 from specdraft.errors import UserError
 from specdraft.fsutil import NotRegularFile, file_kind
+from specdraft.jsonfile import BadJson
 
-MAX_INT_DIGITS = 40  # an integer in a run file is a count, a step, a size or a time: far below 10**40
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _LINK_ERRORS = (errno.ELOOP, errno.ENOTDIR)
 
 
-class BadRunFile(UserError):
+class BadRunFile(BadJson):
     """A run file (run.json, plan.json, a result, a metrics line, a checkpoint marker) that is not what specdraft
     writes there."""
 
 
-def _int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise ValueError(f"an integer of {len(text):,} digits")
-    return int(text)
-
-
-def _float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"the number {text[:40]} overflows to infinity")
-    return value
-
-
-def _constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
 def parse_json(text: str | bytes, source: str, fix: str = "") -> Any:
-    """``text`` as JSON, the one reader of every run file: anything json.loads refuses or turns into a number no
-    run file holds (an integer past 40 digits, a float that overflows to inf, NaN/Infinity) or nesting too deep
-    for the parser is one BadRunFile naming ``source``, never a ValueError or RecursionError."""
-    try:
-        return json.loads(text, parse_int=_int, parse_float=_float, parse_constant=_constant)
-    except (ValueError, RecursionError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
-        why = "nested too deeply" if isinstance(err, RecursionError) else str(err)[:160]
-        raise BadRunFile(
-            f"{source} is not valid JSON: {why}",
-            fix or "specdraft writes it whole; it was edited or damaged by another program: restore or remove it",
-        ) from None
+    """``text`` as JSON through the one bounded parser (specdraft.jsonfile.parse): anything json.loads refuses or
+    turns into a number no run file holds (an integer past 40 digits, a float that overflows to inf, NaN/Infinity)
+    or nesting too deep is one BadRunFile naming ``source``, never a ValueError or RecursionError."""
+    return jsonfile.parse(
+        text,
+        source,
+        fix or "specdraft writes it whole; it was edited or damaged by another program: restore or remove it",
+        error=BadRunFile,
+    )
 
 
 def _refuse(root: Path, rel: str, why: str) -> NotRegularFile:

@@ -112,14 +112,16 @@ def _check_loss_scale(value: Any) -> None:
 
 
 def _check_data(value: Any) -> None:
-    """A data file's position ({epoch, index, digest}: runtime/train/packing.py), or null for the built-in data."""
+    """A data file's position ({epoch, index, digest, sha256}: runtime/train/packing.py; older checkpoints lack
+    sha256, the file's own hash), or null for the built-in data."""
     if value is None:
         return
-    ok = isinstance(value, dict) and set(value) == {"epoch", "index", "digest"}
+    ok = isinstance(value, dict) and set(value) - {"sha256"} == {"epoch", "index", "digest"}
     ok = ok and all(isinstance(value[k], int) and not isinstance(value[k], bool) for k in ("epoch", "index"))
     ok = ok and 0 <= value["epoch"] <= MAX_STEP and 0 <= value["index"] <= MAX_STEP
-    if not ok or not isinstance(value["digest"], str) or not _SHA256.fullmatch(value["digest"]):
-        raise CorruptCheckpoint("its marker's data is not {epoch, index: counts, digest: a sha256} or null")
+    hashes = [value.get(k, "0" * 64) for k in ("digest", "sha256")] if ok else []
+    if not ok or not all(isinstance(h, str) and _SHA256.fullmatch(h) for h in hashes):
+        raise CorruptCheckpoint("its marker's data is not {epoch, index: counts, digest, sha256: sha256s} or null")
 
 
 def _check_manifest(manifest: Any) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -48,6 +48,12 @@ class RankContext:
     data: Optional[Any] = None
     """The plan's data file tokenised, read by entry before any collective: cotrain's samples
     (runtime.train.corpus.Corpus) or grpo's prompts (runtime.rl.prompts.PromptFile); None without a data file."""
+    allow_data_change: bool = False
+    """`launch --allow-data-change`: a resume may continue with a data file other than the checkpoint's (its data
+    then starts at the first sample); without it that resume is refused."""
+    warnings: list[str] = field(default_factory=list)
+    """What this rank did other than it was asked (a data position that did not apply, a damaged checkpoint
+    skipped): entry writes them into the rank's result, and the launcher prints them."""
 
     @property
     def coords(self) -> RankPlacement:

@@ -20,7 +20,7 @@ from importlib import import_module
 from pathlib import Path
 
 from specdraft.datafile import DataError
-from specdraft.errors import SpecdraftError, UserError
+from specdraft.errors import SpecdraftError, UserError, headline_of
 from specdraft.plan.codec import PlanFormatError
 from specdraft.plan.model import LaunchPlan
 from specdraft.runs.checkpoints import ResumeError
@@ -37,6 +37,7 @@ WORKLOADS = {
 }
 FAULT_ENV = "SPECDRAFT_FAULT_RANK"  # test-only: this rank raises just before the workload (a real fault)
 TIMEOUT_ENV = "SPECDRAFT_DIST_TIMEOUT_S"
+TRAINING_WORKLOADS = ("cotrain", "grpo")  # they read the HF checkpoint, the draft's and the data file
 
 
 class WorkloadUnavailable(RuntimeError):
@@ -227,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
         help="continue from this checkpoint folder (any run or layout of the same model shape)",
     )
     parser.add_argument(
+        "--allow-data-change",
+        action="store_true",
+        help="a resume may continue with a data file other than the checkpoint's (it starts at its first sample)",
+    )
+    parser.add_argument(
         "--measure-activations",
         action="store_true",
         help="cotrain: count the bytes saved for backward per microbatch in the first step (results' memory)",
@@ -249,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         "pid": os.getpid(),
     }
     rank = None
+    ctx: RankContext | None = None
     try:
         rank, local_rank, world_size, node = rank_env(os.environ)
         record.update(global_rank=rank, local_rank=local_rank, node=node)
@@ -258,16 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             record["coords"] = {k: getattr(me, k) for k in ("tp", "cp", "dp", "pp", "ep", "etp", "edp")}
         check_placement(plan, rank, local_rank, world_size, node)
         workload = load_workload(args.workload)
-        if args.workload == "cotrain":
-            # A HF checkpoint that cannot make the plan's policy fails every rank alike, before any collective.
-            from specdraft.runtime.models.hf.checkpoint import plan_checkpoint
-
-            plan_checkpoint(plan)
-            from specdraft.runtime.models.eagle3_import import open_source
-
-            open_source(plan)  # draft.path: config.json and the safetensors headers against the plan's draft
-        # The data file is read and tokenised before any collective: a bad file stops every rank with one message.
-        data = _load_data(plan, args.workload)
+        # What every rank reads is checked before the first collective: a bad file fails every rank alike.
+        data = check_inputs(plan, args.workload) if args.workload in TRAINING_WORKLOADS else None
         device, backend = _device(plan, local_rank)
         record.update(device=device, backend=backend)
         # torchrun's names, for code that reads them (MASTER_ADDR/MASTER_PORT come from the launcher).
@@ -294,12 +293,14 @@ def main(argv: list[str] | None = None) -> int:
             resume=mode,
             resume_from=args.resume_from,
             data=data,
+            allow_data_change=args.allow_data_change,
         )
         fault = os.environ.get(FAULT_ENV)
         if fault is not None and fault.strip() == str(rank):
             raise RuntimeError(f"injected fault on rank {rank} ({FAULT_ENV}={fault})")
         out = workload(ctx) or {}
         record.update(out)
+        record["warnings"] = list(ctx.warnings)
         failed = [c for c in record.get("checks", []) if not c["passed"]]
         preempted = record.get("preempted")
         record.update(ok=not failed and not preempted, error=None, terminated=bool(preempted), finished_at=time.time())
@@ -333,14 +334,16 @@ def main(argv: list[str] | None = None) -> int:
         record.update(
             ok=False,
             terminated=terminated,
+            warnings=list(ctx.warnings) if ctx is not None else [],
             error="\n".join(tail),
             error_type=type(err).__name__,
             failed_at=time.time(),
             finished_at=time.time(),
         )
         print("\n".join(tail), file=sys.stderr, flush=True)
-        if isinstance(err, DataError):  # a rank's one-line summaries show the last line: make it the problem
-            record["error"] += "\n" + err.headline
+        headline = headline_of(err)
+        if headline:  # a rank's one-line summaries show the last line: make it the problem, not the fix
+            record["error"] += "\n" + headline
         if rank is not None and rank >= 0:
             try:
                 write_result(run_dir, rank, record)
@@ -349,10 +352,17 @@ def main(argv: list[str] | None = None) -> int:
         return 143 if terminated else USER_ERROR_EXIT if isinstance(err, (ResumeError, DataError, UserError)) else 1
 
 
-def _load_data(plan: LaunchPlan, workload: str):
-    """The data file, tokenised: cotrain's training samples, or grpo's prompts (each row's prompt through the chat
-    template, its reference answer); None without one, and for the other workloads."""
-    if plan.data.path is None or workload not in ("cotrain", "grpo"):
+def check_inputs(plan: LaunchPlan, workload: str):
+    """The checks of every training workload (cotrain, grpo) before any collective: the HF checkpoint the policy
+    starts from (config.json and the safetensors headers against the plan's model), the draft's (draft.path), and
+    the data file read and tokenised, returned for the workload (ctx.data; None for the built-in data): cotrain's
+    training samples, or grpo's prompts (each row's prompt through the chat template, its reference answer)."""
+    from specdraft.runtime.models.eagle3_import import open_source
+    from specdraft.runtime.models.hf.checkpoint import plan_checkpoint
+
+    plan_checkpoint(plan)
+    open_source(plan)
+    if plan.data.path is None:
         return None
     if workload == "grpo":
         from specdraft.runtime.rl.prompts import load_prompt_file

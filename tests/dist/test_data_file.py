@@ -8,6 +8,8 @@ trained with `tokenizers`, saved with a Llama-3-like chat template, loaded by Au
   metrics (losses, acceptance, positions) are bit-identical to the uninterrupted run's steps 2 and 3.
 - A sample longer than model.seq_length stops every rank (pp2, 2 ranks) before any collective with exit 2 and the
   same message, naming the file, the line and the field.
+- A resume with the data file edited since its checkpoint stops every rank with exit 2 naming the file; with
+  --allow-data-change it trains on the new file from its first sample and its result says so.
 """
 
 from __future__ import annotations
@@ -83,3 +85,22 @@ def test_every_rank_refuses_a_sample_longer_than_seq_length(tmp_path, model):
     assert errors[0].splitlines()[-1].startswith(f"data file {data}: line 2, field `messages`: "), "the headline"
     assert all(result(run_dir, rank)["error_type"] == "DataError" for rank in range(2))
     assert "Traceback" not in (run_dir / "rank-0.err").read_text()
+
+
+@pytest.mark.timeout(900)
+def test_a_resume_with_an_edited_data_file_is_refused_unless_allowed(tmp_path, model):
+    data = write_jsonl(tmp_path / "chats.jsonl", [{"messages": c} for c in conversations(6, seed=7)])
+    run_dir = tmp_path / "run"
+    write_plan(run_dir, [*_overrides(data, model), "cluster.gpus_per_node=2", "parallel.cp=1"])
+    run = RankRun.start(run_dir, 2, *COTRAIN, "--steps", "2")
+    assert run.wait() == [0, 0], run.stderr_tail()
+    write_jsonl(data, [{"messages": c} for c in conversations(7, seed=7)])  # one row more: other content
+    run = RankRun.start(run_dir, 2, *COTRAIN, "--resume")
+    assert run.wait() == [2, 2], run.stderr_tail()
+    errors = [result(run_dir, rank)["error"] for rank in range(2)]
+    assert errors[0] == errors[1] and f"data file {data} is not the file checkpoint" in errors[0], errors[0]
+    assert "--allow-data-change" in errors[0] and result(run_dir, 0)["error_type"] == "ResumeError"
+    run = RankRun.start(run_dir, 2, *COTRAIN, "--resume", "--allow-data-change")
+    assert run.wait() == [0, 0], run.stderr_tail()
+    assert result(run_dir, 0)["resumed_step"] == 2
+    assert any("the data starts at its first sample" in w for w in result(run_dir, 0)["warnings"]), result(run_dir, 0)

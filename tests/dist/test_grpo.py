@@ -131,6 +131,8 @@ def test_a_killed_grpo_run_resumes_exactly(specdraft_cli, tmp_path):
     assert result(run_dir, 0)["resumed_step"] == 2
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(5)), "every step exactly once"
+    logged = [json.loads(line)["step"] for line in (run_dir / "rl" / "rollouts.jsonl").read_text().splitlines()]
+    assert sorted(set(logged)) == [1, 2, 3, 4] and logged == sorted(logged), f"rewound with metrics.jsonl: {logged}"
     assert without_timing(rows[:4]) == without_timing(uninterrupted), "bit-identical to the uninterrupted steps"
     # The resume's engine started from RUN_DIR/rl/ folders gathered in memory from the restored step-2 weights
     # (pp2): they equal the offline exports of that checkpoint, tensor for tensor.

@@ -6,13 +6,13 @@ lengths a predictor expects (the scheduler only ever sees the predictions).
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdraft import jsonfile
 from specdraft.errors import UserError
 
 # sigma = ln(10) / z_0.99 puts the p99 at 10x the median: the long tail reported for reasoning-RL rollouts.
@@ -110,11 +110,11 @@ def predict(lengths: list[int], error: float, rng: random.Random, cap: int) -> l
 
 
 def _parse_lengths_line(raw: str, path: Path, lineno: int) -> dict:
-    try:
-        obj = json.loads(raw)
-    except json.JSONDecodeError as err:
+    try:  # the bounded parser: a huge integer or deep nesting is a problem of this line, not a traceback
+        obj = jsonfile.parse(raw, f"{path}: line {lineno}")
+    except jsonfile.BadJson as err:
         raise UserError(
-            f"{path}: line {lineno}: not valid JSON ({err.msg} at column {err.colno})",
+            f"{path}: line {lineno}: not valid JSON ({err.why})",
             'write one object per line, e.g. {"id": "p1", "lengths": [812, 3410]}',
         ) from None
     if not isinstance(obj, dict):

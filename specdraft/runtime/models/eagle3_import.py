@@ -17,9 +17,16 @@ from pathlib import Path
 import torch
 
 from specdraft.eagle3_checkpoint import DraftConfig
+from specdraft.hf_files import FLOAT_DTYPES
 from specdraft.plan.draft_checkpoint import review
 from specdraft.plan.model import LaunchPlan
-from specdraft.runtime.models.hf.checkpoint import CheckpointError, HFCheckpoint, TensorInfo, read_tensors
+from specdraft.runtime.models.hf.checkpoint import (
+    CheckpointError,
+    HFCheckpoint,
+    TensorInfo,
+    dtype_problem,
+    read_tensors,
+)
 from specdraft.runtime.models.hf.mapping import Piece, Source
 from specdraft.runtime.models.hf.reader import DTYPES, Reader
 
@@ -33,6 +40,9 @@ LAYER_PARTS = ("input_layernorm", "hidden_norm", "post_attention_layernorm") + t
     f"{p}_proj" for p in ("q", "k", "v", "o", "gate", "up", "down")
 )
 FIX = "use a draft checkpoint trained for this policy, or leave draft.path out (random weights)"
+# The dtypes each draft tensor is read in: weights are floats (converted to the run's dtype), d2t holds signed offsets,
+# t2d flags; anything else (an int8 or fp8 weight) is refused by name, never converted.
+READ_AS = {"vocab.d2t": ("I64", "I32", "I16", "I8"), "vocab.t2d": ("BOOL", "U8")}
 
 
 @dataclass(frozen=True)
@@ -103,6 +113,10 @@ def open_source(plan: LaunchPlan) -> DraftSource | None:
             names[mine] = name
     missing = sorted(set(want) - set(names) - ({"vocab.t2d"} if "vocab.d2t" in names else set()))
     problems = []
+    for mine, name in sorted(names.items()):
+        allowed = READ_AS.get(mine, FLOAT_DTYPES)
+        if tensors[name].dtype not in allowed:
+            problems.append(dtype_problem(tensors[name], name, allowed))
     if unknown:
         problems.append(f"tensors specdraft's draft has no place for: {', '.join(unknown[:10])}")
     if wrong:

@@ -90,15 +90,26 @@ def _named(prompt: Prompt) -> str:
     return f"{where}: {prompt.text[:80]!r}"
 
 
+def _shown(raw: object) -> str:
+    """A short echo of what a reward returned: an int of 5,000 digits has no repr, and a user's object may have a
+    __repr__ that fails."""
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw.bit_length() > 64:
+        return f"an int of about {int(raw.bit_length() * 0.30103) + 1:,} digits"
+    try:
+        return f"{repr(raw)[:80]} ({type(raw).__name__})"
+    except Exception as err:  # noqa: BLE001 - the echo of a bad value; the refusal itself follows
+        return f"<{type(raw).__name__}: repr failed with {type(err).__name__}>"
+
+
 def _value(raw: object) -> float:
     """The reward as a float, or ValueError saying why it is none: a bool, int or float that is finite as a float
-    (an int past the float range, 10**400, is refused, not raised as OverflowError outside the guard)."""
+    (an int past the float range, 10**400, is refused here, not raised as OverflowError outside the guard)."""
     if not isinstance(raw, (bool, int, float)):
-        raise ValueError(f"returned {raw!r:.80} ({type(raw).__name__})")
+        raise ValueError(f"returned {_shown(raw)}")
     try:
         value = float(raw)
     except OverflowError:
-        raise ValueError(f"returned an int of {len(str(abs(int(raw))))} digits, past the float range") from None
+        raise ValueError(f"returned {_shown(raw)}, past the float range") from None
     if not math.isfinite(value):
         raise ValueError(f"returned {value!r}")
     return value

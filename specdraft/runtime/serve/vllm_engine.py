@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from specdraft.errors import UserError
 from specdraft.plan.model import LaunchPlan
 from specdraft.runs import files as runfiles
 from specdraft.runs.paths import SERVE_CACHE, RunPaths
@@ -98,27 +99,39 @@ def exports(run_dir: Path, plan: LaunchPlan, target: tuple[Path, dict], draft: t
 
 
 def _holds(folder: Path, sha: str) -> bool:
-    """``folder`` is a whole specdraft export of the checkpoint whose hash is ``sha``, its files as recorded."""
-    from specdraft.runtime.serve.folder import sha256
-
+    """``folder`` is a whole specdraft export of the checkpoint whose hash is ``sha``, its files as recorded. Read
+    through the run-folder guards (runs/files.py): a link, FIFO or device in the cache, or named by its marker, is
+    no cached export (it is exported again, replacing the folder), never opened and waited on."""
     if folder.is_symlink() or not folder.is_dir():
         return False
-    data = runfiles.read_bytes(folder, EXPORT_MARKER, MAX_EXPORT_MARKER_BYTES)
-    if data is None:
-        return False
     try:
-        record = json.loads(data)
-    except ValueError:
+        data = runfiles.read_bytes(folder, EXPORT_MARKER, MAX_EXPORT_MARKER_BYTES)
+        record = runfiles.parse_json(data, str(folder / EXPORT_MARKER)) if data is not None else None
+    except UserError:  # a link, a special file, an oversized or malformed marker
         return False
     if not isinstance(record, dict) or record.get("checkpoint_sha256") != sha:
         return False
     recorded = record.get("files")
-    if not isinstance(recorded, dict):
+    if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
         return False
-    present = sorted(p.name for p in folder.iterdir() if p.name != EXPORT_MARKER)
-    if present != sorted(recorded):
+    present = sorted(os.listdir(folder))
+    if EXPORT_MARKER not in present or sorted(n for n in present if n != EXPORT_MARKER) != sorted(recorded):
         return False
-    return all(not (folder / name).is_symlink() and sha256(folder / name) == recorded[name] for name in present)
+    return all(_file_sha256(folder, name) == recorded[name] for name in recorded)
+
+
+def _file_sha256(folder: Path, name: str) -> str | None:
+    """The sha256 of the regular file folder/name, opened without following a link and never blocking (a FIFO is
+    refused by runs/files.open_file); None for anything that is not a plain name of a regular file."""
+    try:
+        fd = runfiles.open_file(folder, name, os.O_RDONLY)
+    except (OSError, ValueError, UserError):
+        return None
+    digest = hashlib.sha256()
+    with os.fdopen(fd, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def measure(

@@ -337,10 +337,15 @@ def restore(ctx: RankContext, trainer) -> tuple[int, dict]:
     No resume: (0, {})."""
     if ctx.resume is None:
         return 0, {}
+
+    def warn(message: str) -> None:  # what changes the run goes into the result too (entry), not only stderr
+        _warn(message)
+        ctx.warnings.append(message)
+
     choice: list = [None]
     if ctx.global_rank == 0:
         try:
-            choice[0] = ("ok", files.choose(ctx.run_dir, ctx.plan, ctx.resume, ctx.resume_from, _warn, ctx.steps))
+            choice[0] = ("ok", files.choose(ctx.run_dir, ctx.plan, ctx.resume, ctx.resume_from, warn, ctx.steps))
         except files.ResumeError as err:
             choice[0] = ("error", str(err))
     dist.broadcast_object_list(choice, src=0)  # one decision, the same on every rank
@@ -349,6 +354,11 @@ def restore(ctx: RankContext, trainer) -> tuple[int, dict]:
         raise files.ResumeError(value)
     skipped, reasons = [], []
     for folder, meta in value:
+        # The same decision on every rank: each has the same data and reads the same marker.
+        changed = files.data_change(meta.get("data"), trainer.data.position(0))
+        if changed is not None and not ctx.allow_data_change:
+            message, fix = files.data_change_refused(str(ctx.plan.data.path), folder, changed)
+            raise files.ResumeError(f"{message}; fix: {fix}")
         rng = files.same_layout(meta, ctx.plan)
         why = _verify(ctx, folder, meta) or _try_load(ctx, trainer, folder, meta, rng)
         if not why:
@@ -356,20 +366,22 @@ def restore(ctx: RankContext, trainer) -> tuple[int, dict]:
         skipped.append(str(folder))
         reasons.append(f"{folder}: {why[:600]}")
         if ctx.global_rank == 0:
-            _warn(f"skipping checkpoint {folder}: {why[:2000]}")
+            warn(f"skipping checkpoint {folder}: {why[:2000]}")
     else:
         if value:
             raise files.ResumeError(f"no checkpoint could be loaded: {'; '.join(reasons)}")
         if ctx.global_rank == 0:  # a requeued job that never saved starts over: its old rows go
             files.rewrite_metrics(ctx.run_dir, [])
+            files.rewind_rollouts(ctx.run_dir, 0)
         dist.barrier()
         return 0, {"resumed_from": None}
     step = int(meta["step"])
     note = trainer.data.restore(step, meta.get("data"))
     if note and ctx.global_rank == 0:
-        _warn(note)
+        warn(note)
     if ctx.global_rank == 0:
         files.rewrite_metrics(ctx.run_dir, files.metrics_rows(folder, step))
+        files.rewind_rollouts(ctx.run_dir, step)  # GRPO's samples of the steps the resume runs again go too
         print(
             f"[specdraft] resumed from {folder} (step {step}, "
             f"{'same layout' if rng else 'saved under another layout: resharded, RNG streams not carried'})",

@@ -19,9 +19,9 @@ import re
 from dataclasses import dataclass
 
 import torch
-from jinja2 import TemplateError
 
-from specdraft.datafile import DataError, problems_error, read_records, row_name
+from specdraft.datafile import DataError, file_sha256, problems_error, read_records, row_name
+from specdraft.runtime.train import chat
 
 GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
@@ -40,6 +40,7 @@ class Corpus:
     digest: str  # sha256 over every sample's ids and mask
     format: str
     mask_method: str  # "generation", "prefix", "plain" (no template) or "all" (text)
+    sha256: str = ""  # of the file's bytes (datafile.file_sha256): a resume compares it with the checkpoint's
 
 
 def load_tokenizer(folder: str):
@@ -124,17 +125,35 @@ def encode(tokenizer, fmt: str, value, method: str) -> tuple[list[int], list[int
     return render_messages(tokenizer, messages, method)
 
 
+def check_vocabulary(tokenizer, folder: str, vocab: int) -> None:
+    """Every id the tokenizer can produce must be a row of the model's embedding: a tokenizer with more tokens than
+    model.vocab_size, or one that maps any token (an added or special one) to an id at or past it, is refused by
+    name before a row is read (it would train on a zero embedding and an impossible label, or fail in an index)."""
+    if len(tokenizer) > vocab:
+        raise DataError(
+            f"the tokenizer in {folder} has {len(tokenizer):,} tokens, more than model.vocab_size ({vocab:,})",
+            f"set model.vocab_size to at least {len(tokenizer):,} (the model's config.json vocab_size)",
+        )
+    ids = {**tokenizer.get_vocab(), **{t: i for t, i in zip(tokenizer.all_special_tokens, tokenizer.all_special_ids)}}
+    past = sorted((i, t) for t, i in ids.items() if not isinstance(i, int) or not 0 <= i < vocab)
+    if past:
+        i, token = past[-1]
+        raise DataError(
+            f"the tokenizer in {folder} maps {token!r} to id {i:,}, outside model.vocab_size ({vocab:,}); "
+            f"{len(past):,} token(s) are outside it",
+            "use the tokenizer the model was trained with, or set model.vocab_size above every id the tokenizer "
+            "gives (the model's config.json vocab_size)",
+        )
+
+
 def load_corpus(plan) -> Corpus:
     """The plan's data file tokenised: DataError naming every row that cannot be trained on (too long for
-    model.seq_length, no token with loss, refused by the template) and any tokenizer that does not fit the model."""
+    model.seq_length, no token with loss, refused by the template, a token id outside the vocabulary), any
+    tokenizer that does not fit the model, and the first row whose chat template runs past its budget (chat.py)."""
     data, seq_length, vocab = plan.data, plan.model.seq_length, plan.model.vocab_size
     fmt, records = read_records(data.path, data.format)
     tokenizer = load_tokenizer(data.tokenizer)
-    if len(tokenizer) > vocab:
-        raise DataError(
-            f"the tokenizer in {data.tokenizer} has {len(tokenizer):,} tokens, more than model.vocab_size ({vocab:,})",
-            f"set model.vocab_size to at least {len(tokenizer):,} (the model's config.json vocab_size)",
-        )
+    check_vocabulary(tokenizer, data.tokenizer, vocab)
     method = mask_method(tokenizer, fmt)
     if method == "plain" and (fmt == "messages" or tokenizer.eos_token_id is None):
         raise DataError(
@@ -151,25 +170,45 @@ def load_corpus(plan) -> Corpus:
     problems: list[str] = []
     samples: list[Sample] = []
     digest = hashlib.sha256()
-    for record in records:
-        where = f"{row_name(data.path, record.row)}, field `{field}`"
-        try:
-            ids, mask = encode(tokenizer, fmt, record.value, method)
-        except (ValueError, TypeError, TemplateError) as err:  # the template's own refusal, or ours (prefix)
-            problems.append(f"{where}: the chat template refused it ({type(err).__name__}: {err})")
-            continue
-        if len(ids) > seq_length:
-            problems.append(f"{where}: {len(ids):,} tokens, longer than model.seq_length ({seq_length:,})")
-        elif sum(mask[1:]) == 0:
-            problems.append(f"{where}: no token to train on (the assistant/response part is empty)")
-        else:
-            sample = Sample(torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.bool))
-            digest.update(len(ids).to_bytes(8, "little") + sample.tokens.numpy().tobytes() + bytes(mask))
-            samples.append(sample)
+    templated = method in ("generation", "prefix")  # a template is code from the model folder: run under a budget
+    refused_by = None
+    with chat.Renderer(tokenizer) as renderer:
+        for record in records:
+            where = f"{row_name(data.path, record.row)}, field `{field}`"
+            try:
+                if templated:
+                    ids, mask = renderer.call(encode, fmt, record.value, method)
+                else:
+                    ids, mask = encode(tokenizer, fmt, record.value, method)
+            except chat.TemplateFailed as err:
+                if err.over_budget:  # one row past the budget stops the file: the next would wait as long
+                    raise chat.refusal(tokenizer, f"data file {data.path}, {where}", err) from None
+                problems.append(f"{where}: the chat template refused it ({err.detail})")
+                refused_by = chat.template_name(tokenizer)
+                continue
+            except (ValueError, TypeError) as err:  # the prefix rule's refusal, without a template
+                problems.append(f"{where}: the tokenizer refused it ({type(err).__name__}: {err})")
+                continue
+            outside = [i for i in ids if not 0 <= i < vocab]
+            if outside:
+                problems.append(f"{where}: token id {outside[0]:,} is outside model.vocab_size ({vocab:,})")
+            elif len(ids) > seq_length:
+                problems.append(f"{where}: {len(ids):,} tokens, longer than model.seq_length ({seq_length:,})")
+            elif sum(mask[1:]) == 0:
+                problems.append(f"{where}: no token to train on (the assistant/response part is empty)")
+            else:
+                sample = Sample(torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.bool))
+                digest.update(len(ids).to_bytes(8, "little") + sample.tokens.numpy().tobytes() + bytes(mask))
+                samples.append(sample)
     if problems:
-        raise problems_error(
-            data.path,
-            problems,
-            "shorten or drop those rows, or raise model.seq_length; docs/data.md says how rows are tokenised",
-        )
-    return Corpus(samples=tuple(samples), digest=digest.hexdigest(), format=fmt, mask_method=method)
+        fix = "shorten or drop those rows, or raise model.seq_length; docs/data.md says how rows are tokenised"
+        if refused_by:
+            fix += f"; the rows the template refused were rendered by {refused_by}"
+        raise problems_error(data.path, problems, fix)
+    return Corpus(
+        samples=tuple(samples),
+        digest=digest.hexdigest(),
+        format=fmt,
+        mask_method=method,
+        sha256=file_sha256(data.path),
+    )

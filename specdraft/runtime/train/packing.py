@@ -129,11 +129,13 @@ class PackedData:
     def position(self, step: int) -> dict:
         """What a checkpoint after ``step`` steps (and each metrics row) records: the next sample to read."""
         epoch, index = self.position_at(step)
-        return {"epoch": epoch, "index": index, "digest": self.corpus.digest}
+        out = {"epoch": epoch, "index": index, "digest": self.corpus.digest}
+        return {**out, "sha256": self.corpus.sha256} if self.corpus.sha256 else out
 
     def restore(self, step: int, saved: dict | None) -> str | None:
         """Continue at the position a checkpoint recorded before ``step``; returns a warning when the checkpoint
-        was written with other data (then this data starts from its beginning) or records no position."""
+        was written with other data (then this data starts from its beginning: checkpoint.restore refuses that
+        unless the launch allowed a data change) or records no position."""
         if not saved or "epoch" not in saved:
             start, why = (0, 0), "it was written with the built-in Markov data"
         elif saved.get("digest") != self.corpus.digest:

@@ -5,12 +5,12 @@ the layout sets must agree with it. The file's sha256 and the filled fields are 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from specdraft import hf_files, jsonfile
 from specdraft.errors import Problem, SpecError, UserError
 from specdraft.spec.derived import head_dim, kv_heads
 from specdraft.spec.schema import ModelSpec
@@ -111,12 +111,16 @@ def read(data: dict, source: str) -> HfConfig | None:
         raw = read_regular_file(file, MAX_CONFIG_BYTES, CONFIG_NAME)
     except UserError as err:
         fail(err.message, err.fix)
+    restore = f"restore the checkpoint's {CONFIG_NAME}"
     try:
-        config = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        fail(f"{file} is not JSON ({err})", f"restore the checkpoint's {CONFIG_NAME}")
+        config = jsonfile.parse(raw, str(file), restore)
+    except jsonfile.BadJson as err:
+        fail(f"{file} is not JSON ({err.why})", restore)
     if not isinstance(config, dict):
-        fail(f"{file} holds {type(config).__name__}, not a JSON object", f"restore the checkpoint's {CONFIG_NAME}")
+        fail(f"{file} holds {jsonfile.kind(config)}, not a JSON object", restore)
+    found = jsonfile.problems(config, hf_files.CONFIG)
+    if found:
+        fail(f"{file}: {'; '.join(found[:10])}", restore)
     archs = config.get("architectures")
     if archs is None and config.get("model_type") in MODEL_TYPES:  # a config saved without its model
         archs = [MODEL_TYPES[config["model_type"]]]

@@ -62,7 +62,8 @@ def test_user_rewards_get_the_texts_the_answer_and_the_ids(monkeypatch):
         (lambda p, r, a, i: 1 / 0, "raised ZeroDivisionError"),
         (lambda p, r, a, i: "good", "returned 'good'"),
         (lambda p, r, a, i: float("nan"), "returned nan"),
-        (lambda p, r, a, i: 10**400, "401 digits, past the float range"),
+        (lambda p, r, a, i: 10**400, "an int of about 401 digits, past the float range"),
+        (lambda p, r, a, i: 10**5000, "an int of about 5,001 digits, past the float range"),
         (lambda p, r, a, i: __import__("time").sleep(30), "did not return within 0.2s"),
     ],
 )

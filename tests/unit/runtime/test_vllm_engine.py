@@ -74,3 +74,29 @@ def test_the_cache_is_reused_only_for_the_same_checkpoint_and_intact_files(tmp_p
     _export(folder, sha)
     (folder / "specdraft-export.json").write_text(json.dumps(["not", "a", "record"]))
     assert not vllm_engine._holds(folder, sha)
+
+
+def test_the_cache_is_read_through_the_run_folder_guards(tmp_path):
+    """A FIFO where the marker names a file (or a link, or a marker that is no JSON) is no cached export: it is
+    exported again, never opened and waited on. Without a writer the FIFO would block a plain open() forever; the
+    check runs on a thread so that old behaviour fails this test instead of hanging it."""
+    import os
+    import threading
+
+    sha = vllm_engine.checkpoint_sha256(MANIFEST)
+    folder = tmp_path / "policy"
+    weights = folder / "model.safetensors"
+    cases = {
+        "fifo": lambda: (weights.unlink(), os.mkfifo(weights)),
+        "link": lambda: (weights.unlink(), weights.symlink_to("/dev/zero")),
+        "marker": lambda: (folder / "specdraft-export.json").write_text('{"checkpoint_sha256": ' + "1" * 5000 + "}"),
+    }
+    for name, break_it in cases.items():
+        _export(folder, sha)
+        break_it()
+        got: list = []
+        worker = threading.Thread(target=lambda out=got: out.append(vllm_engine._holds(folder, sha)), daemon=True)
+        worker.start()
+        worker.join(60)
+        assert not worker.is_alive(), f"{name}: _holds blocked"
+        assert got == [False], name

@@ -7,12 +7,16 @@ safetensors' layout (https://huggingface.co/docs/safetensors): an 8-byte little-
 
 from __future__ import annotations
 
-import json
+import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdraft.errors import SpecdraftError
+from specdraft import hf_files, jsonfile
+from specdraft.errors import SpecdraftError, UserError
+from specdraft.fsutil import file_kind, read_regular_file
+from specdraft.hf_files import FLOAT_DTYPES
 from specdraft.plan.model import LaunchPlan, ModelShape
 from specdraft.runtime.models.hf.mapping import FAMILIES, IGNORED, Family, Geometry, hf_tensors
 
@@ -20,9 +24,8 @@ CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
+MAX_JSON_BYTES = 64 << 20  # config.json is a few KB; an index lists every tensor name once
 MAX_LISTED = 20
-ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
-FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 # Tokenizer and generation files an export copies beside the weights (those that exist).
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -107,15 +110,20 @@ def plan_checkpoint(plan: LaunchPlan) -> HFCheckpoint | None:
     return None if folder is None else open_checkpoint(plan.model, folder)
 
 
-def read_config(folder: Path) -> dict:
-    path = folder / CONFIG
+def read_json(path: Path, shape, what: str, fix: str):
+    """A JSON file of the checkpoint (a regular file, bounded) through the bounded parser and its shape check."""
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{path} cannot be read as JSON: {err}", "restore the checkpoint's config.json") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path} holds {type(config).__name__}, not a JSON object", "restore config.json")
-    return config
+        data = read_regular_file(path, MAX_JSON_BYTES, what)
+    except UserError as err:
+        raise CheckpointError(err.message, fix) from None
+    try:
+        return jsonfile.load(data, str(path), shape, fix)
+    except jsonfile.BadJson as err:
+        raise CheckpointError(err.message, fix) from None
+
+
+def read_config(folder: Path) -> dict:
+    return read_json(folder / CONFIG, hf_files.CONFIG, CONFIG, "restore the checkpoint's config.json")
 
 
 def architecture(config: dict, where: Path) -> str:
@@ -148,37 +156,53 @@ def config_problems(config: dict, family: Family, where: Path) -> list[str]:
 
 
 def read_header(path: Path) -> dict[str, TensorInfo]:
-    """The tensors one safetensors file holds; CheckpointError for a file that is missing, cut short or malformed."""
+    """The tensors one safetensors file holds, held to safetensors' rules (hf_files.header_entries); CheckpointError
+    naming the file and the tensor for a file that is missing, not a regular file, cut short or malformed."""
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as handle:
-            head = handle.read(8)
-            if len(head) < 8:
-                raise CheckpointError(f"{path} is {size} bytes, too short for a safetensors file", _REWRITE)
-            (length,) = struct.unpack("<Q", head)
-            if length > min(MAX_HEADER, size - 8):
-                raise CheckpointError(f"{path}: header length {length} is past the file's {size} bytes", _REWRITE)
-            header = json.loads(handle.read(length).decode("utf-8"))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise CheckpointError(f"{path} is missing", _REWRITE) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{path} is not a readable safetensors file: {err}", _REWRITE) from None
+    except OSError as err:
+        raise CheckpointError(f"{path} cannot be read: {err.strerror or err}", _REWRITE) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):  # a FIFO is refused, never waited on
+            raise CheckpointError(f"{path} is {file_kind(info.st_mode)}, not a safetensors file", _REWRITE)
+        size = info.st_size
+        head = os.pread(fd, 8, 0)
+        if len(head) < 8:
+            raise CheckpointError(f"{path} is {size} bytes, too short for a safetensors file", _REWRITE)
+        (length,) = struct.unpack("<Q", head)
+        if length > min(MAX_HEADER, size - 8):
+            raise CheckpointError(f"{path}: header length {length} is past the file's {size} bytes", _REWRITE)
+        text = _pread_all(fd, length, 8)
+    except OSError as err:
+        raise CheckpointError(f"{path} cannot be read: {err.strerror or err}", _REWRITE) from None
+    finally:
+        os.close(fd)
+    try:
+        header = jsonfile.parse(text, f"{path}'s header", _REWRITE)
+    except jsonfile.BadJson as err:
+        raise CheckpointError(f"{path} is not a readable safetensors file: {err.why}", _REWRITE) from None
     base = 8 + length
-    out = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype, shape, (begin, end) = entry["dtype"], tuple(int(x) for x in entry["shape"]), entry["data_offsets"]
-        except (TypeError, KeyError, ValueError) as err:
-            raise CheckpointError(f"{path}: tensor {name!r} has a malformed header entry ({err})", _REWRITE) from None
-        if base + end > size:
-            raise CheckpointError(
-                f"{path}: tensor {name!r} ends at byte {base + end} but the file has {size} (a cut-short copy?)",
-                _REWRITE,
-            )
-        out[name] = TensorInfo(path, dtype, shape, base + begin, base + end)
-    return out
+    entries, problems = hf_files.header_entries(header, size - base)
+    if problems:
+        shown = "; ".join(problems[:MAX_LISTED]) + (
+            f" (and {len(problems) - MAX_LISTED} more)" if len(problems) > MAX_LISTED else ""
+        )
+        raise CheckpointError(f"{path}: {shown}", _REWRITE)
+    return {n: TensorInfo(path, e.dtype, e.shape, base + e.begin, base + e.end) for n, e in entries.items()}
+
+
+def _pread_all(fd: int, length: int, offset: int) -> bytes:
+    chunks, done = [], 0
+    while done < length:
+        chunk = os.pread(fd, length - done, offset + done)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        done += len(chunk)
+    return b"".join(chunks)
 
 
 _REWRITE = "copy the checkpoint again, or re-save it with save_pretrained(safe_serialization=True)"
@@ -194,11 +218,14 @@ def read_tensors(folder: Path) -> dict[str, TensorInfo]:
                 "specdraft reads safetensors only: re-save the model with save_pretrained(safe_serialization=True)",
             )
         return read_header(folder / SINGLE)
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        files = sorted(set(weight_map.values()))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
-        raise CheckpointError(f"{index} has no readable weight_map: {err}", _REWRITE) from None
+    found = read_json(index, hf_files.INDEX, INDEX, _REWRITE)
+    if "weight_map" not in found:
+        raise CheckpointError(f"{index} has no weight_map", _REWRITE)
+    weight_map = found["weight_map"]
+    files = sorted(set(weight_map.values()))
+    outside = [f for f in files if Path(f).name != f or f in ("", ".", "..")]
+    if outside:
+        raise CheckpointError(f"{index} maps tensors to {outside[0]!r}, which is not a file name in {folder}", _REWRITE)
     missing = [f for f in files if not (folder / f).is_file()]
     if missing:
         named = {f: sorted(n for n, g in weight_map.items() if g == f) for f in missing}
@@ -272,22 +299,20 @@ def tensor_problems(tensors: dict[str, TensorInfo], g: Geometry) -> list[str]:
                 f"{info.file.name}: tensor {name!r} has shape {list(info.shape)}, the plan's model needs {list(shape)}"
             )
         elif info.dtype not in FLOAT_DTYPES:
-            problems.append(f"{info.file.name}: tensor {name!r} is {info.dtype}; specdraft reads {FLOAT_DTYPES}")
-        elif info.end - info.begin != _numel(shape) * ITEMSIZE[info.dtype]:
-            problems.append(
-                f"{info.file.name}: tensor {name!r} has {info.end - info.begin} bytes for {info.dtype} {list(shape)}"
-            )
+            problems.append(dtype_problem(info, name, FLOAT_DTYPES))
     extra = [n for n in tensors if n not in want and not IGNORED.search(n) and not (tied and n == "lm_head.weight")]
     for name in extra:
         problems.append(f"{tensors[name].file.name}: tensor {name!r} is not part of the model specdraft builds")
     return problems
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
+def dtype_problem(info: TensorInfo, name: str, allowed: tuple[str, ...]) -> str:
+    """A tensor stored in a dtype the import does not read: refused, never converted (an int8 or fp8 weight would
+    need its quantisation scales, which specdraft does not apply)."""
+    return (
+        f"{info.file.name}: tensor {name!r} is {info.dtype}; specdraft reads it as {' or '.join(allowed)} only "
+        "(a quantised checkpoint needs its scales: dequantise it to bf16 or fp32 first)"
+    )
 
 
 def tokenizer_files(folder: Path) -> list[Path]:

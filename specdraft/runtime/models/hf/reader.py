@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from specdraft.runtime.models.hf.checkpoint import ITEMSIZE, CheckpointError, HFCheckpoint
+from specdraft.hf_files import ITEMSIZE
+from specdraft.runtime.models.hf.checkpoint import CheckpointError, HFCheckpoint
 from specdraft.runtime.models.hf.mapping import Piece, Source, piece_shape
 
 DTYPES = {
