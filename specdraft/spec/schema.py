@@ -229,7 +229,7 @@ class TrainingSpec:
     seed: int = 1234
     """Seed for initialisation, the synthetic data the runtime generates, and the data file's sample order."""
     save_interval: int = 0
-    """Steps between checkpoints in RUN_DIR/checkpoints (and after the last step); 0 = off. USR2/SIGTERM save too."""
+    """Steps between checkpoints in RUN_DIR/checkpoints; the last step's is always saved (0: only it). USR2 too."""
     keep_checkpoints: int = 2
     """Complete checkpoints kept in RUN_DIR/checkpoints; older ones go once a newer one is complete (>= 1)."""
     stop_grace_s: float = 300.0
