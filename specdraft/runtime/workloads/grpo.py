@@ -83,6 +83,7 @@ def run(ctx: RankContext) -> dict:
         "checkpoint": str(saved) if saved else None,
         "memory": trainer.state_bytes(),
         "policy_init": trainer.policy_init,
+        "draft_init": trainer.draft_init,
         "task": task.name,
     }
 
