@@ -172,12 +172,10 @@ def _finish(folder, result) -> None:
     if result.problem:
         raise UserError(result.problem, f"the logs: specdraft logs {folder} --rank N")
     passed = sum(1 for r in results.values() if r.get("ok"))
-    if result.record.workload == "cotrain":
-        from specdraft.cli.cotrain_view import acceptance_table
+    if result.record.workload in ("cotrain", "grpo"):
+        from specdraft.cli.runs_view import print_figures
 
-        table = acceptance_table(folder)
-        if table is not None:
-            out.print(table)
+        print_figures(out, folder, result.record.workload)
     out.print(f"[green]{safe(result.state)}[/]: all {passed} ranks passed {safe(result.record.workload)}")
 
 
