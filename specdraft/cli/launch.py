@@ -190,11 +190,26 @@ def runs(root: str = typer.Option("runs", "--root", help="Folder holding run fol
     _console().print(runs_table(entries, fresh))
 
 
-def status(run: Optional[str] = RunArg) -> None:
-    """Show a run's state (sacct/squeue, bounded; a pending job's reason) and each rank's progress."""
+def status(
+    run: Optional[str] = RunArg,
+    plot: Optional[str] = typer.Option(
+        None,
+        "--plot",
+        metavar="FILE.png",
+        help="Also draw reward (GRPO) or losses (cotrain), accept length and step time over the steps "
+        "(needs matplotlib: the plot extra).",
+    ),
+) -> None:
+    """Show a run's state (sacct/squeue, bounded; a pending job's reason), each rank's progress and its figures."""
     from specdraft.cli.runs_view import print_status
     from specdraft.runs.rundir import resolve_run
 
+    if plot is not None:
+        from specdraft.fsutil import check_output_path
+        from specdraft.render.metrics_plot import check_plot_path
+
+        check_plot_path(plot)
+        check_output_path(plot, "plot")  # refuse a FIFO, link or device before reading the run
     folder, record, broken = resolve_run(run)
     if broken:
         _console(stderr=True).print(
@@ -202,6 +217,13 @@ def status(run: Optional[str] = RunArg) -> None:
             markup=False,
         )
     print_status(_console(), folder, record)
+    if plot is not None:
+        from specdraft.execute.monitor import read_metrics
+        from specdraft.fsutil import atomic_write_bytes
+        from specdraft.render.metrics_plot import plot_bytes
+
+        atomic_write_bytes(plot, plot_bytes(read_metrics(folder), folder.name), what="plot")
+        _console().print(f"wrote {plain(plot)}", markup=False)
 
 
 def logs(
