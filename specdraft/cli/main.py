@@ -227,9 +227,11 @@ def _register_optional_commands() -> None:
     from specdraft.cli import launch as launch_cmds
     from specdraft.cli import measure as measure_cmds
     from specdraft.cli import rollout as rollout_cmds
+    from specdraft.cli import rollouts_view
     from specdraft.cli import search as search_cmds
 
     launch_cmds.register(app)
+    rollouts_view.register(app)
     rollout_cmds.register(app)
     measure_cmds.register(rollout_cmds.rollout_app)
     search_cmds.register(app)
