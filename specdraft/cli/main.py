@@ -181,6 +181,7 @@ def render(
         if refused:
             raise SpecError(refused, f"the NeMo-RL render of {launch_plan.name} (profile {PROFILE})")
         sys.stdout.write(render_text(launch_plan))
+        _placeholder_notes(launch_plan)
     elif to == "vllm":
         import json
 
@@ -191,12 +192,21 @@ def render(
                 "fix the rollout section of the layout",
             )
         sys.stdout.write(json.dumps(vllm.engine_args, indent=2) + "\n")
+        _placeholder_notes(launch_plan)
         if check:
             from specdraft.execute.vllm_check import check_with_vllm
 
             _console(stderr=True).print(check_with_vllm(vllm.engine_args), markup=False)
     else:
         raise UserError(f"--to {to!r} is not a render target", "use --to megatron, --to nemo-rl or --to vllm")
+
+
+def _placeholder_notes(plan) -> None:
+    """On stderr: the values of a render that are named placeholders, and what to set instead."""
+    from specdraft.render.paths import placeholder_notes
+
+    for note in placeholder_notes(plan, plan.draft.enabled and plan.rollout_settings.speculative):
+        _console(stderr=True).print(f"note: {note}", markup=False)
 
 
 @app.command()

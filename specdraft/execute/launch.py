@@ -145,7 +145,7 @@ def check_checkpoint(plan: LaunchPlan) -> dict | None:
     from specdraft.plan.codec import encode_value
 
     path = plan.model.path
-    if not os.path.isdir(os.path.expanduser(path)):
+    if path is None or not os.path.isdir(os.path.expanduser(path)):
         return None
     if not os.path.isabs(os.path.expanduser(path)):
         raise UserError(

@@ -5,6 +5,7 @@ the CP attention) stays in plan.json."""
 from __future__ import annotations
 
 from specdraft.plan.model import LaunchPlan, ModelShape
+from specdraft.render.paths import model_path
 
 
 def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
@@ -55,7 +56,7 @@ def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
         ]
         if m.moe_router_topk == 1:
             args.append("--moe-router-pre-softmax")  # megatron-core refuses top-1 softmax routing without it
-    args += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", m.path]
+    args += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", model_path(plan)]
     args += ["--micro-batch-size", str(p.micro_batch_size), "--global-batch-size", str(p.global_batch_size)]
     if t.dtype == "fp8":
         # FP8 GEMMs through TransformerEngine with per-tensor current scaling and fp8 parameters, bf16 elsewhere

@@ -85,11 +85,10 @@ class ModelSpec:
     tie_embeddings: bool = False
     """Share the input embedding and output layer weights (HF tie_word_embeddings; untied renders
     --untie-embeddings-and-output-weights)."""
-    path: str = "model"
-    """Checkpoint folder or hub id of the policy, used by the renders. A folder on this machine (relative to the
-    current directory) with a Hugging Face config.json (LlamaForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM or
-    Qwen3MoeForCausalLM) fills the model fields the layout leaves out; a folder without one needs the model fields
-    written out; anything else (a hub id) is passed on as is."""
+    path: Optional[str] = None
+    """The policy's Hugging Face folder (its config.json fills the fields the layout leaves out; a launch reads its
+    weights) or hub id (plans and renders only: launch refuses it, the ranks download nothing); null = seeded random
+    weights, and the renders write the placeholder <model.path>."""
     config_sha256: Optional[str] = None
     """sha256 of the config.json that filled this section: specdraft records it when it reads `path` (leave it
     out). The plan's spec keeps the filled values, so recompiling a plan.json never needs the folder. Launching,
@@ -174,8 +173,9 @@ class DraftSpec:
     """Learning rate of the draft's own optimizer."""
     clip_grad: float = 1.0
     """Gradient-norm clip of the draft's own clipping group; 0 disables it."""
-    model: str = "checkpoints/draft"
-    """Path of the draft checkpoint that rollout engines load (vLLM speculative_config.model)."""
+    model: Optional[str] = None
+    """The EAGLE-3 folder (absolute) or hub id rollout engines start from (vLLM speculative_config.model), e.g. a
+    `specdraft export`; null = the renders write the placeholder <draft.model>, which vLLM refuses."""
     vocab_size: Optional[int] = None
     """Draft LM-head vocabulary: the target's most frequent training tokens (SpecForge's d2t/t2d); null = target's."""
     export_interval: int = 0

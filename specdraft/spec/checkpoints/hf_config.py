@@ -314,7 +314,7 @@ def disagreements(m: ModelSpec, hf: HfConfig, given: set[str]) -> list[Problem]:
 def check_recorded(m: ModelSpec, source: str) -> None:
     """A plan's model section against its checkpoint, where that is on this machine: the config.json at model.path
     must still have the recorded sha256. Absent (a login node without the checkpoint), the recorded values stand."""
-    if m.config_sha256 is None or not Path(m.path).is_dir():
+    if m.config_sha256 is None or m.path is None or not Path(m.path).is_dir():
         return
     file = Path(m.path) / CONFIG_NAME
     from specdraft.fsutil import read_regular_file

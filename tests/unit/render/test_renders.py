@@ -100,3 +100,28 @@ def test_vllm_schema_catches_bad_settings():
     problems = broken.problems()
     assert any("gpu_memory_utilization" in p for p in problems)
     assert any("tensor_parallel_size" in p for p in problems)
+
+
+def test_an_unset_path_renders_as_a_named_placeholder_no_engine_resolves():
+    """model.path and draft.model left unset are written as placeholders that vLLM and NeMo-RL (through
+    huggingface_hub's repo-id rule, which they apply to a name that is no local folder) refuse; the old default
+    `checkpoints/draft` was a valid hub id, which an engine would have looked up on the hub."""
+    hub = pytest.importorskip("huggingface_hub.utils")
+    plan = compile(load_layout(None))
+    engine = plan.renders.vllm.engine_args
+    assert engine["model"] == "<model.path>" and engine["speculative_config"]["model"] == "<draft.model>"
+    assert plan.renders.nemo_rl["policy"]["model_name"] == "<model.path>"
+    speculative = plan.renders.nemo_rl["policy"]["generation"]["vllm_kwargs"]["speculative_config"]
+    assert speculative["model"] == "<draft.model>"
+    argv = plan.renders.megatron
+    assert argv[argv.index("--tokenizer-model") + 1] == "<model.path>"
+    for name in ("<model.path>", "<draft.model>"):
+        with pytest.raises(hub.HFValidationError):
+            hub.validate_repo_id(name)
+    hub.validate_repo_id("checkpoints/draft")
+    text = render_text(plan)
+    assert "# PLACEHOLDERS: NeMo-RL and vLLM refuse these values until they are set:" in text
+    given = compile(load_layout(None, ["model.path=/ckpt/policy", "draft.model=/ckpt/draft-eagle3"]))
+    engine = given.renders.vllm.engine_args
+    assert engine["model"] == "/ckpt/policy" and engine["speculative_config"]["model"] == "/ckpt/draft-eagle3"
+    assert "PLACEHOLDERS" not in render_text(given)

@@ -167,3 +167,12 @@ def test_a_draft_limited_below_seq_length_gets_a_note_naming_the_field(tmp_path)
     want = expected(spec)
     _, notes = eagle3_checkpoint.check(found, type(want)(**{**want.__dict__, "seq_length": 4096}))
     assert len(notes) == 1 and "max_position_embeddings 2048 is below model.seq_length 4096" in notes[0]
+
+
+def test_draft_model_is_an_absolute_path_or_a_hub_id(tmp_path):
+    from specdraft.assemble import compile
+
+    assert compile(load_layout(None, ["draft.model=org/eagle3-draft"])).draft.model == "org/eagle3-draft"
+    for relative in ("checkpoints/draft/step-3", "./draft", "~/draft", "../draft"):
+        with pytest.raises(SpecError, match="must be an absolute path or a hub id"):
+            compile(load_layout(None, [f"draft.model={relative}"]))

@@ -83,10 +83,12 @@ def stored_dtype(tensors: dict[str, TensorInfo]) -> str:
     return max(counts, key=lambda k: counts[k]) if counts else "F32"
 
 
-def folder_of(model_path: str) -> Path | None:
-    """The HF folder ``model.path`` names (a directory holding config.json), else None: a hub id, a path that is
-    not there, or a folder of tokenizer files only (the layout then writes the model fields) keeps the random
-    initialisation. A directory with safetensors weights but no config.json is refused."""
+def folder_of(model_path: str | None) -> Path | None:
+    """The HF folder ``model.path`` names (a directory holding config.json), else None: unset, a hub id, a path that
+    is not there, or a folder of tokenizer files only (the layout then writes the model fields). A directory with
+    safetensors weights but no config.json is refused."""
+    if model_path is None:
+        return None
     path = Path(model_path).expanduser()
     if not path.is_dir():
         return None
