@@ -170,9 +170,10 @@ def render(
     launch_plan, _ = load_plan(args)
     renders = launch_plan.renders
     if to == "megatron":
-        import shlex
+        from specdraft.render.megatron import megatron_text
+        from specdraft.spec.checkpoints.hf_config import no_tokenizer
 
-        sys.stdout.write(shlex.join(renders.megatron) + "\n")
+        sys.stdout.write(megatron_text(launch_plan, no_tokenizer(launch_plan.model.path)))
     elif to == "nemo-rl":
         from specdraft.errors import SpecError
         from specdraft.render.nemo_rl import PROFILE, refusals, render_text

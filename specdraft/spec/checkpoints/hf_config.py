@@ -311,6 +311,17 @@ def disagreements(m: ModelSpec, hf: HfConfig, given: set[str]) -> list[Problem]:
     return out
 
 
+def no_tokenizer(path: str | None) -> str | None:
+    """Why the local folder model.path names cannot serve as the policy's tokenizer; None when it can, or when
+    model.path is no folder here (a hub id)."""
+    from specdraft.datafile import TOKENIZER_FILES
+
+    folder = Path(path).expanduser() if path is not None else None
+    if folder is None or not folder.is_dir() or any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    return f"model.path {path} holds no tokenizer files ({', '.join(TOKENIZER_FILES)})"
+
+
 def check_recorded(m: ModelSpec, source: str) -> None:
     """A plan's model section against its checkpoint, where that is on this machine: the config.json at model.path
     must still have the recorded sha256. Absent (a login node without the checkpoint), the recorded values stand."""

@@ -10,7 +10,7 @@ import pytest
 
 from specdraft.assemble import compile
 from specdraft.plan.codec import encode_value
-from specdraft.render.megatron import format_argv
+from specdraft.render.megatron import format_argv, megatron_text
 from specdraft.render.nemo_rl import render_text, to_dotlist
 from specdraft.render.vllm import engine_settings
 from specdraft.spec.load import load_layout
@@ -25,7 +25,11 @@ IDS = [p.stem for p in LAYOUTS]
 def test_megatron_argv_golden(layout):
     plan = compile(load_layout(layout))
     argv = plan.renders.megatron
-    check_golden(f"megatron/{layout.stem}.txt", format_argv(argv))
+    text = megatron_text(plan)  # what `render --to megatron` prints: what it does not carry, then the argv
+    check_golden(f"megatron/{layout.stem}.txt", text)
+    comments = [line for line in text.splitlines() if line.startswith("#")]
+    assert comments[0].startswith(f"# Megatron-LM flags of layout {layout.stem}") and "the EAGLE-3 draft" in comments[0]
+    assert text.endswith(format_argv(argv))
     assert tuple(shlex.split(format_argv(argv).replace("\\\n", " "))) == argv
 
 
@@ -125,3 +129,13 @@ def test_an_unset_path_renders_as_a_named_placeholder_no_engine_resolves():
     engine = given.renders.vllm.engine_args
     assert engine["model"] == "/ckpt/policy" and engine["speculative_config"]["model"] == "/ckpt/draft-eagle3"
     assert "PLACEHOLDERS" not in render_text(given)
+    assert "placeholder" not in megatron_text(given)
+
+
+def test_a_model_folder_without_a_tokenizer_leaves_the_tokenizer_flags_out_and_says_so():
+    plan = compile(load_layout(None, ["model.path=/ckpt/config-only"]))
+    text = megatron_text(plan, "model.path /ckpt/config-only holds no tokenizer files (tokenizer.json, ...)")
+    assert "--tokenizer-model /ckpt/config-only" not in text and "--tokenizer-type HuggingFaceTokenizer \\" not in text
+    comments = " ".join(line.removeprefix("# ") for line in text.splitlines() if line.startswith("# "))
+    assert "Not carried: the tokenizer (model.path /ckpt/config-only holds no tokenizer files" in comments
+    assert "--tokenizer-model /ckpt/config-only" in megatron_text(plan), "a hub id or a folder with one: carried"
