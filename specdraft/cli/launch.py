@@ -73,7 +73,7 @@ def launch(
     from specdraft.cli.args import load_plan
     from specdraft.execute import launch as use_case
 
-    plan, _ = load_plan(args)  # a plan.json is re-validated and re-compiled from its spec
+    plan, _ = load_plan(args, notes=False)  # a plan.json is re-validated and re-compiled from its spec
     request = use_case.prepare(
         plan,
         executor=executor,
@@ -85,6 +85,7 @@ def launch(
         wait=wait,
         resume=resume,
         resume_from=resume_from,
+        dry_run=dry_run,
     )
     err = _console(stderr=True)
     for note in request.notes:

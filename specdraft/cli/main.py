@@ -92,13 +92,14 @@ def validate(
 ) -> None:
     """Dry-run a layout: report every problem at once (exit 2), or confirm it is valid (exit 0)."""
     from specdraft.assemble import check
-    from specdraft.cli.args import split_target
+    from specdraft.cli.args import note_model_folder, split_target
     from specdraft.cli.show import print_warnings
     from specdraft.errors import SpecError
     from specdraft.spec.load import load_layout
 
     path, overrides = split_target(args)
     spec = load_layout(path, overrides)
+    note_model_folder(spec.model.path)
     errors, warnings = check(spec)
     if not errors:
         from specdraft.assemble import compile

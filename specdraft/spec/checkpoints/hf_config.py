@@ -311,6 +311,30 @@ def disagreements(m: ModelSpec, hf: HfConfig, given: set[str]) -> list[Problem]:
     return out
 
 
+# What a launch reads the policy's weights from (the runtime takes safetensors only, and names a .bin folder).
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def weights_note(path: str | None) -> str | None:
+    """The note for a model.path folder holding config.json and no weights, which everything but a launch takes
+    (planning a cluster run from a model's config is the first thing a user does); None otherwise."""
+    folder = Path(path).expanduser() if path is not None else None
+    if folder is None or not (folder / CONFIG_NAME).is_file():
+        return None
+    if any((folder / name).exists() for name in WEIGHT_FILES) or any(folder.glob("*.safetensors")):
+        return None
+    return (
+        f"model.path {path} holds {CONFIG_NAME} and no weights (neither model.safetensors nor "
+        "model.safetensors.index.json): plan, validate, search, render and launch --dry-run use its config; "
+        "a launch needs the weights in that folder"
+    )
+
+
 def no_tokenizer(path: str | None) -> str | None:
     """Why the local folder model.path names cannot serve as the policy's tokenizer; None when it can, or when
     model.path is no folder here (a hub id)."""
