@@ -101,6 +101,10 @@ def validate(
     spec = load_layout(path, overrides)
     note_model_folder(spec.model.path)
     errors, warnings = check(spec)
+    from specdraft.spec.validate.grpo import reward_problem
+
+    missing = reward_problem(spec.grpo.reward)  # user code is looked up, never imported: validate runs none of it
+    errors = errors + ([missing] if missing else [])
     if not errors:
         from specdraft.assemble import compile
         from specdraft.render.nemo_rl import refusals

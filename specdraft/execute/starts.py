@@ -1,5 +1,5 @@
 """What a launch starts from, checked before anything is written or submitted: the policy's checkpoint folder
-(model.path) and the imported draft (draft.path)."""
+(model.path), the imported draft (draft.path) and a user's reward module (grpo.reward)."""
 
 from __future__ import annotations
 
@@ -67,3 +67,13 @@ def check_draft_checkpoint(plan: LaunchPlan) -> tuple[str, ...]:
     if findings:
         raise SpecError([Problem(path=f.field, value=f.value, rule=f.rule, fix=f.fix) for f in findings], "draft.path")
     return tuple(notes)
+
+
+def check_reward(plan: LaunchPlan) -> None:
+    """A `module:function` reward whose module this Python cannot find is refused before any rank starts (the
+    ranks import it); the module is looked up, never imported."""
+    from specdraft.spec.validate.grpo import reward_problem
+
+    missing = reward_problem(plan.grpo.reward)
+    if missing:
+        raise SpecError([missing], "grpo.reward")

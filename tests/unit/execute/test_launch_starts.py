@@ -5,12 +5,15 @@
   (not the advice to re-save with save_pretrained, which is for .bin weights);
 - a hub id in model.path: a real launch refuses it (the ranks download nothing: it would start from random
   weights), a dry run says so, and the ranks refuse a model.path that is no folder where they run;
-- a shipped layout launched from a folder that holds a `model/` folder does not take it as its model.
+- a shipped layout launched from a folder that holds a `model/` folder does not take it as its model;
+- a `module:function` reward whose module cannot be found: `validate` and a grpo launch name it, before any rank
+  starts, without importing (running) any user code.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -103,3 +106,30 @@ def test_a_shipped_layout_ignores_a_model_folder_in_the_current_directory(tmp_pa
     assert "relative path" not in proc.stderr
     plan = json.loads(run_cli("plan", layout, "--format", "json", cwd=tmp_path).stdout)
     assert plan["model"]["path"] is None and plan["model"]["config_sha256"] is None, "model/config.json unread"
+
+
+def test_a_reward_module_that_cannot_be_found_is_named_before_any_rank_starts(tmp_path):
+    grpo = [str(SHIPPED / "grpo-tiny-cpu.yaml"), *SINGLE[:1], "parallel.pp=1"]
+    missing = run_cli("validate", *grpo, "grpo.reward=no_such_rewards.sub:score", cwd=tmp_path)
+    assert missing.returncode == 2
+    assert "grpo.reward = 'no_such_rewards.sub:score'" in missing.stderr
+    assert "no module 'no_such_rewards.sub'" in missing.stderr and "PYTHONPATH" in missing.stderr
+    launch = run_cli("launch", *grpo, "grpo.reward=no_such_rewards:score", "--executor", "local", cwd=tmp_path)
+    assert launch.returncode == 2 and "no module 'no_such_rewards'" in launch.stderr
+    assert not (tmp_path / "runs").exists(), "refused before any rank started"
+    # A package that is there is looked up, never imported: its __init__ would leave a mark.
+    package = tmp_path / "lib" / "my_rewards"
+    package.mkdir(parents=True)
+    mark = tmp_path / "imported"
+    (package / "__init__.py").write_text(f"open({str(mark)!r}, 'w').close()\n")
+    (package / "score.py").write_text("def score(prompt, response, info):\n    return 1.0\n")
+    sys.path.insert(0, str(tmp_path / "lib"))
+    try:
+        found = run_cli("validate", *grpo, "grpo.reward=my_rewards.score:score", cwd=tmp_path)
+        assert found.returncode == 0, found.stderr
+        gone = run_cli("validate", *grpo, "grpo.reward=my_rewards.nothing:score", cwd=tmp_path)
+        assert gone.returncode == 2 and "no module 'my_rewards.nothing'" in gone.stderr
+    finally:
+        sys.path.remove(str(tmp_path / "lib"))
+    assert not mark.exists(), "validate ran the package's code"
+    assert "my_rewards" not in sys.modules
