@@ -28,7 +28,7 @@ from specdraft.spec.schema import LayoutSpec, RopeScaling
 # 10: the grpo section, draft.refit_interval.
 # 11: grpo.draft_mode (cotrain or frozen after the SFT warm-up).
 # 12: workload, what launch runs by default.
-# 13: model.path and draft.model may be null (no checkpoint: the renders say so).
+# 13: draft.lr_warmup_steps; model.path and draft.model may be null (no checkpoint: the renders say so).
 SCHEMA_VERSION = 13
 Tap = Union[int, str]  # a target layer index, or "embedding" / "logits"
 
@@ -169,6 +169,7 @@ class DraftPlan:
     vocab_size: int  # draft.vocab_size, else the target's
     loss_weight: float
     lr: float
+    lr_warmup_steps: int  # draft optimizer steps over which its rate rises linearly to lr
     clip_grad: float
     model: Optional[str]  # the draft checkpoint rollout engines load; None = not known yet
     export_interval: int

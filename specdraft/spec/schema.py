@@ -171,6 +171,9 @@ class DraftSpec:
     """lambda in L = L_policy + lambda * L_draft (forward KL against detached policy logits)."""
     lr: float = 1.0e-3
     """Learning rate of the draft's own optimizer."""
+    lr_warmup_steps: Optional[int] = None
+    """Draft optimizer steps over which its rate rises linearly to draft.lr; null = 20 with draft.path (a first step
+    at the full rate wipes an imported draft's acceptance, docs/models.md), else 0."""
     clip_grad: float = 1.0
     """Gradient-norm clip of the draft's own clipping group; 0 disables it."""
     model: Optional[str] = None
@@ -277,8 +280,7 @@ class SlurmSpec:
     container_image: Optional[str] = None
     """Pyxis container image (srun --container-image) in enroot's form [USER@][REGISTRY#]IMAGE[:TAG], e.g.
     nvcr.io#nvidia/nemo-rl:v0.4.0 (a '#', not a '/', after the registry), or an absolute path to a squashfs file;
-    null runs on the host. The run folder is mounted at its own path; slurm.container_specdraft says how specdraft
-    gets in."""
+    null runs on the host. The run folder is mounted at its own path; slurm.container_specdraft brings specdraft in."""
     container_mounts: list[str] = field(default_factory=list)
     """Pyxis mounts, SRC:DST[:FLAGS] each with absolute paths (--container-mounts); a local model.path, data.path
     or --resume-from checkpoint must lie under one DST (the run folder is mounted by specdraft itself)."""
@@ -334,10 +336,8 @@ class RolloutSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class GrpoSpec:
-    """The `grpo` workload (docs/grpo.md): its engine, task, reward and loss (NeMo-RL's loss_fn.* names). The
-    step's sizes are the rollout section's: rollout.num_prompts_per_step, num_generations_per_prompt and
-    max_response_length (NeMo-RL's grpo.num_prompts_per_step, grpo.num_generations_per_prompt and
-    policy.generation.max_new_tokens)."""
+    """The `grpo` workload (docs/grpo.md): its engine, task, reward and loss (NeMo-RL's loss_fn.* names); the step's
+    sizes are rollout.num_prompts_per_step, num_generations_per_prompt and max_response_length."""
 
     temperature: float = 1.0
     """Sampling temperature of the rollouts (policy.generation.temperature); 0 = greedy."""

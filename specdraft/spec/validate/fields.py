@@ -268,6 +268,8 @@ def _draft_rules(spec: LayoutSpec, err, warn) -> None:
             "must be an absolute path or a hub id ([ORG/]NAME): an engine resolves a relative path where it runs",
             "give the EAGLE-3 folder's absolute path, e.g. draft.model=/ckpt/draft-eagle3",
         )
+    if d.lr_warmup_steps is not None and d.lr_warmup_steps < 0:
+        err("draft.lr_warmup_steps", d.lr_warmup_steps, "must be >= 0", "use 0 for none, or null for the default")
     if d.clip_grad < 0:
         err("draft.clip_grad", d.clip_grad, "must be >= 0 (0 disables clipping)", "use 1.0")
     if d.vocab_size is not None:
