@@ -84,13 +84,15 @@ def test_the_ranks_name_missing_weights_and_refuse_a_model_path_that_is_no_folde
 
 
 def test_a_hub_id_is_refused_at_launch_and_noted_by_a_dry_run(tmp_path):
-    layout = [str(SHIPPED / "llama3.1-8b-pat.yaml")]  # model.path: meta-llama/Llama-3.1-8B
-    launch = run_cli("launch", *layout, "--executor", "local", cwd=tmp_path)
+    # The tiny layout with a hub id: were the refusal gone, this would start one cheap rank from random weights.
+    hub = ["tiny-cpu", *SINGLE, "model.path=meta-llama/Llama-3.1-8B"]
+    launch = run_cli("launch", *hub, "--executor", "local", cwd=tmp_path)
     assert launch.returncode == 2
     text = " ".join(launch.stderr.split())
     assert "model.path 'meta-llama/Llama-3.1-8B' is not a folder on this machine" in text
     assert "random weights" in text and "huggingface-cli download meta-llama/Llama-3.1-8B" in text
     assert not (tmp_path / "runs").exists()
+    layout = [str(SHIPPED / "llama3.1-8b-pat.yaml")]  # model.path: meta-llama/Llama-3.1-8B
     dry = run_cli("launch", *layout, "--executor", "slurm", "--dry-run", cwd=tmp_path)
     assert dry.returncode == 0, dry.stderr
     assert "a launch refuses it" in " ".join(dry.stderr.split())
