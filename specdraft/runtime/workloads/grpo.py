@@ -64,7 +64,7 @@ def run(ctx: RankContext) -> dict:
                 time.sleep(float(os.environ.get(PAUSE_ENV, "0")))  # tests: a kill's place, before the save
                 done = index + 1
                 stop = vote.agreed()
-                if stop is not None or (interval and (done % interval == 0 or done == ctx.steps)):
+                if stop is not None or done == ctx.steps or (interval and done % interval == 0):
                     saved = checkpoint.save(ctx, trainer, done, partial(loop.save_engine_draft, done))
                 if stop is not None:
                     return {
@@ -83,6 +83,7 @@ def run(ctx: RankContext) -> dict:
         "checkpoint": str(saved) if saved else None,
         "memory": trainer.state_bytes(),
         "policy_init": trainer.policy_init,
+        "draft_init": trainer.draft_init,
         "task": task.name,
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from specdraft.errors import Problem
 from specdraft.spec.schema import LayoutSpec
 
 REWARD_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
@@ -82,3 +83,40 @@ def grpo_rules(spec: LayoutSpec, err, warn) -> None:
             f"vLLM on CPU serves head_dim >= {VLLM_CPU_MIN_HEAD_DIM} only; this model's is {head_dim}",
             "use grpo.engine: builtin, or the grpo-tiny-cpu layout (head_dim 32)",
         )
+
+
+def find_module(name: str) -> bool:
+    """Whether ``import name`` would find a module here, looked up without running any of it: the top-level name
+    by importlib.util.find_spec (which imports nothing for it), each submodule by its parent's search path (find_spec
+    of a dotted name would import the parents, i.e. run the user's package code)."""
+    import importlib.machinery
+    import importlib.util
+
+    parts = name.split(".")
+    try:
+        found = importlib.util.find_spec(parts[0])
+        for i in range(1, len(parts)):
+            where = found.submodule_search_locations if found is not None else None
+            if where is None:
+                return False
+            found = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), list(where))
+    except (ImportError, ValueError):
+        return False
+    return found is not None
+
+
+def reward_problem(reward: str) -> Problem | None:
+    """A `module:function` grpo.reward whose module this Python cannot find: the ranks would fail to import it
+    once they have started, so `validate` and a GRPO launch refuse it first. The module is never imported here."""
+    if reward in ("task", "math-verify") or not REWARD_RE.match(reward):
+        return None
+    module = reward.partition(":")[0]
+    if find_module(module):
+        return None
+    return Problem(
+        path="grpo.reward",
+        value=reward,
+        rule=f"no module {module!r} on this Python's path (PYTHONPATH, site-packages), so the ranks cannot import it",
+        fix="put the folder holding it on PYTHONPATH on every node (the ranks import it there), e.g. "
+        "`PYTHONPATH=/path/to/rewards specdraft launch ...`, or pip install it; or use grpo.reward: task",
+    )
