@@ -335,12 +335,13 @@ def tensor_names(folder: Path) -> set[str]:
     try:
         index = Path(folder) / "model.safetensors.index.json"
         if index.is_file():
-            found = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
-            return set(found) if isinstance(found, dict) else set()
+            found = jsonfile.parse(index.read_bytes()[:MAX_HEADER_BYTES], str(index))
+            weights = found.get("weight_map", {}) if isinstance(found, dict) else {}
+            return set(weights) if isinstance(weights, dict) else set()
         with open(Path(folder) / "model.safetensors", "rb") as handle:
             (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(min(length, MAX_HEADER_BYTES)).decode("utf-8"))
-    except (OSError, struct.error, UnicodeDecodeError, ValueError, AttributeError):
+            header = jsonfile.parse(handle.read(min(length, MAX_HEADER_BYTES)), str(folder))
+    except (OSError, struct.error, jsonfile.BadJson):
         return set()
     return set(header) - {"__metadata__"} if isinstance(header, dict) else set()
 
