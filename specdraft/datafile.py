@@ -158,7 +158,7 @@ def _record(fmt: str, row: dict, where: str, problems: list[str]) -> Any:
     if fmt == "problem_answer":  # NeMo-RL's math rows; a numeric answer reads as its JSON text
         answer = row.get("expected_answer")
         if isinstance(answer, (int, float)) and not isinstance(answer, bool):
-            answer = json.dumps(answer)
+            answer = str(answer)
         pair = (string("problem", row.get("problem")), string("expected_answer", answer))
         return pair if len(problems) == before else None
     messages = row.get("messages")

@@ -322,3 +322,50 @@ def check(found: DraftConfig, want: Expected) -> tuple[list[Finding], list[str]]
             "position and `specdraft export` writes the policy's max_position_embeddings"
         )
     return out, notes
+
+
+MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on its JSON header
+
+
+def tensor_names(folder: Path) -> set[str]:
+    """The tensor names of the draft in ``folder``: model.safetensors' header (8-byte little-endian length, then
+    JSON), else model.safetensors.index.json's weight_map; empty when neither can be read (the ranks say why)."""
+    import struct
+
+    try:
+        index = Path(folder) / "model.safetensors.index.json"
+        if index.is_file():
+            found = jsonfile.parse(index.read_bytes()[:MAX_HEADER_BYTES], str(index))
+            weights = found.get("weight_map", {}) if isinstance(found, dict) else {}
+            return set(weights) if isinstance(weights, dict) else set()
+        with open(Path(folder) / "model.safetensors", "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = jsonfile.parse(handle.read(min(length, MAX_HEADER_BYTES)), str(folder))
+    except (OSError, struct.error, jsonfile.BadJson):
+        return set()
+    return set(header) - {"__metadata__"} if isinstance(header, dict) else set()
+
+
+def vllm_refuses_d2t(folder: Path, found: DraftConfig) -> str | None:
+    """Why vLLM (0.32) would refuse to load ``folder`` as a draft: a d2t tensor beside a full draft vocabulary. Its
+    Eagle3LlamaForCausalLM makes draft_id_to_target_id only for a reduced one, and then fails the load with
+    "There is no module or parameter named 'draft_id_to_target_id'". SpecForge and speculators save the identity
+    d2t/t2d buffers for a full vocabulary all the same. None when vLLM loads it."""
+    if found.draft_vocab_size != found.vocab_size or "d2t" not in tensor_names(folder):
+        return None
+    return (
+        f"{folder} holds a d2t tensor with a full draft vocabulary (draft_vocab_size = vocab_size = "
+        f'{found.vocab_size}), which vLLM refuses to load ("There is no module or parameter named '
+        "'draft_id_to_target_id'\")"
+    )
+
+
+def import_notes(folder: Path, found: DraftConfig) -> list[str]:
+    """Notes on a draft.path checkpoint that imports fine but that vLLM would not serve as it is."""
+    refused = vllm_refuses_d2t(folder, found)
+    if refused is None:
+        return []
+    return [
+        f"draft.path: {refused}; the import ignores it and `specdraft export` writes none, so serve the run's "
+        "export rather than this folder"
+    ]

@@ -45,8 +45,19 @@ def split_target(args: list[str] | None) -> tuple[str | None, list[str]]:
     return path, overrides
 
 
-def load_plan(args: list[str] | None, balance: bool = False):
-    """Compile a layout (or read and verify a plan.json) named by ``args``; returns (plan, suggestion)."""
+def note_model_folder(path: str | None) -> None:
+    """On stderr: a model.path folder with a config.json and no weights is taken, with a note saying so."""
+    from specdraft.cli.boundary import console
+    from specdraft.spec.checkpoints.hf_config import weights_note
+
+    note = weights_note(path)
+    if note:
+        console(stderr=True).print(f"note: {note}", markup=False)
+
+
+def load_plan(args: list[str] | None, balance: bool = False, notes: bool = True):
+    """Compile a layout (or read and verify a plan.json) named by ``args``; returns (plan, suggestion). With
+    ``notes``, what deserves a word about the model folder goes to stderr."""
     from specdraft.assemble import compile, read_plan
     from specdraft.plan.balance import apply_balance, suggest_balance
     from specdraft.spec.load import load_layout
@@ -58,8 +69,13 @@ def load_plan(args: list[str] | None, balance: bool = False):
                 "overrides apply to a layout, not to a compiled plan.json",
                 "pass the layout YAML with the overrides, or drop them",
             )
-        return read_plan(path), None
+        plan = read_plan(path)
+        if notes:
+            note_model_folder(plan.model.path)
+        return plan, None
     spec = load_layout(path, overrides)
+    if notes:
+        note_model_folder(spec.model.path)
     suggestion = suggest_balance(spec)
     if balance and suggestion:
         spec = apply_balance(spec, suggestion)

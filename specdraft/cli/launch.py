@@ -79,7 +79,7 @@ def launch(
     from specdraft.cli.args import load_plan
     from specdraft.execute import launch as use_case
 
-    plan, _ = load_plan(args)  # a plan.json is re-validated and re-compiled from its spec
+    plan, _ = load_plan(args, notes=False)  # a plan.json is re-validated and re-compiled from its spec
     request = use_case.prepare(
         plan,
         executor=executor,
@@ -92,6 +92,7 @@ def launch(
         resume=resume,
         resume_from=resume_from,
         allow_data_change=allow_data_change,
+        dry_run=dry_run,
     )
     err = _console(stderr=True)
     for note in request.notes:
@@ -181,12 +182,10 @@ def _finish(folder, result) -> None:
     if result.problem:
         raise UserError(result.problem, f"the logs: specdraft logs {folder} --rank N")
     passed = sum(1 for r in results.values() if r.get("ok"))
-    if result.record.workload == "cotrain":
-        from specdraft.cli.cotrain_view import acceptance_table
+    if result.record.workload in ("cotrain", "grpo"):
+        from specdraft.cli.runs_view import print_figures
 
-        table = acceptance_table(folder)
-        if table is not None:
-            out.print(table)
+        print_figures(out, folder, result.record.workload)
     out.print(f"[green]{safe(result.state)}[/]: all {passed} ranks passed {safe(result.record.workload)}")
 
 
@@ -201,11 +200,26 @@ def runs(root: str = typer.Option("runs", "--root", help="Folder holding run fol
     _console().print(runs_table(entries, fresh))
 
 
-def status(run: Optional[str] = RunArg) -> None:
-    """Show a run's state (sacct/squeue, bounded; a pending job's reason) and each rank's progress."""
+def status(
+    run: Optional[str] = RunArg,
+    plot: Optional[str] = typer.Option(
+        None,
+        "--plot",
+        metavar="FILE.png",
+        help="Also draw reward (GRPO) or losses (cotrain), accept length and step time over the steps "
+        "(needs matplotlib: the plot extra).",
+    ),
+) -> None:
+    """Show a run's state (sacct/squeue, bounded; a pending job's reason), each rank's progress and its figures."""
     from specdraft.cli.runs_view import print_status
     from specdraft.runs.rundir import resolve_run
 
+    if plot is not None:
+        from specdraft.fsutil import check_output_path
+        from specdraft.render.metrics_plot import check_plot_path
+
+        check_plot_path(plot)
+        check_output_path(plot, "plot")  # refuse a FIFO, link or device before reading the run
     folder, record, broken = resolve_run(run)
     if broken:
         _console(stderr=True).print(
@@ -213,6 +227,13 @@ def status(run: Optional[str] = RunArg) -> None:
             markup=False,
         )
     print_status(_console(), folder, record)
+    if plot is not None:
+        from specdraft.execute.monitor import read_metrics
+        from specdraft.fsutil import atomic_write_bytes
+        from specdraft.render.metrics_plot import plot_bytes
+
+        atomic_write_bytes(plot, plot_bytes(read_metrics(folder), folder.name), what="plot")
+        _console().print(f"wrote {plain(plot)}", markup=False)
 
 
 def logs(

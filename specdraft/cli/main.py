@@ -92,14 +92,19 @@ def validate(
 ) -> None:
     """Dry-run a layout: report every problem at once (exit 2), or confirm it is valid (exit 0)."""
     from specdraft.assemble import check
-    from specdraft.cli.args import split_target
+    from specdraft.cli.args import note_model_folder, split_target
     from specdraft.cli.show import print_warnings
     from specdraft.errors import SpecError
     from specdraft.spec.load import load_layout
 
     path, overrides = split_target(args)
     spec = load_layout(path, overrides)
+    note_model_folder(spec.model.path)
     errors, warnings = check(spec)
+    from specdraft.spec.validate.grpo import reward_problem
+
+    missing = reward_problem(spec.grpo.reward)  # user code is looked up, never imported: validate runs none of it
+    errors = errors + ([missing] if missing else [])
     if not errors:
         from specdraft.assemble import compile
         from specdraft.render.nemo_rl import refusals
@@ -170,9 +175,10 @@ def render(
     launch_plan, _ = load_plan(args)
     renders = launch_plan.renders
     if to == "megatron":
-        import shlex
+        from specdraft.render.megatron import megatron_text
+        from specdraft.spec.checkpoints.hf_config import no_tokenizer
 
-        sys.stdout.write(shlex.join(renders.megatron) + "\n")
+        sys.stdout.write(megatron_text(launch_plan, no_tokenizer(launch_plan.model.path)))
     elif to == "nemo-rl":
         from specdraft.errors import SpecError
         from specdraft.render.nemo_rl import PROFILE, refusals, render_text
@@ -181,6 +187,7 @@ def render(
         if refused:
             raise SpecError(refused, f"the NeMo-RL render of {launch_plan.name} (profile {PROFILE})")
         sys.stdout.write(render_text(launch_plan))
+        _placeholder_notes(launch_plan)
     elif to == "vllm":
         import json
 
@@ -191,12 +198,21 @@ def render(
                 "fix the rollout section of the layout",
             )
         sys.stdout.write(json.dumps(vllm.engine_args, indent=2) + "\n")
+        _placeholder_notes(launch_plan)
         if check:
             from specdraft.execute.vllm_check import check_with_vllm
 
             _console(stderr=True).print(check_with_vllm(vllm.engine_args), markup=False)
     else:
         raise UserError(f"--to {to!r} is not a render target", "use --to megatron, --to nemo-rl or --to vllm")
+
+
+def _placeholder_notes(plan) -> None:
+    """On stderr: the values of a render that are named placeholders, and what to set instead."""
+    from specdraft.render.paths import placeholder_notes
+
+    for note in placeholder_notes(plan, plan.draft.enabled and plan.rollout_settings.speculative):
+        _console(stderr=True).print(f"note: {note}", markup=False)
 
 
 @app.command()
@@ -227,9 +243,11 @@ def _register_optional_commands() -> None:
     from specdraft.cli import launch as launch_cmds
     from specdraft.cli import measure as measure_cmds
     from specdraft.cli import rollout as rollout_cmds
+    from specdraft.cli import rollouts_view
     from specdraft.cli import search as search_cmds
 
     launch_cmds.register(app)
+    rollouts_view.register(app)
     rollout_cmds.register(app)
     measure_cmds.register(rollout_cmds.rollout_app)
     search_cmds.register(app)

@@ -161,11 +161,7 @@ def print_status(console: Console, folder: Path, record) -> None:
                 )
             )
         )
-        from specdraft.cli.cotrain_view import acceptance_table
-
-        table = acceptance_table(folder)
-        if table is not None:
-            console.print(table)
+        print_figures(console, folder, record.workload)
     newest, hashed, damaged = monitor.checkpoint_report(folder)
     for why in damaged:
         console.print(f"[red]checkpoint: {safe(why)}[/]")
@@ -181,6 +177,26 @@ def print_status(console: Console, folder: Path, record) -> None:
         console.print(f"[bold red]{safe(first)}[/]")
         if rest:
             console.print(plain(rest), markup=False)
+
+
+def print_figures(console: Console, folder: Path, workload: str | None) -> None:
+    """The run's own figures: a GRPO run's RL steps (and rollout instances), else the draft's acceptance table."""
+    from specdraft.cli import grpo_view
+    from specdraft.cli.cotrain_view import acceptance_table
+    from specdraft.execute.monitor import read_metrics
+
+    rows = read_metrics(folder)
+    if not grpo_view.is_grpo(rows, workload):
+        table = acceptance_table(folder)
+        if table is not None:
+            console.print(table)
+        return
+    warmup = grpo_view.warmup_line(rows)
+    if warmup:
+        console.print(warmup, markup=False)
+    for found in (grpo_view.steps_table(rows), grpo_view.instances_table(rows)):
+        if found is not None:
+            console.print(found)
 
 
 def _print_history(console: Console, record, restarts: int | None) -> None:

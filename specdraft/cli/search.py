@@ -66,7 +66,7 @@ def search_cmd(
     ),
 ) -> None:
     """Rank every valid layout of the spec's model and cluster by estimated step time (the draft included)."""
-    from specdraft.cli.args import split_target
+    from specdraft.cli.args import note_model_folder, split_target
     from specdraft.errors import SpecError, UserError
     from specdraft.search.output import layout_yaml, result_json
     from specdraft.search.ranking import search
@@ -80,6 +80,7 @@ def search_cmd(
     path, overrides = split_target(args)
     pin_overrides, pins = parse_pins(pin)
     spec = load_layout(path, [*overrides, *pin_overrides])
+    note_model_folder(spec.model.path)
     out_of_bounds = check_bounds(spec)
     if out_of_bounds:  # the message `validate` gives, not "no valid layout ... add nodes"
         raise SpecError(out_of_bounds, path or "the built-in default layout")

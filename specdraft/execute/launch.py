@@ -21,6 +21,7 @@ from specdraft.execute import diskspace, monitor
 from specdraft.execute import executor as executors
 from specdraft.execute.executor import Executor, ProgressFn
 from specdraft.execute.request import LaunchRequest
+from specdraft.execute.starts import check_checkpoint, check_draft_checkpoint, check_grpo, check_reward
 from specdraft.fsutil import atomic_write_text
 from specdraft.plan.model import LaunchPlan
 from specdraft.render.sbatch import render_sbatch
@@ -81,10 +82,12 @@ def prepare(
     resume: bool = False,
     resume_from: str | None = None,
     allow_data_change: bool = False,
+    dry_run: bool = False,
 ) -> LaunchRequest:
     """Pick the executor, the run folder and the interpreter, check a resume's checkpoint (and that its data file
     is the one it trained on, unless ``allow_data_change``), and render the script: no side effects. ``workload``
-    None: the layout's own (plan.workload)."""
+    None: the layout's own (plan.workload). A ``dry_run`` notes what a launch would refuse for want of files (a
+    model folder without weights, a hub id) instead of refusing it."""
     workload = workload or plan.workload
     if workload not in WORKLOADS:
         raise UserError(f"--workload {workload!r} is unknown", f"use one of: {', '.join(WORKLOADS)}")
@@ -100,14 +103,15 @@ def prepare(
         )
     draft_notes: tuple[str, ...] = ()
     if workload in TRAINING_WORKLOADS:
-        check_checkpoint(plan)
-        draft_notes = check_draft_checkpoint(plan)
+        _, model_notes = check_checkpoint(plan, dry_run)
+        draft_notes = (*model_notes, *check_draft_checkpoint(plan))
+    if workload == "grpo":
+        check_reward(plan)
+        check_grpo(plan)
     if workload == "cotrain" and plan.data.path is not None:
         # The file's structure before any allocation; its token lengths need the tokenizer: every rank checks them
         # before its first collective (runtime/train/corpus.py).
         check_file(plan.data.path, plan.data.format, plan.data.tokenizer)
-    if workload == "grpo":
-        check_grpo(plan)
     chosen, why = executors.choose(executor, plan.cluster.executor)
     folder = run_dir_for(plan, run_dir)
     source = os.path.abspath(resume_from) if resume_from is not None else None
@@ -154,66 +158,6 @@ def prepare(
         waits=wait or chosen.runs_in_launcher,
         render=render,
     )
-
-
-def check_checkpoint(plan: LaunchPlan) -> dict | None:
-    """When model.path names a local folder, the HF checkpoint the policy starts from, checked against the plan's
-    model (config.json and the safetensors headers, by the runtime's check payload: no torch) before anything is
-    written or submitted; None when the policy starts from random weights."""
-    import json
-
-    from specdraft.execute import payload
-    from specdraft.plan.codec import encode_value
-
-    path = plan.model.path
-    if not os.path.isdir(os.path.expanduser(path)):
-        return None
-    if not os.path.isabs(os.path.expanduser(path)):
-        raise UserError(
-            f"model.path {path!r} is a relative path, but the ranks run in the run folder, where it names "
-            "something else",
-            f"give the checkpoint folder as an absolute path: model.path={os.path.abspath(path)}",
-        )
-    argv = ["--model", json.dumps(encode_value(plan.model)), "--path", path]
-    return json.loads(payload.run("models.hf.check", argv, lambda line: None))
-
-
-def check_grpo(plan: LaunchPlan) -> dict | None:
-    """What the grpo workload needs before any rank starts: the plan's rollout instances, and every row of a prompt
-    file rendered with the checkpoint's chat template, tokenised and checked to fit (the runtime's check payload).
-    Returns the prompt check's summary, or None for a built-in task."""
-    import json
-
-    from specdraft.execute import payload
-    from specdraft.plan.codec import encode_value
-
-    if plan.rollout is None:
-        raise UserError(
-            "--workload grpo runs the plan's rollout instances, but this plan has none (its layout's workload is "
-            f"{plan.workload!r} and rollout.enabled is false)",
-            "set workload: grpo (or rollout.enabled: true) in the layout, then launch it",
-        )
-    if plan.data.path is None:
-        return None
-    check_file(plan.data.path, plan.data.format, plan.data.tokenizer)
-    from specdraft.plan.grpo import prompt_limit
-
-    limit, why = prompt_limit(plan)
-    argv = ["--data", json.dumps(encode_value(plan.data)), "--vocab", str(plan.model.vocab_size)]
-    argv += ["--limit", str(limit), "--why", why, "--max-new", str(plan.grpo.max_new_tokens)]
-    return json.loads(payload.run("rl.prompt_check", argv, lambda line: None))
-
-
-def check_draft_checkpoint(plan: LaunchPlan) -> tuple[str, ...]:
-    """draft.path's config.json against the plan before anything is written or submitted (a plan.json launch has
-    not been through the layout's load-time check); returns its notes. The ranks check its tensors."""
-    from specdraft.errors import Problem, SpecError
-    from specdraft.plan.draft_checkpoint import review
-
-    _, findings, notes = review(plan)
-    if findings:
-        raise SpecError([Problem(path=f.field, value=f.value, rule=f.rule, fix=f.fix) for f in findings], "draft.path")
-    return tuple(notes)
 
 
 def check_resume(

@@ -343,6 +343,7 @@ def _build(
         vocab_size=derived.draft_vocab_size(spec),
         loss_weight=d.loss_weight,
         lr=d.lr,
+        lr_warmup_steps=derived.draft_lr_warmup_steps(spec),
         clip_grad=d.clip_grad,
         model=d.model,
         export_interval=d.export_interval,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdraft.eagle3_checkpoint import DraftConfig, Expected, Finding, check, read
+from specdraft.eagle3_checkpoint import DraftConfig, Expected, Finding, check, import_notes, read
 from specdraft.plan.model import LaunchPlan
 
 SCALING = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -45,4 +45,4 @@ def review(plan: LaunchPlan) -> tuple[DraftConfig | None, list[Finding], list[st
     if found is None:
         return None, findings, []
     findings, notes = check(found, expected(plan))
-    return found, findings, notes
+    return found, findings, notes + import_notes(Path(plan.draft.path), found)

@@ -28,7 +28,8 @@ from specdraft.spec.schema import LayoutSpec, RopeScaling
 # 10: the grpo section, draft.refit_interval.
 # 11: grpo.draft_mode (cotrain or frozen after the SFT warm-up).
 # 12: workload, what launch runs by default.
-# 13: rollout_settings.schedule; a grpo layout always plans its rollout instances (`rollout`).
+# 13: draft.lr_warmup_steps; model.path and draft.model may be null (no checkpoint: the renders say so);
+# rollout_settings.schedule; a grpo layout always plans its rollout instances (`rollout`).
 SCHEMA_VERSION = 13
 Tap = Union[int, str]  # a target layer index, or "embedding" / "logits"
 
@@ -67,7 +68,7 @@ class ModelShape:
     rope_scaling: Optional[RopeScaling]
     qk_layernorm: bool
     tie_embeddings: bool
-    path: str  # checkpoint folder or hub id
+    path: Optional[str]  # checkpoint folder or hub id; None = random weights
     config_sha256: Optional[str]  # the config.json that filled the model section, when one did
     config_fields: tuple[str, ...]  # the fields it filled
 
@@ -169,8 +170,9 @@ class DraftPlan:
     vocab_size: int  # draft.vocab_size, else the target's
     loss_weight: float
     lr: float
+    lr_warmup_steps: int  # draft optimizer steps over which its rate rises linearly to lr
     clip_grad: float
-    model: str  # the draft checkpoint rollout engines load
+    model: Optional[str]  # the draft checkpoint rollout engines load; None = not known yet
     export_interval: int
     path: Optional[str]  # the EAGLE-3 checkpoint folder the draft starts from; None = random weights
     norm_before_residual: bool  # layer 0's residual is hidden_norm's output (vLLM's norm_before_residual)

@@ -5,6 +5,9 @@ the CP attention) stays in plan.json."""
 from __future__ import annotations
 
 from specdraft.plan.model import LaunchPlan, ModelShape
+from specdraft.render.paths import MODEL_PLACEHOLDER, model_path
+
+TOKENIZER_FLAGS = ("--tokenizer-type", "--tokenizer-model")
 
 
 def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
@@ -55,7 +58,7 @@ def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
         ]
         if m.moe_router_topk == 1:
             args.append("--moe-router-pre-softmax")  # megatron-core refuses top-1 softmax routing without it
-    args += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", m.path]
+    args += [TOKENIZER_FLAGS[0], "HuggingFaceTokenizer", TOKENIZER_FLAGS[1], model_path(plan)]
     args += ["--micro-batch-size", str(p.micro_batch_size), "--global-batch-size", str(p.global_batch_size)]
     if t.dtype == "fp8":
         # FP8 GEMMs through TransformerEngine with per-tensor current scaling and fp8 parameters, bf16 elsewhere
@@ -86,6 +89,33 @@ def megatron_argv(plan: LaunchPlan) -> tuple[str, ...]:
         str(t.train_iters),
     ]
     return tuple(args)
+
+
+def megatron_text(plan: LaunchPlan, no_tokenizer: str | None = None) -> str:
+    """What `render --to megatron` prints: comments on what the argv does not carry, then the argv, one flag a line
+    (format_argv). ``no_tokenizer`` (why model.path's folder cannot serve as the tokenizer) leaves those flags out."""
+    import textwrap
+
+    argv = list(megatron_argv(plan) if plan.renders is None else plan.renders.megatron)
+    notes = [
+        f"Megatron-LM flags of layout {plan.name} (pretrain_gpt.py). Not carried: the EAGLE-3 draft (draft.*: its "
+        "stage, taps, training-time test and loss) and the rollout side; Megatron-LM trains the policy alone, "
+        "specdraft's runtime trains both (plan.json)."
+    ]
+    if no_tokenizer is not None:
+        at = argv.index(TOKENIZER_FLAGS[0])
+        del argv[at : at + 4]
+        notes.append(
+            f"Not carried: the tokenizer ({no_tokenizer}): add --tokenizer-type HuggingFaceTokenizer "
+            "--tokenizer-model FOLDER, a folder holding the policy's tokenizer files."
+        )
+    elif plan.model.path is None:
+        notes.append(
+            f"--tokenizer-model is the placeholder {MODEL_PLACEHOLDER} (model.path is unset): set model.path to the "
+            "policy's Hugging Face folder or hub id."
+        )
+    lines = [line for note in notes for line in textwrap.wrap(note, 110, initial_indent="# ", subsequent_indent="# ")]
+    return "\n".join(lines) + "\n" + format_argv(tuple(argv))
 
 
 def format_argv(argv: tuple[str, ...]) -> str:

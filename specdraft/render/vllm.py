@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 from specdraft.plan.model import LaunchPlan, VllmRender
+from specdraft.render.paths import draft_model, model_path
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,12 +79,12 @@ def engine_settings(plan: LaunchPlan) -> EngineSettings:
     if d.enabled and r.speculative:
         spec_cfg = SpeculativeConfig(
             method="eagle3",
-            model=d.model,
+            model=draft_model(plan),
             num_speculative_tokens=r.num_speculative_tokens,
             draft_tensor_parallel_size=r.tp,
         )
     return EngineSettings(
-        model=plan.model.path,
+        model=model_path(plan),
         tensor_parallel_size=r.tp,
         pipeline_parallel_size=1,
         gpu_memory_utilization=r.gpu_memory_utilization,

@@ -79,6 +79,7 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "draft.vocab_size": (FLOOR, MAX_LENGTH),
     "draft.export_interval": (FLOOR, 10**9),
     "draft.refit_interval": (FLOOR, 10**9),
+    "draft.lr_warmup_steps": (FLOOR, 10**9),
     "training.micro_batch_size": (FLOOR, 1 << 20),
     "training.global_batch_size": (FLOOR, 1 << 24),
     "training.sequence_lengths": (FLOOR, MAX_LENGTH),

@@ -85,6 +85,17 @@ def draft_vocab_size(spec: LayoutSpec) -> int:
     return d if d is not None else spec.model.vocab_size
 
 
+IMPORTED_DRAFT_WARMUP = 20  # draft.lr_warmup_steps for a draft.path import (measured: docs/models.md)
+
+
+def draft_lr_warmup_steps(spec: LayoutSpec) -> int:
+    """draft.lr_warmup_steps resolved: null is IMPORTED_DRAFT_WARMUP for a draft imported from draft.path, else 0."""
+    d = spec.draft
+    if d.lr_warmup_steps is not None:
+        return d.lr_warmup_steps
+    return IMPORTED_DRAFT_WARMUP if d.path is not None else 0
+
+
 def stage_index(stage: str | int, pp: int) -> int:
     """The pipeline stage index of a draft.stage value ('last', 'first' or an index) over ``pp`` stages."""
     if stage == "last":

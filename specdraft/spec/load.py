@@ -95,10 +95,11 @@ def load_layout_text(text: str, overrides: Sequence[str] = (), source: str = "<t
     spec, problems = build(LayoutSpec, data, "", stood_in)
     if hf is not None and spec is not None:
         problems += hf_config.disagreements(spec.model, hf, given)
-    if spec is not None and spec.draft.path is not None:
+    if spec is not None and (spec.draft.path is not None or spec.draft.model is not None):
         from specdraft.spec.checkpoints import draft as draft_checkpoint
 
         problems += draft_checkpoint.problems(spec)  # the EAGLE-3 checkpoint the draft starts from
+        problems += draft_checkpoint.model_problems(spec)  # and the one the renders hand to vLLM
     if problems:
         if spec is not None:
             # Run the field rules on what did load, so one pass reports everything, except the rules that read a

@@ -85,11 +85,10 @@ class ModelSpec:
     tie_embeddings: bool = False
     """Share the input embedding and output layer weights (HF tie_word_embeddings; untied renders
     --untie-embeddings-and-output-weights)."""
-    path: str = "model"
-    """Checkpoint folder or hub id of the policy, used by the renders. A folder on this machine (relative to the
-    current directory) with a Hugging Face config.json (LlamaForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM or
-    Qwen3MoeForCausalLM) fills the model fields the layout leaves out; a folder without one needs the model fields
-    written out; anything else (a hub id) is passed on as is."""
+    path: Optional[str] = None
+    """The policy's Hugging Face folder (its config.json fills the fields the layout leaves out; a launch reads its
+    weights) or hub id (plans and renders only: launch refuses it, the ranks download nothing); null = seeded random
+    weights, and the renders write the placeholder <model.path>."""
     config_sha256: Optional[str] = None
     """sha256 of the config.json that filled this section: specdraft records it when it reads `path` (leave it
     out). The plan's spec keeps the filled values, so recompiling a plan.json never needs the folder. Launching,
@@ -172,10 +171,14 @@ class DraftSpec:
     """lambda in L = L_policy + lambda * L_draft (forward KL against detached policy logits)."""
     lr: float = 1.0e-3
     """Learning rate of the draft's own optimizer."""
+    lr_warmup_steps: Optional[int] = None
+    """Draft optimizer steps over which its rate rises linearly to draft.lr; null = 20 with draft.path (a first step
+    at the full rate wipes an imported draft's acceptance, docs/models.md), else 0."""
     clip_grad: float = 1.0
     """Gradient-norm clip of the draft's own clipping group; 0 disables it."""
-    model: str = "checkpoints/draft"
-    """Path of the draft checkpoint that rollout engines load (vLLM speculative_config.model)."""
+    model: Optional[str] = None
+    """The EAGLE-3 folder (absolute) or hub id rollout engines start from (vLLM speculative_config.model), e.g. a
+    `specdraft export`; null = the renders write the placeholder <draft.model>, which vLLM refuses."""
     vocab_size: Optional[int] = None
     """Draft LM-head vocabulary: the target's most frequent training tokens (SpecForge's d2t/t2d); null = target's."""
     export_interval: int = 0
@@ -229,7 +232,7 @@ class TrainingSpec:
     seed: int = 1234
     """Seed for initialisation, the synthetic data the runtime generates, and the data file's sample order."""
     save_interval: int = 0
-    """Steps between checkpoints in RUN_DIR/checkpoints (and after the last step); 0 = off. USR2/SIGTERM save too."""
+    """Steps between checkpoints in RUN_DIR/checkpoints; the last step's is always saved (0: only it). USR2 too."""
     keep_checkpoints: int = 2
     """Complete checkpoints kept in RUN_DIR/checkpoints; older ones go once a newer one is complete (>= 1)."""
     stop_grace_s: float = 300.0
@@ -281,8 +284,7 @@ class SlurmSpec:
     container_image: Optional[str] = None
     """Pyxis container image (srun --container-image) in enroot's form [USER@][REGISTRY#]IMAGE[:TAG], e.g.
     nvcr.io#nvidia/nemo-rl:v0.4.0 (a '#', not a '/', after the registry), or an absolute path to a squashfs file;
-    null runs on the host. The run folder is mounted at its own path; slurm.container_specdraft says how specdraft
-    gets in."""
+    null runs on the host. The run folder is mounted at its own path; slurm.container_specdraft brings specdraft in."""
     container_mounts: list[str] = field(default_factory=list)
     """Pyxis mounts, SRC:DST[:FLAGS] each with absolute paths (--container-mounts); a local model.path, data.path
     or --resume-from checkpoint must lie under one DST (the run folder is mounted by specdraft itself)."""
@@ -342,10 +344,8 @@ class RolloutSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class GrpoSpec:
-    """The `grpo` workload (docs/grpo.md): its engine, task, reward and loss (NeMo-RL's loss_fn.* names). The
-    step's sizes are the rollout section's: rollout.num_prompts_per_step, num_generations_per_prompt and
-    max_response_length (NeMo-RL's grpo.num_prompts_per_step, grpo.num_generations_per_prompt and
-    policy.generation.max_new_tokens)."""
+    """The `grpo` workload (docs/grpo.md): its engine, task, reward and loss (NeMo-RL's loss_fn.* names); the step's
+    sizes are rollout.num_prompts_per_step, num_generations_per_prompt and max_response_length."""
 
     temperature: float = 1.0
     """Sampling temperature of the rollouts (policy.generation.temperature); 0 = greedy."""

@@ -8,6 +8,7 @@ import math
 from specdraft.plan.grpo import nemo_rl_overrides as grpo_overrides
 from specdraft.plan.model import LaunchPlan
 from specdraft.render.nemo_rl.grpo import grpo_keys, merge
+from specdraft.render.paths import draft_model, model_path
 
 _DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}  # fp8: bf16 weights
 
@@ -16,7 +17,7 @@ def nemo_rl_overrides(plan: LaunchPlan) -> dict:
     """Nested overrides keyed as NeMo-RL's examples/configs (every key is in the profile's key table)."""
     m, p, t, d, c, r = plan.model, plan.parallel, plan.training, plan.draft, plan.cluster, plan.rollout_settings
     policy = {
-        "model_name": m.path,
+        "model_name": model_path(plan),
         "train_global_batch_size": p.global_batch_size,
         "train_micro_batch_size": p.micro_batch_size,
         # lm_policy.py asserts logprob_batch_size == train_micro_batch_size at tp >= 4 (the 8B base sets 4 vs 1).
@@ -147,7 +148,7 @@ def _generation(plan: LaunchPlan) -> dict:
     if d.enabled and r.speculative:
         vllm_kwargs["speculative_config"] = {
             "method": "eagle3",
-            "model": d.model,
+            "model": draft_model(plan),
             "num_speculative_tokens": r.num_speculative_tokens,
             "draft_tensor_parallel_size": r.tp,
         }

@@ -105,6 +105,7 @@ NOT_CARRIED: dict[str, str] = {
     "draft.stage": "NeMo-RL attaches the draft to the last pipeline stage's chunk (find_draft_owner_chunk)",
     "draft.ttt_steps": "no NeMo-RL key; vLLM's num_speculative_tokens is carried",
     "draft.lr": "the draft trains under the policy's optimizer (megatron_cfg.optimizer.lr)",
+    "draft.lr_warmup_steps": "the draft follows the policy's learning-rate schedule (megatron_cfg.scheduler)",
     "draft.clip_grad": "the draft's gradients are clipped with the policy's (megatron_cfg.optimizer.clip_grad)",
     "draft.vocab_size": "NeMo-RL reads draft_vocab_size from policy.draft.model_name's config.json only",
     "draft.model": "only vLLM's speculative_config.model (policy.draft.model_name would replace num_layers and "

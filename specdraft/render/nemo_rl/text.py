@@ -8,6 +8,7 @@ from pathlib import PurePosixPath
 from specdraft.plan.model import LaunchPlan
 from specdraft.render.nemo_rl.profile import BASE_CONFIG, COMMIT, NAME, NOT_READ, RUN_SCRIPT, SOURCE
 from specdraft.render.nemo_rl.rules import not_carried, refusals
+from specdraft.render.paths import placeholder_notes
 
 
 def render_text(plan: LaunchPlan) -> str:
@@ -24,6 +25,10 @@ def render_text(plan: LaunchPlan) -> str:
             f"# REFUSED: {NAME} cannot run this layout ({len(refused)} limit{'s' if len(refused) > 1 else ''}):"
         )
         lines += [f"#   {p.render()}" for p in refused]
+    placeholders = placeholder_notes(plan, plan.draft.enabled and plan.rollout_settings.speculative)
+    if placeholders:
+        lines.append("# PLACEHOLDERS: NeMo-RL and vLLM refuse these values until they are set:")
+        lines += [f"#   {note}" for note in placeholders]
     lines.append(f"# not carried (no NeMo-RL key in {NAME}):")
     lines += [f"#   {field}: {why}" for field, why in not_carried(plan)]
     lines.append("# left out (NeMo-RL does not read them):")

@@ -11,7 +11,6 @@ import hashlib
 from dataclasses import dataclass, field
 
 import torch
-from jinja2 import TemplateError
 
 from specdraft.datafile import DataError, problems_error, read_records, row_name
 from specdraft.plan.grpo import prompt_limit
@@ -99,7 +98,8 @@ def load_prompt_file(plan) -> PromptFile:
 
 def read_prompt_file(data, *, vocab: int, limit: int, why: str, max_new: int) -> PromptFile:
     """``data`` (the plan's DataPlan) read and tokenised; every prompt at most ``limit`` tokens (``why``)."""
-    from specdraft.runtime.train.corpus import load_tokenizer, mask_method
+    from specdraft.runtime.train import chat
+    from specdraft.runtime.train.corpus import check_vocabulary, load_tokenizer, mask_method
 
     fmt, records = read_records(data.path, data.format)
     if fmt not in GRPO_FORMATS:
@@ -109,6 +109,7 @@ def read_prompt_file(data, *, vocab: int, limit: int, why: str, max_new: int) ->
             "`problem`/`expected_answer` (docs/grpo.md)",
         )
     tokenizer = load_tokenizer(data.tokenizer)
+    check_vocabulary(tokenizer, data.tokenizer, vocab)
     method = mask_method(tokenizer, fmt)
     if method == "plain" and (fmt == "messages" or tokenizer.eos_token_id is None):
         raise DataError(
@@ -120,24 +121,34 @@ def read_prompt_file(data, *, vocab: int, limit: int, why: str, max_new: int) ->
     problems: list[str] = []
     rows: list[Row] = []
     digest = hashlib.sha256()
-    for record in records:
-        where = f"{row_name(data.path, record.row)}, field `{field_name}`"
-        try:
-            ids, text, answer, reference = encode_row(tokenizer, fmt, record.value, method)
-        except (ValueError, TypeError, TemplateError) as err:  # the template's own refusal, or ours (prefix)
-            problems.append(f"{where}: the chat template refused it ({type(err).__name__}: {err})")
-            continue
-        bad = sorted({t for t in (*ids, *reference) if t is None or not 0 <= t < vocab}, key=str)
-        if bad:
-            problems.append(f"{where}: token ids {bad[:5]} are outside model.vocab_size ({vocab:,})")
-        elif len(ids) > limit:
-            problems.append(
-                f"{where}: the prompt is {len(ids):,} tokens; with rollout.max_response_length "
-                f"({max_new:,}) it must be at most {limit:,} ({why})"
-            )
-        else:
-            rows.append(Row(record.row, tuple(ids), text, answer, tuple(reference)))
-            digest.update(len(ids).to_bytes(8, "little") + torch.tensor(ids + reference).numpy().tobytes())
+    # A chat template is code from the model folder: each row renders under chat.py's time and memory budget.
+    with chat.Renderer(tokenizer) as renderer:
+        for record in records:
+            where = f"{row_name(data.path, record.row)}, field `{field_name}`"
+            try:
+                if method == "plain":
+                    ids, text, answer, reference = encode_row(tokenizer, fmt, record.value, method)
+                else:
+                    ids, text, answer, reference = renderer.call(encode_row, fmt, record.value, method)
+            except chat.TemplateFailed as err:
+                if err.over_budget:  # one row past the budget stops the file: the next would wait as long
+                    raise chat.refusal(tokenizer, f"data file {data.path}, {where}", err) from None
+                problems.append(f"{where}: the chat template refused it ({err.detail})")
+                continue
+            except (ValueError, TypeError) as err:  # ours: no prompt turn, a template that is not prefix-stable
+                problems.append(f"{where}: {err}")
+                continue
+            bad = sorted({t for t in (*ids, *reference) if t is None or not 0 <= t < vocab}, key=str)
+            if bad:
+                problems.append(f"{where}: token ids {bad[:5]} are outside model.vocab_size ({vocab:,})")
+            elif len(ids) > limit:
+                problems.append(
+                    f"{where}: the prompt is {len(ids):,} tokens; with rollout.max_response_length "
+                    f"({max_new:,}) it must be at most {limit:,} ({why})"
+                )
+            else:
+                rows.append(Row(record.row, tuple(ids), text, answer, tuple(reference)))
+                digest.update(len(ids).to_bytes(8, "little") + torch.tensor(ids + reference).numpy().tobytes())
     if problems:
         raise problems_error(
             data.path,

@@ -97,7 +97,7 @@ def _shown(raw: object) -> str:
         return f"an int of about {int(raw.bit_length() * 0.30103) + 1:,} digits"
     try:
         return f"{repr(raw)[:80]} ({type(raw).__name__})"
-    except Exception as err:  # noqa: BLE001 - the echo of a bad value; the refusal itself follows
+    except Exception as err:  # a user object whose __repr__ fails: its echo says so; the refusal follows
         return f"<{type(raw).__name__}: repr failed with {type(err).__name__}>"
 
 

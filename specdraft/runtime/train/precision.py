@@ -163,8 +163,11 @@ class MainOptimizer:
     parameter's main copy and AdamW state live only on its owner in that group (`owners`): the owner steps it and
     broadcasts the new value to the group, so optimizer memory is divided by the group size (ZeRO stage 1)."""
 
-    def __init__(self, params: list, *, lr: float, policy: Policy, device: torch.device, shards=None):
+    def __init__(
+        self, params: list, *, lr: float, policy: Policy, device: torch.device, shards=None, warmup_steps: int = 0
+    ):
         self.params, self.policy = list(params), policy
+        self.lr, self.warmup_steps = lr, warmup_steps
         self.views = []
         for p in self.params:
             buffer = None
@@ -235,6 +238,7 @@ class MainOptimizer:
             if m is not p:
                 m.grad = None if g is None else g if g.dtype == torch.float32 else g.float()
         if self.optimizer is not None:
+            self._warm_up()
             self.optimizer.step()
         with torch.no_grad():
             for p, m in zip(self.owned, self.main):
@@ -243,6 +247,17 @@ class MainOptimizer:
                     m.grad = None
             self._share()
         self.zero_grad()
+
+    def _warm_up(self) -> None:
+        """The rate of the step about to be taken: lr * n / warmup_steps for the n-th step (counted by AdamW's own
+        step, which a checkpoint restores), then lr. Adam's first steps move every weight by about the rate, so a
+        full-rate start undoes a pretrained model's tuning (measured on imported drafts: docs/models.md)."""
+        if not self.warmup_steps or self.optimizer is None:
+            return
+        state: dict = next(iter(self.optimizer.state.values()), {})
+        taken = int(state["step"]) if "step" in state else 0
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr * min(1.0, (taken + 1) / self.warmup_steps)
 
     def zero_grad(self) -> None:
         for view in self.views:

@@ -99,7 +99,11 @@ class CoTrainer:
                 eagle3_import.load(self.draft, source, plan, ps.get_tensor_model_parallel_rank())
                 self.draft_init = str(source.folder)
             self.draft_optimizer = precision.MainOptimizer(
-                list(self.draft.parameters()), lr=d.lr, policy=self.precision, device=self.device
+                list(self.draft.parameters()),
+                lr=d.lr,
+                policy=self.precision,
+                device=self.device,
+                warmup_steps=d.lr_warmup_steps,
             )
         self._restriction = None
         self.draft_in_loss = self.draft is not None and self.is_last

@@ -3,9 +3,9 @@ the EAGLE-3 draft trains online on the draft stage from taps that TapChannel del
 
 The draft runs inside the last stage's loss function when it sits on the last stage (its backward then rides the
 schedule's own backward), else after the schedule. Either way the schedule itself is untouched. Around the steps:
-a resume loads a checkpoint first (checkpoint.py), every training.save_interval steps one is saved, and a stop
-signal is agreed on at each step boundary (preempt.py); every draft.export_interval steps the draft is published
-for rollout engines (export.py).
+a resume loads a checkpoint first (checkpoint.py), one is saved every training.save_interval steps and after the
+last step, and a stop signal is agreed on at each step boundary (preempt.py); every draft.export_interval steps the
+draft is published for rollout engines (export.py).
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def run(ctx: RankContext) -> dict:
             time.sleep(float(os.environ.get(PAUSE_ENV, "0")))
             done = index + 1
             stop = vote.agreed()
-            if stop is not None or (interval and (done % interval == 0 or done == ctx.steps)):
+            # the last step's weights are always kept (export needs them); save_interval sets the ones before
+            if stop is not None or done == ctx.steps or (interval and done % interval == 0):
                 saved = checkpoint.save(ctx, trainer, done)
             if publish_every and trainer.cotraining and (done % publish_every == 0 or done == ctx.steps):
                 export.publish(ctx, trainer, done)

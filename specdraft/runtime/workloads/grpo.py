@@ -98,7 +98,7 @@ def run(ctx: RankContext) -> dict:
                 time.sleep(float(os.environ.get(PAUSE_ENV, "0")))  # tests: a kill's place, before the save
                 done = index + 1
                 stop = vote.agreed()
-                if stop is not None or (interval and (done % interval == 0 or done == ctx.steps)):
+                if stop is not None or done == ctx.steps or (interval and done % interval == 0):
                     extra = partial(_save_extras, loop, instances, predictor, done)
                     saved = checkpoint.save(ctx, trainer, done, extra)
                 if stop is not None:

@@ -70,4 +70,26 @@ def review(spec: LayoutSpec) -> tuple[list[Problem], list[str]]:
     notes: list[str] = []
     if found is not None:
         findings, notes = eagle3_checkpoint.check(found, expected(spec))
+        notes += eagle3_checkpoint.import_notes(Path(d.path), found)
     return [Problem(path=f.field, value=f.value, rule=f.rule, fix=f.fix) for f in findings], notes
+
+
+def model_problems(spec: LayoutSpec) -> list[Problem]:
+    """draft.model, the folder the renders hand to vLLM, where it is a local EAGLE-3 folder here: one vLLM would
+    refuse to load is refused now, with the fix ([] for a hub id, a folder elsewhere or the placeholder)."""
+    model = spec.draft.model
+    if model is None or not os.path.isabs(model) or not (Path(model) / eagle3_checkpoint.CONFIG).is_file():
+        return []
+    found, _ = eagle3_checkpoint.read(Path(model))
+    refused = eagle3_checkpoint.vllm_refuses_d2t(Path(model), found) if found is not None else None
+    if refused is None:
+        return []
+    return [
+        Problem(
+            path="draft.model",
+            value=model,
+            rule=refused,
+            fix="serve the folder `specdraft export RUN -o DIR` writes from a run that imported it (it writes d2t "
+            "only for a reduced vocabulary), or save this one again without its d2t and t2d tensors",
+        )
+    ]

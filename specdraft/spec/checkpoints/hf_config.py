@@ -315,10 +315,45 @@ def disagreements(m: ModelSpec, hf: HfConfig, given: set[str]) -> list[Problem]:
     return out
 
 
+# What a launch reads the policy's weights from (the runtime takes safetensors only, and names a .bin folder).
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def weights_note(path: str | None) -> str | None:
+    """The note for a model.path folder holding config.json and no weights, which everything but a launch takes
+    (planning a cluster run from a model's config is the first thing a user does); None otherwise."""
+    folder = Path(path).expanduser() if path is not None else None
+    if folder is None or not (folder / CONFIG_NAME).is_file():
+        return None
+    if any((folder / name).exists() for name in WEIGHT_FILES) or any(folder.glob("*.safetensors")):
+        return None
+    return (
+        f"model.path {path} holds {CONFIG_NAME} and no weights (neither model.safetensors nor "
+        "model.safetensors.index.json): plan, validate, search, render and launch --dry-run use its config; "
+        "a launch needs the weights in that folder"
+    )
+
+
+def no_tokenizer(path: str | None) -> str | None:
+    """Why the local folder model.path names cannot serve as the policy's tokenizer; None when it can, or when
+    model.path is no folder here (a hub id)."""
+    from specdraft.datafile import TOKENIZER_FILES
+
+    folder = Path(path).expanduser() if path is not None else None
+    if folder is None or not folder.is_dir() or any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    return f"model.path {path} holds no tokenizer files ({', '.join(TOKENIZER_FILES)})"
+
+
 def check_recorded(m: ModelSpec, source: str) -> None:
     """A plan's model section against its checkpoint, where that is on this machine: the config.json at model.path
     must still have the recorded sha256. Absent (a login node without the checkpoint), the recorded values stand."""
-    if m.config_sha256 is None or not Path(m.path).is_dir():
+    if m.config_sha256 is None or m.path is None or not Path(m.path).is_dir():
         return
     file = Path(m.path) / CONFIG_NAME
     from specdraft.fsutil import read_regular_file

@@ -114,7 +114,7 @@ def container_rules(spec: LayoutSpec, err) -> None:
         else:
             targets.append(target)
     needed = [("data.path", spec.data.path)]
-    if spec.model.path.startswith("/"):
+    if spec.model.path is not None and spec.model.path.startswith("/"):
         needed.append(("model.path", spec.model.path))
     for path, value in needed:
         if value is not None and value.startswith("/") and not any(under(value, t) for t in targets):

@@ -31,12 +31,12 @@ def data_rules(spec: LayoutSpec, err, warn) -> None:
     # The ranks run inside the run folder: a relative path would be looked up there, not where it was typed.
     if not os.path.isabs(d.path):
         err("data.path", d.path, "must be an absolute path (the ranks run inside the run folder)", _absolute(d.path))
-    if not os.path.isabs(m.path):
+    if m.path is None or not os.path.isabs(m.path):
         err(
             "model.path",
             m.path,
             "must be the absolute path of a local folder when data.path is set: the ranks read its tokenizer files",
-            _absolute(m.path),
+            _absolute(m.path) if m.path is not None else "set model.path to the policy's Hugging Face folder",
         )
     if t.data_drift_interval:
         err(

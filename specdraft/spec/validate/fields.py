@@ -20,6 +20,7 @@ from specdraft.spec.validate.parallel import divisors, parallel_rules
 from specdraft.spec.validate.run import checkpoint_rules, slurm_rules
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")  # Hugging Face's [ORG/]NAME
 
 
 def validate_fields(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
@@ -259,6 +260,16 @@ def _draft_rules(spec: LayoutSpec, err, warn) -> None:
         err("draft.loss_weight", d.loss_weight, "must be >= 0", "use 1.0")
     if d.lr <= 0:
         err("draft.lr", d.lr, "must be > 0", "use 1e-4")
+    if d.model is not None and not (d.model.startswith("/") or HUB_ID.match(d.model)):
+        # The renders hand it to an engine that runs elsewhere: a relative path would name something else there.
+        err(
+            "draft.model",
+            d.model,
+            "must be an absolute path or a hub id ([ORG/]NAME): an engine resolves a relative path where it runs",
+            "give the EAGLE-3 folder's absolute path, e.g. draft.model=/ckpt/draft-eagle3",
+        )
+    if d.lr_warmup_steps is not None and d.lr_warmup_steps < 0:
+        err("draft.lr_warmup_steps", d.lr_warmup_steps, "must be >= 0", "use 0 for none, or null for the default")
     if d.clip_grad < 0:
         err("draft.clip_grad", d.clip_grad, "must be >= 0 (0 disables clipping)", "use 1.0")
     if d.vocab_size is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 
+from specdraft.errors import Problem
 from specdraft.spec.derived import max_model_len
 from specdraft.spec.schema import LayoutSpec
 
@@ -106,7 +107,7 @@ def _workload_rules(spec: LayoutSpec, err, warn) -> None:
                 "GRPO needs a prompt and a reference answer per row; `text` rows have neither",
                 "use rows of messages, prompt/response or problem/expected_answer (docs/grpo.md)",
             )
-    else:
+    elif m.path is not None:
         folder = os.path.expanduser(m.path)
         if os.path.isdir(folder) and any(os.path.isfile(os.path.join(folder, f)) for f in TOKENIZER_FILES):
             err(
@@ -116,13 +117,13 @@ def _workload_rules(spec: LayoutSpec, err, warn) -> None:
                 f"else to the tokenizer in model.path ({m.path})",
                 "set data.path to your prompt file (jsonl or parquet; docs/grpo.md lists the row formats)",
             )
-        if g.reward == "math-verify" and g.task == "markov":
-            err(
-                "grpo.reward",
-                g.reward,
-                "math-verify compares a response with the prompt's answer; the markov task's prompts have none",
-                "use grpo.reward: task, or grpo.task: arithmetic or reverse",
-            )
+    if d.path is None and g.reward == "math-verify" and g.task == "markov":
+        err(
+            "grpo.reward",
+            g.reward,
+            "math-verify compares a response with the prompt's answer; the markov task's prompts have none",
+            "use grpo.reward: task, or grpo.task: arithmetic or reverse",
+        )
     positions = m.max_position_embeddings or m.seq_length
     if max_model_len(spec) > positions:
         err(
@@ -132,3 +133,40 @@ def _workload_rules(spec: LayoutSpec, err, warn) -> None:
             f"policy's max_position_embeddings ({positions}): vLLM refuses it",
             f"keep prompt_length + max_response_length <= {positions}, or set rollout.max_model_len",
         )
+
+
+def find_module(name: str) -> bool:
+    """Whether ``import name`` would find a module here, looked up without running any of it: the top-level name
+    by importlib.util.find_spec (which imports nothing for it), each submodule by its parent's search path (find_spec
+    of a dotted name would import the parents, i.e. run the user's package code)."""
+    import importlib.machinery
+    import importlib.util
+
+    parts = name.split(".")
+    try:
+        found = importlib.util.find_spec(parts[0])
+        for i in range(1, len(parts)):
+            where = found.submodule_search_locations if found is not None else None
+            if where is None:
+                return False
+            found = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), list(where))
+    except (ImportError, ValueError):
+        return False
+    return found is not None
+
+
+def reward_problem(reward: str) -> Problem | None:
+    """A `module:function` grpo.reward whose module this Python cannot find: the ranks would fail to import it
+    once they have started, so `validate` and a GRPO launch refuse it first. The module is never imported here."""
+    if reward in ("task", "math-verify") or not REWARD_RE.match(reward):
+        return None
+    module = reward.partition(":")[0]
+    if find_module(module):
+        return None
+    return Problem(
+        path="grpo.reward",
+        value=reward,
+        rule=f"no module {module!r} on this Python's path (PYTHONPATH, site-packages), so the ranks cannot import it",
+        fix="put the folder holding it on PYTHONPATH on every node (the ranks import it there), e.g. "
+        "`PYTHONPATH=/path/to/rewards specdraft launch ...`, or pip install it; or use grpo.reward: task",
+    )

@@ -39,6 +39,9 @@ def _divisors(n: int) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
+SP_HINT_TP = 4  # the tp from which NVIDIA's published recipes use sequence parallelism
+
+
 def parallel_rules(spec: LayoutSpec, err, warn) -> None:
     m, c, p = spec.model, spec.cluster, spec.parallel
     world = world_size(spec)
@@ -69,6 +72,15 @@ def parallel_rules(spec: LayoutSpec, err, warn) -> None:
             )
         if p.sequence_parallel and p.tp == 1:
             err("parallel.sequence_parallel", True, "needs tp > 1", "set parallel.sequence_parallel=false or raise tp")
+        if p.tp >= SP_HINT_TP and not p.sequence_parallel:
+            # Megatron-Bridge's Llama-3 recipes (recipes/llama/h100/llama3.py) run TP4 and TP8 with it on.
+            warn(
+                "parallel.sequence_parallel",
+                False,
+                f"off at tp = {p.tp}: each tp rank then holds the layer norms' and dropouts' activations whole, "
+                f"and NVIDIA's recipes turn sequence parallelism on from tp {SP_HINT_TP}",
+                "set parallel.sequence_parallel=true (model.seq_length must then be a multiple of 2*cp*tp)",
+            )
     if not sizes_ok or world < 1:
         return
     inner = p.tp * p.cp * p.pp

@@ -143,7 +143,8 @@ def test_render_targets(tmp_path):
     plan_file = tmp_path / "plan.json"
     assert run("plan", "layouts/qwen3-8b.yaml", "-o", str(plan_file), "--format", "json").returncode == 0
     megatron = run("render", str(plan_file), "--to", "megatron")
-    assert megatron.returncode == 0 and megatron.stdout.startswith("--tensor-model-parallel-size 2")
+    assert megatron.returncode == 0 and megatron.stdout.startswith("# Megatron-LM flags of layout qwen3-8b")
+    assert "\n--tensor-model-parallel-size 2 \\\n" in megatron.stdout
     nemo = run("render", str(plan_file), "--to", "nemo-rl")  # an online draft with packing: NeMo-RL refuses it
     assert nemo.returncode == 2 and "does not support sequence packing yet" in nemo.stderr
     vllm = run("render", str(plan_file), "--to", "vllm")

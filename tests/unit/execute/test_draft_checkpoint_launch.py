@@ -1,6 +1,7 @@
 """The launch's check of draft.path from the plan's own sections (a plan.json launch skips the layout's load-time
 check): a checkpoint changed since the plan was compiled is refused before anything is written, and a draft limited
-below seq_length (SpecForge's configs say max_position_embeddings 2048) is a note naming the field."""
+below seq_length (SpecForge's configs say max_position_embeddings 2048) is a note naming the field, and so is a full
+vocabulary's d2t, which vLLM would refuse."""
 
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ def test_a_checkpoint_changed_since_the_plan_is_refused_at_launch(tmp_path):
 def test_a_draft_limited_below_seq_length_is_a_launch_note(tmp_path):
     folder = _write(tmp_path / "s")
     plan = compile(load_layout(None, [f"draft.path={folder}", "model.seq_length=4096"]))
-    (note,) = check_draft_checkpoint(plan)
+    note, d2t = check_draft_checkpoint(plan)
     assert "max_position_embeddings 2048 is below model.seq_length 4096" in note
     assert "writes the policy's max_position_embeddings" in note
+    # SpecForge's identity d2t beside its full vocabulary: vLLM would not serve that folder as it is
+    assert "holds a d2t tensor with a full draft vocabulary" in d2t and "serve the run's export" in d2t

@@ -34,3 +34,19 @@ def test_a_dry_run_says_what_it_wrote_and_tells_nobody_to_submit_a_missing_plan(
     header = out.stdout.split("#SBATCH")[0]
     assert "Submit it" not in header and "sbatch " not in header
     assert "`specdraft launch` writes this script as" in header
+
+
+def test_every_shipped_cpu_layout_runs_here_as_docs_launch_md_says(tmp_path):
+    """docs/grpo.md's `specdraft launch layouts/grpo-tiny-cpu.yaml grpo.engine=vllm` needs no --executor: the
+    shipped CPU layouts set cluster.executor: local (grpo-tiny-cpu did not, and that command said "no executor
+    chosen")."""
+    import yaml
+
+    from tests.support.paths import SHIPPED
+
+    cpu = [p for p in sorted(SHIPPED.glob("*.yaml")) if yaml.safe_load(p.read_text())["cluster"].get("gpu") == "cpu"]
+    assert {p.stem for p in cpu} >= {"tiny-cpu", "grpo-tiny-cpu", "mixtral-tiny-cpu"}
+    for layout in cpu:
+        assert yaml.safe_load(layout.read_text())["cluster"].get("executor") == "local", layout.name
+    out = run_cli("launch", str(SHIPPED / "grpo-tiny-cpu.yaml"), "grpo.engine=vllm", "--dry-run", cwd=tmp_path)
+    assert out.returncode == 0 and "executor: local (the layout's cluster.executor)" in out.stderr, out.stderr

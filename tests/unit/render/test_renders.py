@@ -10,7 +10,7 @@ import pytest
 
 from specdraft.assemble import compile
 from specdraft.plan.codec import encode_value
-from specdraft.render.megatron import format_argv
+from specdraft.render.megatron import format_argv, megatron_text
 from specdraft.render.nemo_rl import render_text, to_dotlist
 from specdraft.render.vllm import engine_settings
 from specdraft.spec.load import load_layout
@@ -25,7 +25,11 @@ IDS = [p.stem for p in LAYOUTS]
 def test_megatron_argv_golden(layout):
     plan = compile(load_layout(layout))
     argv = plan.renders.megatron
-    check_golden(f"megatron/{layout.stem}.txt", format_argv(argv))
+    text = megatron_text(plan)  # what `render --to megatron` prints: what it does not carry, then the argv
+    check_golden(f"megatron/{layout.stem}.txt", text)
+    comments = [line for line in text.splitlines() if line.startswith("#")]
+    assert comments[0].startswith(f"# Megatron-LM flags of layout {layout.stem}") and "the EAGLE-3 draft" in comments[0]
+    assert text.endswith(format_argv(argv))
     assert tuple(shlex.split(format_argv(argv).replace("\\\n", " "))) == argv
 
 
@@ -100,3 +104,38 @@ def test_vllm_schema_catches_bad_settings():
     problems = broken.problems()
     assert any("gpu_memory_utilization" in p for p in problems)
     assert any("tensor_parallel_size" in p for p in problems)
+
+
+def test_an_unset_path_renders_as_a_named_placeholder_no_engine_resolves():
+    """model.path and draft.model left unset are written as placeholders that vLLM and NeMo-RL (through
+    huggingface_hub's repo-id rule, which they apply to a name that is no local folder) refuse; the old default
+    `checkpoints/draft` was a valid hub id, which an engine would have looked up on the hub."""
+    hub = pytest.importorskip("huggingface_hub.utils")
+    plan = compile(load_layout(None))
+    engine = plan.renders.vllm.engine_args
+    assert engine["model"] == "<model.path>" and engine["speculative_config"]["model"] == "<draft.model>"
+    assert plan.renders.nemo_rl["policy"]["model_name"] == "<model.path>"
+    speculative = plan.renders.nemo_rl["policy"]["generation"]["vllm_kwargs"]["speculative_config"]
+    assert speculative["model"] == "<draft.model>"
+    argv = plan.renders.megatron
+    assert argv[argv.index("--tokenizer-model") + 1] == "<model.path>"
+    for name in ("<model.path>", "<draft.model>"):
+        with pytest.raises(hub.HFValidationError):
+            hub.validate_repo_id(name)
+    hub.validate_repo_id("checkpoints/draft")
+    text = render_text(plan)
+    assert "# PLACEHOLDERS: NeMo-RL and vLLM refuse these values until they are set:" in text
+    given = compile(load_layout(None, ["model.path=/ckpt/policy", "draft.model=/ckpt/draft-eagle3"]))
+    engine = given.renders.vllm.engine_args
+    assert engine["model"] == "/ckpt/policy" and engine["speculative_config"]["model"] == "/ckpt/draft-eagle3"
+    assert "PLACEHOLDERS" not in render_text(given)
+    assert "placeholder" not in megatron_text(given)
+
+
+def test_a_model_folder_without_a_tokenizer_leaves_the_tokenizer_flags_out_and_says_so():
+    plan = compile(load_layout(None, ["model.path=/ckpt/config-only"]))
+    text = megatron_text(plan, "model.path /ckpt/config-only holds no tokenizer files (tokenizer.json, ...)")
+    assert "--tokenizer-model /ckpt/config-only" not in text and "--tokenizer-type HuggingFaceTokenizer \\" not in text
+    comments = " ".join(line.removeprefix("# ") for line in text.splitlines() if line.startswith("# "))
+    assert "Not carried: the tokenizer (model.path /ckpt/config-only holds no tokenizer files" in comments
+    assert "--tokenizer-model /ckpt/config-only" in megatron_text(plan), "a hub id or a folder with one: carried"

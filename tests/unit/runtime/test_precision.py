@@ -182,3 +182,28 @@ def test_distributed_optimizer_matches_the_replicated_one_bit_for_bit():
         assert abs(total - per_rank[0]["replicated_bytes"]) <= 8 * per_rank[0]["params"], name  # step counters
         assert all(r["sharded_bytes"] < 0.75 * r["replicated_bytes"] for r in per_rank), name
         assert per_rank[0]["sharded_over"] == 2
+
+
+def test_a_warm_up_raises_the_rate_linearly_by_adams_own_step_count():
+    """draft.lr_warmup_steps: the n-th step runs at lr * n / warmup, then at lr. Adam's early steps move each weight
+    by about the rate whatever the gradient's scale, so with a constant gradient the moves are the rates (less
+    AdamW's small weight decay); the count is AdamW's own step, which a checkpoint restores, so a resumed run
+    continues the ramp."""
+
+    def moves(warmup: int, steps: int, state: dict | None = None) -> tuple[list[float], dict]:
+        p = torch.nn.Parameter(torch.zeros(4))
+        opt = MainOptimizer([p], lr=0.1, policy=_policy("fp32"), device=CPU, warmup_steps=warmup)
+        if state is not None:
+            opt.optimizer.load_state_dict(state)
+        out = []
+        for _ in range(steps):
+            before = p.detach().clone()
+            p.grad = torch.ones(4)
+            opt.step()
+            out.append(float((before - p.detach()).mean()))
+        return out, opt.optimizer.state_dict()
+
+    assert moves(4, 6)[0] == pytest.approx([0.025, 0.05, 0.075, 0.1, 0.1, 0.1], rel=5e-3)
+    assert moves(0, 2)[0] == pytest.approx([0.1, 0.1], rel=5e-3), "no warm-up: the full rate from the first step"
+    _, saved = moves(4, 2)
+    assert moves(4, 3, saved)[0] == pytest.approx([0.075, 0.1, 0.1], rel=5e-3), "a restored step count resumes it"

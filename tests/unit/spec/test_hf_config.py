@@ -234,6 +234,9 @@ def test_a_folder_without_config_json_stands_beside_a_written_model_section(tmp_
 
 
 def test_the_default_placeholder_path_is_never_read(tmp_path, monkeypatch):
-    (tmp_path / "model").mkdir()  # no config.json: a folder named like the default path is not a checkpoint
+    # A folder named like the old default path (`model`), holding a config.json, is not the model of a layout
+    # that names none: the default is no path at all.
+    _save(transformers.LlamaConfig(**SHAPE), tmp_path / "model")
     monkeypatch.chdir(tmp_path)
-    assert load_layout(None).model.path == "model"
+    spec = load_layout(None)
+    assert spec.model.path is None and spec.model.config_sha256 is None

@@ -159,6 +159,15 @@ def test_tp_spanning_nodes_is_a_warning_not_an_error():
     assert any(w.path == "parallel.tp" and "spans nodes" in w.rule for w in warnings)
 
 
+def test_tp_4_without_sequence_parallelism_is_a_hint_as_in_nvidias_recipes():
+    qwen = Path(BIG).with_name("qwen3-8b.yaml")  # tp 2, no sequence parallelism
+    hinted = [w for w in check(load_layout(qwen, ["parallel.tp=4"]))[1] if w.path == "parallel.sequence_parallel"]
+    assert len(hinted) == 1 and "off at tp = 4" in hinted[0].rule and "NVIDIA's recipes" in hinted[0].rule
+    assert "parallel.sequence_parallel=true" in hinted[0].fix
+    for quiet in (["parallel.tp=4", "parallel.sequence_parallel=true"], ["parallel.tp=2"]):
+        assert not [w for w in check(load_layout(qwen, quiet))[1] if w.path == "parallel.sequence_parallel"], quiet
+
+
 def test_compile_raises_with_every_problem():
     with pytest.raises(SpecError) as info:
         compile(load_layout(None, ["draft.ttt_steps=0", "draft.stage=9"]))

@@ -86,10 +86,12 @@ def stored_dtype(tensors: dict[str, TensorInfo]) -> str:
     return max(counts, key=lambda k: counts[k]) if counts else "F32"
 
 
-def folder_of(model_path: str) -> Path | None:
-    """The HF folder ``model.path`` names (a directory holding config.json), else None: a hub id, a path that is
-    not there, or a folder of tokenizer files only (the layout then writes the model fields) keeps the random
-    initialisation. A directory with safetensors weights but no config.json is refused."""
+def folder_of(model_path: str | None) -> Path | None:
+    """The HF folder ``model.path`` names (a directory holding config.json), else None: unset, a hub id, a path that
+    is not there, or a folder of tokenizer files only (the layout then writes the model fields). A directory with
+    safetensors weights but no config.json is refused."""
+    if model_path is None:
+        return None
     path = Path(model_path).expanduser()
     if not path.is_dir():
         return None
@@ -105,8 +107,18 @@ def folder_of(model_path: str) -> Path | None:
 
 
 def plan_checkpoint(plan: LaunchPlan) -> HFCheckpoint | None:
-    """The checked HF checkpoint ``plan``'s policy starts from, or None for random weights."""
-    folder = folder_of(plan.model.path)
+    """The checked HF checkpoint ``plan``'s policy starts from, or None for random weights (model.path unset, or a
+    folder of tokenizer files beside a written-out model section). A model.path that is no folder on this node is
+    refused: the ranks download nothing, and random weights are never a silent stand-in for a checkpoint."""
+    path = plan.model.path
+    if path is not None and not Path(path).expanduser().is_dir():
+        raise CheckpointError(
+            f"model.path {path!r} is not a folder on this node: the policy's weights are read from a local Hugging "
+            "Face folder (nothing is downloaded), so it would start from random weights",
+            "put the checkpoint where every node sees it and set model.path to that absolute path, or leave "
+            "model.path unset to train from random weights",
+        )
+    folder = folder_of(path)
     return None if folder is None else open_checkpoint(plan.model, folder)
 
 
@@ -213,9 +225,14 @@ def read_tensors(folder: Path) -> dict[str, TensorInfo]:
     index = folder / INDEX
     if not index.is_file():
         if not (folder / SINGLE).is_file():
+            if any(folder.glob("*.bin")) or any(folder.glob("*.safetensors")) or any(folder.glob("*.pt")):
+                raise CheckpointError(
+                    f"{folder} has neither {SINGLE} nor {INDEX}",
+                    "specdraft reads safetensors only: re-save the model with save_pretrained(safe_serialization=True)",
+                )
             raise CheckpointError(
-                f"{folder} has neither {SINGLE} nor {INDEX}",
-                "specdraft reads safetensors only: re-save the model with save_pretrained(safe_serialization=True)",
+                f"{folder} holds {CONFIG} and no weights: neither {SINGLE} nor {INDEX} (with its shards) is there",
+                f"put the checkpoint's weights in {folder}, or leave model.path unset to train from random weights",
             )
         return read_header(folder / SINGLE)
     found = read_json(index, hf_files.INDEX, INDEX, _REWRITE)
