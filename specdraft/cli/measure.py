@@ -12,7 +12,7 @@ import typer
 
 from specdraft.cli.boundary import console as _console
 from specdraft.cli.terminal import plain, safe
-from specdraft.spec.schema import ENGINE_KINDS
+from specdraft.spec.engines import ENGINE_KINDS
 
 
 def measure_cmd(

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdraft.spec import schema
+from specdraft.spec import engines
 from specdraft.spec.schema import LayoutSpec
 
-ENGINE_KINDS = schema.ENGINE_KINDS  # the rollout engine kinds, for the runtime (which reads plan/, not spec/)
+ENGINE_KINDS = engines.ENGINE_KINDS  # the rollout engine kinds, for the runtime (which reads plan/, not spec/)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,13 +6,9 @@ Fields without a default are required. Names follow Megatron: tp, cp, pp, dp, ep
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional, Union, get_args
+from typing import Literal, Optional, Union
 
 REQUIRED = object()  # sentinel for documentation only; required fields simply have no default
-# The rollout engine kinds, for grpo.engine and `rollout measure --engine`; runtime/rl/engine.py's ENGINES registry
-# builds each (a unit test keeps the two equal).
-EngineKind = Literal["builtin", "vllm"]
-ENGINE_KINDS: tuple[str, ...] = get_args(EngineKind)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -345,9 +341,8 @@ class GrpoSpec:
 
     temperature: float = 1.0
     """Sampling temperature of the rollouts (policy.generation.temperature); 0 = greedy."""
-    engine: EngineKind = "builtin"
-    """Rollout engine of every rollout instance (one per plan.rollout instance, owned by its first rank): vLLM
-    (speculative through the draft, at rollout.tp), or the built-in decode (fast tests; tp 1)."""
+    engine: Literal["builtin", "vllm"] = "builtin"  # the engine kinds' one listing (spec/engines.py)
+    """Engine of each rollout instance (on its first rank): vLLM at rollout.tp, or the built-in decode (tp 1)."""
     task: Literal["reverse", "arithmetic", "markov"] = "reverse"
     """Built-in verifiable task whose seeded prompts the run trains on: reverse a digit list, add two digits, or
     continue the run's Markov chain."""

@@ -50,7 +50,7 @@ def _vllm(config: EngineConfig) -> RolloutEngine:
     return VllmEngine(config)
 
 
-# The engine kinds and their constructors; spec/schema.py's EngineKind (grpo.engine) lists the same kinds.
+# The engine kinds and their constructors; grpo.engine's Literal (spec/engines.py) lists the same kinds.
 ENGINES: dict[str, Callable[[EngineConfig], RolloutEngine]] = {"builtin": _builtin, "vllm": _vllm}
 
 

@@ -15,8 +15,9 @@ from specdraft.runtime.rl.engine import ENGINES, EngineConfig
 from specdraft.runtime.rl.engines.vllm import cpu_binding, engine_args
 from specdraft.runtime.rl.instances.buckets import Assembler, Packer, Slice, layout
 from specdraft.runtime.rl.instances.layout import instance_layout
+from specdraft.spec.engines import ENGINE_KINDS
 from specdraft.spec.load import load_layout
-from specdraft.spec.schema import ENGINE_KINDS, GrpoSpec
+from specdraft.spec.schema import GrpoSpec
 from tests.support.paths import SHIPPED
 
 GRPO = SHIPPED / "grpo-tiny-cpu.yaml"
