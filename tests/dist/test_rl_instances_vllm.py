@@ -46,6 +46,10 @@ def run(tmp_path_factory):
         rl_instances.vllm_scenario, 2, cases, str(root / "runs"), BUCKET_BYTES, timeout=1400, daemon=False
     )
     reports = {(r["name"], r["rank"]): r for rank_reports in per_rank for r in rank_reports}
+    for (name, _), r in sorted(reports.items()):  # the figures docs/grpo-rollouts.md quotes (pytest -s)
+        if r["instance"] is not None:
+            print(f"refit {name} instance {r['instance']}: policy {r['policy_s']} {r['policy_s_2']} draft "
+                  f"{r['draft_s']} pipe bytes {r['pipe_bytes']} {r['pipe_bytes_2']}")  # fmt: skip
     return {"reports": reports, "policy": policy, "policy2": policy2}
 
 
