@@ -17,10 +17,9 @@ from specdraft.runtime.serve.vllm_engine import ACCEPTED, DRAFT_TOKENS, DRAFTS, 
 
 class VllmCore:
     def __init__(self, engine_args: dict[str, Any], *, k: int, eos_id: int | None):
-        from specdraft.runtime.serve.vllm_llm import build_llm, on_cpu
+        from specdraft.runtime.serve.vllm_llm import build_llm
 
         self.k, self.eos_id = k, eos_id
-        self.cuda = not on_cpu()
         self.draft = engine_args.get("speculative_config") is not None
         self.sleep_mode = bool(engine_args.get("enable_sleep_mode"))
         self.llm = build_llm(engine_args)

@@ -39,9 +39,13 @@ def _all_gather(value: Any) -> list:
     return out
 
 
-def _raise_any(errors: list, what: str) -> None:
-    """Every rank raises when any rank failed ``what`` (so none is left waiting in a collective)."""
-    failed = [(rank, e) for rank, e in enumerate(errors) if e is not None]
+def _raise_any(own: Exception | None, what: str) -> None:
+    """Every rank raises when any rank failed ``what`` (so none is left waiting in a collective): a failed rank
+    its own exception (a user's error keeps its message and exit code), the others one naming that rank."""
+    reports = _all_gather(None if own is None else f"{type(own).__name__}: {own}")
+    failed = [(rank, e) for rank, e in enumerate(reports) if e is not None]
+    if own is not None:
+        raise own
     if failed:
         rank, error = failed[0]
         raise RuntimeError(f"rank {rank} failed to {what} ({len(failed)} ranks failed):\n{error}")
@@ -113,25 +117,29 @@ class Instances:
         from specdraft.runtime.serve.folder import write_folder, write_text
 
         paths = self.ctx.paths
+        error: Exception | None = None
         if self.rank == 0:
-            paths.real_dir("rl")
-            record = {"source": "grpo", "run": self.plan.run_name, "spec_sha256": self.plan.spec_sha256}
-            policy = hf_export.policy_config(self.plan, hf_export.export_dtype(self.plan))
-            folders = [(paths.rl_policy, policy, "huggingface")]
-            if self.speculating:
-                draft = eagle3.config(self.plan, self.trainer.dtype)
-                hf_export.check_pair(policy, draft)
-                folders.append((paths.rl_draft, draft, "eagle3"))
-            for folder, config, form in folders:
-                text = json.dumps(config, indent=2) + "\n"
-                fill = lambda tmp, text=text: write_text(tmp / "config.json", text)
-                write_folder(folder, fill, {**record, "format": form})
-        dist.barrier()
+            try:
+                paths.real_dir("rl")
+                record = {"source": "grpo", "run": self.plan.run_name, "spec_sha256": self.plan.spec_sha256}
+                policy = hf_export.policy_config(self.plan, hf_export.export_dtype(self.plan))
+                folders = [(paths.rl_policy, policy, "huggingface")]
+                if self.speculating:
+                    draft = eagle3.config(self.plan, self.trainer.dtype)
+                    hf_export.check_pair(policy, draft)
+                    folders.append((paths.rl_draft, draft, "eagle3"))
+                for folder, config, form in folders:
+                    text = json.dumps(config, indent=2) + "\n"
+                    fill = lambda tmp, text=text: write_text(tmp / "config.json", text)
+                    write_folder(folder, fill, {**record, "format": form})
+            except Exception as err:  # reported on every rank below, so none waits for the folders
+                error = err
+        _raise_any(error, "write the engines' config-only folders")
 
     def _open_engine(self, eos_id: int | None) -> None:
         from specdraft.runtime.rl.engine import open_engine
 
-        error = None
+        error: Exception | None = None
         if self.mine is not None:
             rs, paths = self.plan.rollout_settings, self.ctx.paths
             try:
@@ -142,8 +150,8 @@ class Instances:
                     slots_per_node=self.plan.cluster.gpus_per_node, colocated=rs.colocated,
                 )  # fmt: skip
             except Exception as err:  # reported on every rank below, so no rank waits for this engine
-                error = f"{type(err).__name__}: {err}"
-        _raise_any(_all_gather(error), "open its rollout engine")
+                error = err
+        _raise_any(error, "open its rollout engine")
 
     def _connect(self) -> None:
         """The vLLM engines' workers and the senders join one group per (instance, sender), in one global order
@@ -158,16 +166,16 @@ class Instances:
         if self.mine is not None:
             plan = [(rv, buckets) for _, buckets, rv in self.feeds[self.mine.index]]
             self.engine.begin("connect", plan)
-        error = None
+        error: Exception | None = None
         try:
             for i in sorted(set(self.out.instances("policy")) | set(self.out.instances("draft"))):
                 rv = next(rv for s, _, rv in self.feeds[i] if s == self.rank and rv is not None)
                 self.links[i, self.rank] = PairGroup(rv, 0, self.trainer.device, store=self.store)
             if self.mine is not None:
                 self.engine.end("connect")
-        except Exception as err:
-            error = f"{type(err).__name__}: {err}"
-        _raise_any(_all_gather(error), "join the refit groups")
+        except Exception as err:  # reported on every rank below
+            error = err
+        _raise_any(error, "join the refit groups")
 
     def _reserve(self) -> None:
         """Each sending rank's bucket buffer, once, at its largest bucket (per device: gloo or NCCL)."""
