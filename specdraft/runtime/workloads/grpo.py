@@ -1,7 +1,8 @@
 """The `grpo` workload (docs/grpo.md): each step, rank 0's rollout engine samples G responses per prompt through the
 current draft, rank 0 scores them and broadcasts the result; every rank then trains the policy on NeMo-RL's
-clipped loss under the plan's layout (the draft co-trains on the same forward), and the new weights are gathered
-to rank 0 and refit into the running engine (the draft every draft.refit_interval steps).
+clipped loss under the plan's layout (the draft co-trains on the same forward), and the new weights are refit into
+every rollout instance's engine by the ranks that hold them (rl/instances; the draft every draft.refit_interval
+steps).
 
 The first grpo.sft_steps steps are a supervised warm-up on the task's reference answers (cotrain's loss), the
 reference policy is the policy as RL starts; checkpoints, --resume and preemption work as in cotrain. With
@@ -65,6 +66,7 @@ def run(ctx: RankContext) -> dict:
                 done = index + 1
                 stop = vote.agreed()
                 if stop is not None or done == ctx.steps or (interval and done % interval == 0):
+                    loop.fetch_engine_draft(done)
                     saved = checkpoint.save(ctx, trainer, done, partial(loop.save_engine_draft, done))
                 if stop is not None:
                     return {
@@ -104,56 +106,40 @@ class Loop:
         )
         self.plan, self.g = ctx.plan, ctx.plan.grpo
         self.forward_backward = get_forward_backward_func()
-        self.engine: Any = None  # a RolloutEngine on global rank 0
-        self.gather: Any = None  # refit.Gather, made as the engine opens
+        self.instances: Any = None  # rl/instances.Instances, opened by open_engine
+        self.engine: Any = None  # instance 0's RolloutEngine, on global rank 0 (its lead)
         self.rank0 = ctx.global_rank == 0
         self.folder = ctx.run_dir / RL_DIR
-        # rank 0: the draft state the engine holds, and the step of the trainer's draft it equals (-1: older)
+        # the step of the trainer's draft the engines' draft equals (-1: older), and on rank 0 before a checkpoint
+        # the engines' draft when it is older (Instances.held_draft)
         self.engine_draft: dict | None = None
         self.engine_draft_step = -1
 
     # ------------------------------------------------------------------------------------------------ engine
     def open_engine(self, step: int, resumed_from: str | None = None) -> None:
-        """Rank 0: the engine from HF folders of the current (initial or restored) weights; a resume between two
-        draft refits starts it with the older draft the interrupted engine held (ENGINE_DRAFT), as it would be."""
-        from specdraft.runtime.rl import refit
+        """Every rank: the plan's rollout instances (rl/instances), loaded with the current (initial or restored)
+        weights; a resume between two draft refits starts them with the older draft the interrupted engines held
+        (ENGINE_DRAFT), as they would be. Rank 0 leads instance 0, whose engine generates."""
+        from specdraft.runtime.rl.instances import open_instances
 
-        self.gather = refit.Gather(self.trainer)
-        policy = self.gather.policy()
-        draft = self.gather.draft() if self.plan.draft.enabled else None
-        if not self.rank0 or policy is None:
-            return
-        if draft is not None:
-            self._remember_draft(draft, step)
-            held = Path(resumed_from) / ENGINE_DRAFT if resumed_from else None
-            if held is not None and held.is_file():
-                from safetensors.torch import load_file
+        held = None
+        path = Path(resumed_from) / ENGINE_DRAFT if resumed_from else None
+        if self.plan.draft.enabled and path is not None and path.is_file():
+            from safetensors.torch import load_file
 
-                draft = {**draft, **load_file(str(held))}
-                self._remember_draft(draft, -1)
-        from specdraft.runtime.rl.engine import open_engine
+            held = load_file(str(path))
+        self.instances = open_instances(self.ctx, self.trainer, eos_id=self.task.eos_id, resumed_engine_draft=held)
+        self.engine = self.instances.engine if self.rank0 else None
+        self.engine_draft_step = -1 if held is not None else step
 
-        self.folder.mkdir(parents=True, exist_ok=True)
-        policy_dir = refit.write_policy(self.folder / "policy", self.plan, policy, step)
-        draft_dir = refit.write_draft(self.folder / "draft", self.plan, draft, step) if draft is not None else None
-        rs = self.plan.rollout_settings
-        speculative = draft_dir is not None and rs.speculative
-        self.engine = open_engine(
-            self.g.engine,
-            policy_dir=policy_dir,
-            draft_dir=draft_dir if speculative else None,
-            k=rs.num_speculative_tokens,
-            eos_id=self.task.eos_id,
-            device=self.ctx.device,
-            seed=self.plan.training.seed,
-        )
-
-    def _remember_draft(self, draft: dict, step: int) -> None:
-        self.engine_draft = dict(draft)  # Gather.draft gives fresh copies
-        self.engine_draft_step = step
+    def fetch_engine_draft(self, done: int) -> None:
+        """Every rank, before a checkpoint: the engines' draft to rank 0 when it is older than the trainer's."""
+        self.engine_draft = None
+        if self.instances is not None and self.engine_draft_step != done:
+            self.engine_draft = self.instances.held_draft()
 
     def save_engine_draft(self, done: int, folder: Path) -> None:
-        """Rank 0, inside checkpoint.save: the engine's draft, when it is older than the trainer's."""
+        """Rank 0, inside checkpoint.save: the engines' draft, when it is older than the trainer's."""
         if self.engine_draft is None or self.engine_draft_step == done:
             return
         from safetensors.torch import save_file
@@ -161,27 +147,21 @@ class Loop:
         save_file(self.engine_draft, str(folder / ENGINE_DRAFT))
 
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = None
+        if self.instances is not None:
+            self.instances.close()
+            self.instances = self.engine = None
 
     def refit(self, index: int) -> dict:
-        """Every rank: gather the new weights to rank 0, which loads them into the engine; returns the seconds."""
-        from specdraft.runtime.rl import refit
-
+        """Every rank: the new weights into every instance; returns the seconds (the slowest instance's)."""
         started = time.perf_counter()
-        out = {"policy_refit": 0.0, "draft_refit": 0.0}
-        policy = self.gather.policy()
-        if self.rank0 and policy is not None:
-            out["policy_refit"] = self.engine.refit_policy(policy.items())
+        out = {"policy_refit": max(self.instances.refit_policy().values(), default=0.0), "draft_refit": 0.0}
         every = self.plan.draft.refit_interval
         # a frozen draft's one refit is as the warm-up ends, whatever the interval (it never trains after)
         last_warm = self.g.draft_mode == "frozen" and index == self.g.sft_steps - 1
         if self.plan.draft.enabled and self.trainer.cotraining and ((index + 1) % every == 0 or last_warm):
-            draft = self.gather.draft()
-            if self.rank0 and draft is not None and self.plan.rollout_settings.speculative:
-                out["draft_refit"] = self.engine.refit_draft(refit.eagle3_tensors(self.trainer, draft).items())
-                self._remember_draft(draft, index + 1)
+            if self.plan.rollout_settings.speculative:
+                out["draft_refit"] = max(self.instances.refit_draft().values(), default=0.0)
+                self.engine_draft_step = index + 1
         out["refit"] = time.perf_counter() - started
         return out
 

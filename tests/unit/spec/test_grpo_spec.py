@@ -83,3 +83,16 @@ def test_a_frozen_draft_needs_a_draft_and_a_warm_up():
     assert [e.split(":")[0] for e in errors] == ["grpo.draft_mode"] and "never train" in errors[0]
     with pytest.raises(SpecError, match="grpo.draft_mode"):
         load_layout(GRPO, ["grpo.draft_mode=never"])
+
+
+def test_grpo_refuses_rollout_it_cannot_run_naming_the_fields():
+    errors, _ = _problems(GRPO, "rollout.tp=2")  # grpo.engine: builtin
+    assert errors == ["grpo.engine: the built-in engine serves one device, so it runs at tp 1, but rollout.tp is 2"]
+    assert _problems(GRPO, "rollout.tp=2", "grpo.engine=vllm") == ([], [])
+    errors, _ = _problems(GRPO, "rollout.colocated=false", "rollout.num_nodes=1", "rollout.enabled=true")
+    assert [e.split(":")[0] for e in errors] == ["rollout.colocated"] and "dedicated rollout nodes" in errors[0]
+    # a co-training layout's rollout section only plans: the same settings pass there
+    assert _problems(GRPO, "workload=cotrain", "rollout.tp=2", "rollout.colocated=false", "rollout.num_nodes=1") == (
+        [],
+        [],
+    )
