@@ -12,8 +12,7 @@ import typer
 
 from specdraft.cli.boundary import console as _console
 from specdraft.cli.terminal import plain, safe
-
-ENGINES = ("builtin", "vllm")  # runtime/serve/measure.py's (the CLI never imports runtime/)
+from specdraft.spec.engines import ENGINE_KINDS
 
 
 def measure_cmd(
@@ -44,8 +43,10 @@ def measure_cmd(
 
     if format not in ("text", "json"):
         raise UserError(f"--format {format!r} is not supported", "use --format text or --format json")
-    if engine not in ENGINES:
-        raise UserError(f"--engine {engine!r} is not supported", "use --engine builtin or --engine vllm")
+    if engine not in ENGINE_KINDS:
+        raise UserError(
+            f"--engine {engine!r} is not supported", "use " + " or ".join(f"--engine {kind}" for kind in ENGINE_KINDS)
+        )
     for option, value in (
         ("--k", k),
         ("--prompts", prompts),

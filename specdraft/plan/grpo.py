@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdraft.spec import engines
 from specdraft.spec.schema import LayoutSpec
+
+ENGINE_KINDS = engines.ENGINE_KINDS  # the rollout engine kinds, for the runtime (which reads plan/, not spec/)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,7 +23,7 @@ class GrpoPlan:
     num_generations_per_prompt: int
     max_new_tokens: int
     temperature: float
-    engine: str  # builtin or vllm
+    engine: str  # one of ENGINE_KINDS
     task: str
     reward: str  # task, math-verify or module:function
     reward_timeout_s: float

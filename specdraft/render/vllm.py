@@ -90,7 +90,9 @@ def engine_settings(plan: LaunchPlan) -> EngineSettings:
         gpu_memory_utilization=r.gpu_memory_utilization,
         max_model_len=r.max_model_len,
         max_num_seqs=r.max_num_seqs,
-        dtype=_DTYPE[dtype] if dtype != "fp32" else "bfloat16",
+        # A CPU plan serves in float32: the CPU runs train in fp32 and the built-in engine decodes in fp32, so a
+        # refit vLLM instance's greedy tokens can equal theirs (bf16 would round every weight and logit).
+        dtype="float32" if plan.cluster.gpu == "cpu" else _DTYPE[dtype] if dtype != "fp32" else "bfloat16",
         speculative_config=spec_cfg,
     )
 

@@ -36,7 +36,8 @@ TAPS = "taps"  # the TapChannel's audit log (SPECDRAFT_TAP_AUDIT=1)
 REQUEUE_REQUEST = "requeue-request"
 # RUN/serve-cache/vllm/{policy,draft}/: the exports `rollout measure --engine vllm` serves, kept for reuse
 SERVE_CACHE = "serve-cache"
-# RUN/rl/: GRPO's own files. policy/ and draft/ are the HF and EAGLE-3 folders the rollout engines start from;
+# RUN/rl/: GRPO's own files. policy/ and draft/ are the HF and EAGLE-3 folders the rollout engines start from
+# (config.json only: the weights reach the engines by refit);
 # rollouts.jsonl holds one JSON object per sample (step, instance, policy_version, prompt_text, response_text,
 # answer, reward, prompt_ids, response_ids, finished) or per failed step ({"step", "error"}), rewound with
 # metrics.jsonl on a resume.

@@ -349,9 +349,8 @@ class GrpoSpec:
 
     temperature: float = 1.0
     """Sampling temperature of the rollouts (policy.generation.temperature); 0 = greedy."""
-    engine: Literal["builtin", "vllm"] = "builtin"
-    """Rollout engine of every rollout instance: vLLM (speculative through the draft), or the built-in decode (fast
-    tests, one device per instance)."""
+    engine: Literal["builtin", "vllm"] = "builtin"  # the engine kinds' one listing (spec/engines.py)
+    """Engine of each rollout instance (on its first rank): vLLM at rollout.tp, or the built-in decode (tp 1)."""
     task: Literal["reverse", "arithmetic", "markov"] = "reverse"
     """Built-in verifiable task whose seeded prompts the run trains on when data.path is null: reverse a digit list,
     add two digits, or continue the run's Markov chain. Its token ids are its own: it needs a model without a

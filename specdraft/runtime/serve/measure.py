@@ -12,18 +12,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from specdraft.plan.grpo import ENGINE_KINDS
+
 DEFAULT_K = 3
 DEFAULT_PROMPTS = 8
 DEFAULT_PROMPT_LENGTH = 16
 DEFAULT_MAX_NEW = 32
-ENGINES = ("builtin", "vllm")
 
 
 def check_args(k: int, prompts: int, prompt_length: int, max_new: int, engine: str = "builtin") -> None:
     from specdraft.runtime.serve.offline import LoadError
 
-    if engine not in ENGINES:
-        raise LoadError(f"--engine {engine!r} is not supported", "use --engine builtin or --engine vllm")
+    if engine not in ENGINE_KINDS:
+        fix = "use " + " or ".join(f"--engine {kind}" for kind in ENGINE_KINDS)
+        raise LoadError(f"--engine {engine!r} is not supported", fix)
     for option, value, what in (
         ("--k", k, "draft tokens per verify step"),
         ("--prompts", prompts, "prompts"),

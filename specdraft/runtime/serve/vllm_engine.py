@@ -210,7 +210,9 @@ def serve(
 ) -> dict:
     """Greedy decoding of ``prompts`` (one at a time, as the built-in engine) by vLLM serving ``policy`` alone,
     then with ``draft`` speculating ``k`` tokens; the figures of speculative.summarize plus the tokens."""
-    _in_process()
+    from specdraft.runtime.serve.vllm_llm import in_process_env
+
+    in_process_env()
     from vllm import SamplingParams
 
     # ignore_eos: the built-in decode stops at max_new only, whatever token the policy emits
@@ -244,18 +246,9 @@ def serve(
 
 
 def _on_cpu() -> bool:
-    _in_process()
-    from vllm.platforms import current_platform
+    from specdraft.runtime.serve.vllm_llm import on_cpu
 
-    return bool(current_platform.is_cpu())
-
-
-def _in_process() -> None:
-    """vLLM's engine core in this process (no spawned workers, so no `__main__` guard is needed), its log on stderr
-    (stdout carries the payload's one JSON line), at WARNING unless the user set a level; before vLLM's import."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    return on_cpu()
 
 
 @contextlib.contextmanager
@@ -275,18 +268,22 @@ def _stdout_on_stderr():
 def _decode(policy: str, spec_config: dict | None, prompts, params, common: dict):
     """One engine's greedy tokens per prompt, the timed seconds (a one-prompt warm-up untimed) and, speculating,
     the counters' growth over the timed prompts: (drafts, accepted, accepted per position)."""
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(
-        model=policy,
-        speculative_config=spec_config,
-        skip_tokenizer_init=True,  # prompts are token ids; an export without tokenizer files serves as well
-        enforce_eager=True,
-        enable_prefix_caching=False,  # every prompt pays its prefill, as in the built-in engine
-        max_num_seqs=1,
-        disable_log_stats=False,  # the spec_decode counters
-        **common,
+    from specdraft.runtime.serve.vllm_llm import build_llm
+
+    llm = build_llm(
+        dict(
+            model=policy,
+            speculative_config=spec_config,
+            skip_tokenizer_init=True,  # prompts are token ids; an export without tokenizer files serves as well
+            enforce_eager=True,
+            enable_prefix_caching=False,  # every prompt pays its prefill, as in the built-in engine
+            max_num_seqs=1,
+            disable_log_stats=False,  # the spec_decode counters
+            **common,
+        )
     )
     try:
         warm = SamplingParams(max_tokens=2, temperature=0.0, detokenize=False, ignore_eos=True)

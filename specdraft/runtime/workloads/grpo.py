@@ -99,7 +99,9 @@ def run(ctx: RankContext) -> dict:
                 done = index + 1
                 stop = vote.agreed()
                 if stop is not None or done == ctx.steps or (interval and done % interval == 0):
-                    extra = partial(_save_extras, loop, instances, predictor, done)
+                    # every rank: the engines' draft when it is older than the trainer's (a save between refits)
+                    held_draft = instances.held_draft() if loop.engine_draft_step != done else None
+                    extra = partial(_save_extras, predictor, held_draft)
                     saved = checkpoint.save(ctx, trainer, done, extra)
                 if stop is not None:
                     return {
@@ -123,16 +125,16 @@ def run(ctx: RankContext) -> dict:
     }
 
 
-def _save_extras(loop, instances, predictor, done: int, folder: Path) -> None:
+def _save_extras(predictor, held_draft: dict | None, folder: Path) -> None:
     """Rank 0, inside checkpoint.save: the length predictions, and the engines' draft when older than the
-    trainer's (a save between two draft refits)."""
+    trainer's (a save between two draft refits; Instances.held_draft gives it on rank 0)."""
     from specdraft.fsutil import atomic_write_text
 
     atomic_write_text(folder / PREDICTOR, json.dumps(predictor.state()) + "\n", what="length predictions")
-    if instances.engine_draft is not None and loop.engine_draft_step != done:
+    if held_draft is not None:
         from safetensors.torch import save_file
 
-        save_file(instances.engine_draft, str(folder / ENGINE_DRAFT))
+        save_file(held_draft, str(folder / ENGINE_DRAFT))
 
 
 def _restore_extras(folder: Path, predictor) -> dict | None:

@@ -86,6 +86,30 @@ def grpo_rules(spec: LayoutSpec, err, warn) -> None:
             f"vLLM on CPU serves head_dim >= {VLLM_CPU_MIN_HEAD_DIM} only; this model's is {head_dim}",
             "use grpo.engine: builtin, or the grpo-tiny-cpu layout (head_dim 32)",
         )
+    rollout_rules(spec, err)
+
+
+def rollout_rules(spec: LayoutSpec, err) -> None:
+    """What the grpo workload's rollout instances can run: one engine per instance on the instance's own training
+    ranks (colocated), the built-in engine at tp 1 (it serves one device)."""
+    if spec.workload != "grpo":
+        return
+    r, g = spec.rollout, spec.grpo
+    if not r.colocated:
+        err(
+            "rollout.colocated",
+            r.colocated,
+            "the grpo workload runs each rollout instance on its training ranks; dedicated rollout nodes are not "
+            "built (their engines would need ranks and a refit path outside the training world)",
+            "set rollout.colocated: true (and rollout.num_nodes: 0)",
+        )
+    if g.engine == "builtin" and r.tp > 1:
+        err(
+            "grpo.engine",
+            g.engine,
+            f"the built-in engine serves one device, so it runs at tp 1, but rollout.tp is {r.tp}",
+            "set rollout.tp: 1, or grpo.engine: vllm to serve each instance at rollout.tp",
+        )
 
 
 def _workload_rules(spec: LayoutSpec, err, warn) -> None:

@@ -1,4 +1,4 @@
-"""The refit's flat byte buffer (runtime/rl/flat.py, read back by refit.py's _unpack): tensors of mixed dtypes
+"""The flat byte buffer (runtime/rl/flat.py, read back as views): tensors of mixed dtypes
 and odd byte sizes come back equal, each at an aligned offset, so a uint8 tensor before a float32 one cannot break
 the float32 view."""
 
@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from specdraft.runtime.rl.flat import ALIGN, pack
-from specdraft.runtime.rl.refit import _unpack
+from specdraft.runtime.rl.flat import ALIGN, pack, views
 
 
 def test_mixed_dtypes_round_trip_through_one_aligned_buffer():
@@ -20,9 +19,8 @@ def test_mixed_dtypes_round_trip_through_one_aligned_buffer():
     ]
     buffer = pack(tensors, "cpu")
     assert buffer.dtype == torch.uint8 and buffer.numel() % ALIGN == 0
-    metas = [(f"t{i}", None, None, tuple(t.shape), t.dtype) for i, t in enumerate(tensors)]
-    back = list(_unpack(buffer, metas))
-    assert [name for name, *_ in back] == [m[0] for m in metas]
-    for (_, _, _, got), want in zip(back, tensors):
+    back = list(views(buffer, [(tuple(t.shape), t.dtype) for t in tensors]))
+    assert len(back) == len(tensors)
+    for got, want in zip(back, tensors):
         assert got.dtype == want.dtype and got.equal(want)
     assert pack([], "cpu").numel() == 0

@@ -117,3 +117,16 @@ def test_a_built_in_task_refuses_a_model_with_a_tokenizer_of_its_own(tmp_path):
 def test_the_engines_max_model_len_fits_the_policys_positions():
     errors, _ = _problems(GRPO, "rollout.prompt_length=40")
     assert any(e.startswith("rollout.prompt_length: the engines' max_model_len") for e in errors), errors
+
+
+def test_grpo_refuses_rollout_it_cannot_run_naming_the_fields():
+    errors, _ = _problems(GRPO, "rollout.tp=2")  # grpo.engine: builtin
+    assert errors == ["grpo.engine: the built-in engine serves one device, so it runs at tp 1, but rollout.tp is 2"]
+    assert _problems(GRPO, "rollout.tp=2", "grpo.engine=vllm") == ([], [])
+    errors, _ = _problems(GRPO, "rollout.colocated=false", "rollout.num_nodes=1", "rollout.enabled=true")
+    assert [e.split(":")[0] for e in errors] == ["rollout.colocated"] and "dedicated rollout nodes" in errors[0]
+    # a co-training layout's rollout section only plans: the same settings pass there
+    assert _problems(GRPO, "workload=cotrain", "rollout.tp=2", "rollout.colocated=false", "rollout.num_nodes=1") == (
+        [],
+        [],
+    )

@@ -33,12 +33,21 @@ class _Sequence:
         return len(self.tokens) - self.num_prompt
 
 
+def _load(transformers, folder: Path):
+    """The HF folder's model in float32; from its config.json alone (placeholder weights) when it holds no
+    weights, as a rollout instance starts: the first refit loads the real ones."""
+    if any(folder.glob("*.safetensors")):
+        return transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    config = transformers.AutoConfig.from_pretrained(str(folder))
+    return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
 class BuiltinEngine:
     def __init__(self, policy_dir: Path, draft_dir: Path | None, *, k: int, eos_id: int | None, device: str, seed: int):
         import transformers
 
         self.device, self.k, self.eos_id, self.seed = torch.device(device), k, eos_id, seed
-        model: Any = transformers.AutoModelForCausalLM.from_pretrained(str(policy_dir), dtype=torch.float32)
+        model: Any = _load(transformers, Path(policy_dir))
         self.model: Any = model.to(self.device).eval()
         self.draft = load_folder(Path(draft_dir), device) if draft_dir is not None else None
         self._taps: dict[int, torch.Tensor] = {}

@@ -137,10 +137,13 @@ def load_named(module: nn.Module, weights, strict: bool) -> int:
 
 
 def load_folder(folder: Path, device: str) -> FolderDraft:
-    """The draft of an EAGLE-3 folder, float32, on ``device``."""
+    """The draft of an EAGLE-3 folder, float32, on ``device``; placeholder weights when the folder holds only its
+    config.json (a rollout instance's start: the first draft refit loads the real ones)."""
     from safetensors.torch import load_file
 
     config = json.loads((Path(folder) / "config.json").read_text())
     draft = FolderDraft(config)
-    draft.load(load_file(str(Path(folder) / "model.safetensors")).items(), strict=True)
+    weights = Path(folder) / "model.safetensors"
+    if weights.is_file():
+        draft.load(load_file(str(weights)).items(), strict=True)
     return draft.to(device).eval()

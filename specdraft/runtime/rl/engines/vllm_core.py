@@ -1,62 +1,28 @@
-"""The vLLM engine itself, run inside engines/vllm.py's child process: the HF policy folder, EAGLE-3 speculative
-decoding through the draft folder, token-id prompts, acceptance from vLLM's counters, in-place refits through vLLM's
-layerwise reload (model_loader/reload/inplace.py), and sleep mode on CUDA; serve() is the child's request loop."""
+"""The vLLM engine itself, run inside engines/vllm.py's child process: built by serve/vllm_llm.build_llm from the
+engine arguments the proxy derived from the plan, EAGLE-3 speculative decoding through the draft, token-id prompts,
+acceptance from vLLM's counters, refits received by its workers (engines/vllm_worker.py) over the refit groups and
+loaded in place through vLLM's layerwise reload, and sleep mode on CUDA; serve() is the child's request loop, whose
+pipe carries control messages only."""
 
 from __future__ import annotations
 
-import copy
-import json
 import os
+import pickle
 import time
-from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
-import torch
-
-from specdraft.runtime.rl import flat
 from specdraft.runtime.rl.rollouts import GenerationStats, Rollout, prompt_seeds
 from specdraft.runtime.serve.vllm_engine import ACCEPTED, DRAFT_TOKENS, DRAFTS, PER_POS, spec_counters
 
 
 class VllmCore:
-    def __init__(
-        self,
-        policy_dir: Path,
-        draft_dir: Path | None,
-        *,
-        k: int,
-        eos_id: int | None,
-        device: str,
-        seed: int,
-        gpu_memory_utilization: float | None = None,
-        max_model_len: int | None = None,
-    ):
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this (child) process
-        from vllm import LLM
+    def __init__(self, engine_args: dict[str, Any], *, k: int, eos_id: int | None):
+        from specdraft.runtime.serve.vllm_llm import build_llm
 
         self.k, self.eos_id = k, eos_id
-        self.cuda = device.startswith("cuda")
-        if not self.cuda:
-            from specdraft.runtime.serve import vllm_cpu_fix
-
-            vllm_cpu_fix.apply()
-        self.draft = draft_dir is not None
-        positions = json.loads((Path(policy_dir) / "config.json").read_text()).get("max_position_embeddings", 2048)
-        self.llm = LLM(
-            model=str(policy_dir),
-            skip_tokenizer_init=True,
-            dtype="auto" if self.cuda else "float32",
-            seed=seed,
-            # on CPU the share of *host* memory vLLM reserves for the KV cache
-            gpu_memory_utilization=gpu_memory_utilization or (0.5 if self.cuda else 0.1),
-            max_model_len=max_model_len or min(int(positions), 4096),
-            enforce_eager=not self.cuda,
-            disable_log_stats=False,
-            enable_sleep_mode=self.cuda,
-            speculative_config=(
-                {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": k} if self.draft else None
-            ),
-        )
+        self.draft = engine_args.get("speculative_config") is not None
+        self.sleep_mode = bool(engine_args.get("enable_sleep_mode"))
+        self.llm = build_llm(engine_args)
         self.asleep = False
 
     def generate(
@@ -124,40 +90,31 @@ class VllmCore:
             seconds=seconds,
         )
 
-    def _reload(self, weights: Iterable[tuple[str, torch.Tensor]], draft: bool) -> float:
-        items = [(name, tensor.detach().cpu()) for name, tensor in weights]
+    def connect(self, links: list) -> None:
+        """Every worker joins the refit groups of its senders (links: one (Rendezvous, {"policy": buckets,
+        "draft": buckets}) per sending rank, in the order the senders send)."""
+        self.llm.collective_rpc("specdraft_join", args=(links,))
 
-        def reload(worker):  # runs in the worker (this process): vLLM's own in-place, layerwise reload
-            from vllm.model_executor.model_loader.reload.inplace import reload_weights
-
-            runner = worker.model_runner
-            config = runner.vllm_config
-            if draft:  # the drafter loads under its own model config (its architecture, its dtype)
-                config = copy.copy(config)
-                config.model_config = runner.vllm_config.speculative_config.draft_model_config
-            model = runner.drafter.model if draft else runner.get_model()
-            reload_weights(config, model, weights_iterator=iter(items), weights_path=None, is_checkpoint_format=True)
-
+    def receive(self, which: str) -> float:
+        """One refit ("policy" or "draft"): every worker receives its senders' buckets and reloads in place; returns
+        the seconds from the request to the reload's end."""
+        if which == "draft" and not self.draft:
+            raise ValueError("this engine was opened without a draft: there is none to refit")
         self.wake_up()
         started = time.perf_counter()
-        self.llm.collective_rpc(reload)
+        self.llm.collective_rpc("specdraft_receive", args=(which,))
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         return time.perf_counter() - started
-
-    def refit(self, names: Sequence[str], specs: Sequence[flat.Spec], buffer: torch.Tensor, *, draft: bool) -> float:
-        """A refit as engines/vllm.py sends it (which refuses a draft refit without a draft): the tensors are views
-        of one flat buffer."""
-        return self._reload(zip(names, flat.views(buffer, specs)), draft=draft)
 
     def sleep(self) -> None:
         """CUDA, colocated with the trainer: free the KV cache and offload the weights while the policy trains
         (vLLM sleep level 1). A no-op on CPU, where vLLM has no sleep mode."""
-        if self.cuda and not self.asleep:
+        if self.sleep_mode and not self.asleep:
             self.llm.sleep(level=1)
             self.asleep = True
 
     def wake_up(self) -> None:
-        if self.cuda and self.asleep:
+        if self.sleep_mode and self.asleep:
             self.llm.wake_up()
             self.asleep = False
 
@@ -168,28 +125,48 @@ class VllmCore:
         gc.collect()
 
 
-def serve(conn: Any, env: dict[str, str], kwargs: dict[str, Any]) -> None:
+def _die_with(parent: int) -> None:
+    """SIGKILL this process when ``parent`` (the rank) dies, however it dies (Linux's PR_SET_PDEATHSIG; vLLM's own
+    workers watch their parent the same way). Elsewhere the rank's close() alone ends the engine."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:  # not glibc Linux: no parent-death signal to ask for
+        return
+    libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the rank died before the signal was armed
+        os._exit(1)
+
+
+def serve(conn: Any, env: dict[str, str], kwargs: dict[str, Any], parent: int) -> None:
     """The child's loop: open the engine under ``env`` (the trainer's environment without its torchrun variables),
-    then answer (method, args, kwargs) requests with ("ok", value) or ("error", traceback) until "close"."""
+    then answer pickled (method, args, kwargs) requests with ("ok", value) or ("error", traceback) until "close"."""
     import traceback
 
+    _die_with(parent)
     os.environ.clear()
     os.environ.update(env)
+
+    def answer(message: tuple) -> None:
+        conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
     try:
         engine = VllmCore(**kwargs)
     except BaseException:  # the parent raises it: a failed start must not leave the trainer waiting
-        conn.send(("error", traceback.format_exc()))
+        answer(("error", traceback.format_exc()))
         conn.close()
         return
-    conn.send(("ok", None))
+    answer(("ok", None))
     while True:
-        method, args, call_kwargs = conn.recv()
+        method, args, call_kwargs = pickle.loads(conn.recv_bytes())
         try:
             value = getattr(engine, method)(*args, **call_kwargs)
         except BaseException:
-            conn.send(("error", traceback.format_exc()))
+            answer(("error", traceback.format_exc()))
             continue
-        conn.send(("ok", value))
+        answer(("ok", value))
         if method == "close":
             conn.close()
             return
