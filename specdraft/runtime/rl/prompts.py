@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdraft.datafile import DataError, problems_error, read_records, row_name
+from specdraft.datafile import DataError, file_sha256, problems_error, read_records, row_name
 from specdraft.plan.grpo import prompt_limit
 
 ORDER_SEED = 0x9F7A_11ED  # the prompt order's seed namespace, apart from the data's and the tasks'
@@ -48,6 +48,7 @@ class PromptFile:
     digest: str  # sha256 over every row's prompt and reference tokens
     eos_id: int | None
     format: str
+    sha256: str = ""  # of the file's bytes (datafile.file_sha256): a resume compares it with the checkpoint's
 
 
 # ------------------------------------------------------------------------------------------------ the file
@@ -156,7 +157,13 @@ def read_prompt_file(data, *, vocab: int, limit: int, why: str, max_new: int) ->
             "shorten or drop those rows, or raise model.seq_length / rollout.max_model_len; docs/grpo.md says how "
             "prompts are rendered",
         )
-    return PromptFile(rows=tuple(rows), digest=digest.hexdigest(), eos_id=tokenizer.eos_token_id, format=fmt)
+    return PromptFile(
+        rows=tuple(rows),
+        digest=digest.hexdigest(),
+        eos_id=tokenizer.eos_token_id,
+        format=fmt,
+        sha256=file_sha256(data.path),
+    )
 
 
 # ------------------------------------------------------------------------------------------------ the streams
@@ -206,7 +213,7 @@ class FilePrompts:
         """Where the stream stands before ``step`` (what metrics rows and checkpoints record)."""
         at = step * self.num_per_step
         n = len(self.file.rows)
-        return {"epoch": at // n, "index": at % n, "digest": self.file.digest}
+        return {"epoch": at // n, "index": at % n, "digest": self.file.digest, "sha256": self.file.sha256}
 
     def restore(self, step: int, saved: dict | None) -> str | None:
         """The position is the step's; a checkpoint of other rows is named (resume refuses a changed file before
@@ -258,8 +265,9 @@ class TaskPrompts:
 
         return self.task.score(TaskPrompt(prompt.index, prompt.tokens, prompt.info), tuple(response))
 
-    def position(self, step: int) -> dict:
-        return {"index": step * self.num_per_step}
+    def position(self, step: int) -> None:
+        """Nothing beyond the step: a task's stream position is step * num_prompts_per_step (next_prompt)."""
+        return None
 
     def restore(self, step: int, saved: dict | None) -> None:
         return None

@@ -96,7 +96,8 @@ def test_the_stream_visits_every_row_once_per_seeded_epoch(folder, tmp_path):
     assert keys == [p.key for step in range(5) for p in stream().step_prompts(step)]  # seeded
     assert keys != [p.key for step in range(5) for p in stream(seed=4).step_prompts(step)]
     assert [p.key for p in stream(shuffle=False).step_prompts(0)] == [1, 2, 3, 4]  # the file's order
-    assert s.position(3) == {"epoch": 1, "index": 2, "digest": found.digest}
+    assert s.position(3) == {"epoch": 1, "index": 2, "digest": found.digest, "sha256": found.sha256}
+    assert len(found.sha256) == 64
     sft = [p.key for p in s.sft_prompts(0, 10)]
     assert sorted(sft) == list(range(1, 11)) and sft != keys[:10]  # its own order
     assert s.decode(found.rows[0].reference) == found.rows[0].answer  # special tokens skipped
