@@ -16,7 +16,9 @@ from specdraft.runtime.train.trainer import CoTrainer
 
 
 class GrpoTrainer(CoTrainer):
-    def __init__(self, ctx, data):
+    def __init__(self, ctx, data=None):
+        """``data``: the run's prompt stream (prompts.FilePrompts or TaskPrompts), whose position checkpoints
+        record; None: the plan's data as CoTrainer reads it."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         super().__init__(ctx, data)
