@@ -15,7 +15,7 @@ from specdraft import jsonfile
 from specdraft.errors import UserError, echo
 from specdraft.fsutil import file_kind
 
-FORMATS = ("messages", "prompt_response", "text")
+FORMATS = ("messages", "prompt_response", "problem_answer", "text")
 MAX_ROW_BYTES = 64 << 20  # one JSON line; a longer one is refused, not read whole
 MAX_LISTED = 20  # problems listed in one message; the rest are counted
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -69,7 +69,8 @@ def read_records(path: str, fmt: str = "auto") -> tuple[str, list[Record]]:
             fmt = _detect(value)
             if fmt == "auto":
                 problems.append(
-                    f"{where}: has none of the fields `messages`, `prompt`/`response` or `text` "
+                    f"{where}: has none of the fields `messages`, `prompt`/`response`, `problem`/`expected_answer` "
+                    "or `text` "
                     f"(it has {', '.join(map(repr, sorted(value)[:8])) or 'no fields'})"
                 )
                 break
@@ -128,6 +129,8 @@ def _detect(row: dict) -> str:
         return "messages"
     if "prompt" in row or "response" in row:
         return "prompt_response"
+    if "problem" in row or "expected_answer" in row:
+        return "problem_answer"
     return "text" if "text" in row else "auto"
 
 
@@ -151,6 +154,12 @@ def _record(fmt: str, row: dict, where: str, problems: list[str]) -> Any:
         return text if len(problems) == before else None
     if fmt == "prompt_response":
         pair = (string("prompt", row.get("prompt")), string("response", row.get("response")))
+        return pair if len(problems) == before else None
+    if fmt == "problem_answer":  # NeMo-RL's math rows; a numeric answer reads as its JSON text
+        answer = row.get("expected_answer")
+        if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+            answer = str(answer)
+        pair = (string("problem", row.get("problem")), string("expected_answer", answer))
         return pair if len(problems) == before else None
     messages = row.get("messages")
     if "messages" not in row:

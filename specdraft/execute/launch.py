@@ -21,7 +21,7 @@ from specdraft.execute import diskspace, monitor
 from specdraft.execute import executor as executors
 from specdraft.execute.executor import Executor, ProgressFn
 from specdraft.execute.request import LaunchRequest
-from specdraft.execute.starts import check_checkpoint, check_draft_checkpoint, check_reward
+from specdraft.execute.starts import check_checkpoint, check_draft_checkpoint, check_grpo, check_reward
 from specdraft.fsutil import atomic_write_text
 from specdraft.plan.model import LaunchPlan
 from specdraft.render.sbatch import render_sbatch
@@ -107,6 +107,7 @@ def prepare(
         draft_notes = (*model_notes, *check_draft_checkpoint(plan))
     if workload == "grpo":
         check_reward(plan)
+        check_grpo(plan)
     if workload == "cotrain" and plan.data.path is not None:
         # The file's structure before any allocation; its token lengths need the tokenizer: every rank checks them
         # before its first collective (runtime/train/corpus.py).

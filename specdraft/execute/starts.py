@@ -77,3 +77,29 @@ def check_reward(plan: LaunchPlan) -> None:
     missing = reward_problem(plan.grpo.reward)
     if missing:
         raise SpecError([missing], "grpo.reward")
+
+
+def check_grpo(plan: LaunchPlan) -> dict | None:
+    """What the grpo workload needs before any rank starts: the plan's rollout instances, and every row of a prompt
+    file rendered with the checkpoint's chat template, tokenised and checked to fit (the runtime's check payload).
+    Returns the prompt check's summary, or None for a built-in task."""
+    import json
+
+    from specdraft.datafile import check_file
+    from specdraft.execute import payload
+    from specdraft.plan.codec import encode_value
+    from specdraft.plan.grpo import prompt_limit
+
+    if plan.rollout is None:
+        raise UserError(
+            "--workload grpo runs the plan's rollout instances, but this plan has none (its layout's workload is "
+            f"{plan.workload!r} and rollout.enabled is false)",
+            "set workload: grpo (or rollout.enabled: true) in the layout, then launch it",
+        )
+    if plan.data.path is None:
+        return None
+    check_file(plan.data.path, plan.data.format, plan.data.tokenizer)
+    limit, why = prompt_limit(plan)
+    argv = ["--data", json.dumps(encode_value(plan.data)), "--vocab", str(plan.model.vocab_size)]
+    argv += ["--limit", str(limit), "--why", why, "--max-new", str(plan.grpo.max_new_tokens)]
+    return json.loads(payload.run("rl.prompt_check", argv, lambda line: None))

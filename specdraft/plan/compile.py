@@ -176,6 +176,7 @@ def rollout_settings(spec: LayoutSpec) -> RolloutSettings:
         max_policy_lag=r.max_policy_lag,
         num_prompts_per_step=r.num_prompts_per_step,
         num_generations_per_prompt=r.num_generations_per_prompt,
+        schedule=r.schedule,
     )
 
 

@@ -57,6 +57,16 @@ def grpo_plan(spec: LayoutSpec) -> GrpoPlan:
     )
 
 
+def prompt_limit(plan) -> tuple[int, str]:
+    """The longest prompt a GRPO sample can have, and what sets it: prompt + max_new_tokens must fit one training
+    sequence (model.seq_length) and the engines' max_model_len. ``plan``: a LaunchPlan."""
+    new = plan.grpo.max_new_tokens
+    seq, engine = plan.model.seq_length - new, plan.rollout_settings.max_model_len - new
+    if seq <= engine:
+        return seq, f"model.seq_length {plan.model.seq_length:,} holds prompt and response in one training sequence"
+    return engine, f"rollout.max_model_len is {plan.rollout_settings.max_model_len:,}"
+
+
 # NeMo-RL key -> GrpoPlan field. Keys checked in NeMo-RL's GRPOConfig / ClippedPGLossConfig / generation config.
 NEMO_RL_KEYS = {
     "grpo.num_prompts_per_step": "num_prompts_per_step",

@@ -28,7 +28,8 @@ from specdraft.spec.schema import LayoutSpec, RopeScaling
 # 10: the grpo section, draft.refit_interval.
 # 11: grpo.draft_mode (cotrain or frozen after the SFT warm-up).
 # 12: workload, what launch runs by default.
-# 13: draft.lr_warmup_steps; model.path and draft.model may be null (no checkpoint: the renders say so).
+# 13: draft.lr_warmup_steps; model.path and draft.model may be null (no checkpoint: the renders say so);
+# rollout_settings.schedule; a grpo layout always plans its rollout instances (`rollout`).
 SCHEMA_VERSION = 13
 Tap = Union[int, str]  # a target layer index, or "embedding" / "logits"
 
@@ -311,7 +312,7 @@ class LaunchPlan:
     rollout_settings: RolloutSettings
     grpo: GrpoPlan
     renders: Optional[Renders]  # None only between compile_core and assembly
-    rollout: Optional[RolloutPlan]  # None when rollout planning is off
+    rollout: Optional[RolloutPlan]  # None when rollout planning is off (rollout.enabled false, workload not grpo)
 
     def to_json(self) -> str:
         """Deterministic JSON: section order fixed by the dataclass, field order by each section's dataclass.

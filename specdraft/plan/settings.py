@@ -78,3 +78,4 @@ class RolloutSettings:
     max_policy_lag: int
     num_prompts_per_step: int
     num_generations_per_prompt: int
+    schedule: str  # fifo | asp: how a GRPO step's prompt groups are dispatched to the instances

@@ -46,8 +46,8 @@ class RankContext:
     resume_from: Optional[Path] = None
     """The checkpoint folder of --resume-from (any run, any layout of the same model shape)."""
     data: Optional[Any] = None
-    """The plan's data file tokenised (runtime.train.corpus.Corpus), read by entry before any collective; None for
-    the built-in Markov chain."""
+    """The plan's data file tokenised, read by entry before any collective: cotrain's samples
+    (runtime.train.corpus.Corpus) or grpo's prompts (runtime.rl.prompts.PromptFile); None without a data file."""
     allow_data_change: bool = False
     """`launch --allow-data-change`: a resume may continue with a data file other than the checkpoint's (its data
     then starts at the first sample); without it that resume is refused."""

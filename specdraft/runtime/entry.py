@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         check_placement(plan, rank, local_rank, world_size, node)
         workload = load_workload(args.workload)
         # What every rank reads is checked before the first collective: a bad file fails every rank alike.
-        data = check_inputs(plan) if args.workload in TRAINING_WORKLOADS else None
+        data = check_inputs(plan, args.workload) if args.workload in TRAINING_WORKLOADS else None
         device, backend = _device(plan, local_rank)
         record.update(device=device, backend=backend)
         # torchrun's names, for code that reads them (MASTER_ADDR/MASTER_PORT come from the launcher).
@@ -352,10 +352,11 @@ def main(argv: list[str] | None = None) -> int:
         return 143 if terminated else USER_ERROR_EXIT if isinstance(err, (ResumeError, DataError, UserError)) else 1
 
 
-def check_inputs(plan: LaunchPlan):
+def check_inputs(plan: LaunchPlan, workload: str):
     """The checks of every training workload (cotrain, grpo) before any collective: the HF checkpoint the policy
     starts from (config.json and the safetensors headers against the plan's model), the draft's (draft.path), and
-    the data file read and tokenised (returned for the workload: ctx.data; None for the built-in data)."""
+    the data file read and tokenised, returned for the workload (ctx.data; None for the built-in data): cotrain's
+    training samples, or grpo's prompts (each row's prompt through the chat template, its reference answer)."""
     from specdraft.runtime.models.eagle3_import import open_source
     from specdraft.runtime.models.hf.checkpoint import plan_checkpoint
 
@@ -363,6 +364,10 @@ def check_inputs(plan: LaunchPlan):
     open_source(plan)
     if plan.data.path is None:
         return None
+    if workload == "grpo":
+        from specdraft.runtime.rl.prompts import load_prompt_file
+
+        return load_prompt_file(plan)
     from specdraft.runtime.train.corpus import load_corpus
 
     return load_corpus(plan)

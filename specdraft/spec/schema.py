@@ -249,11 +249,15 @@ class DataSpec:
     without one, the built-in seeded Markov chain (the demo's and the parity tests' data)."""
 
     path: Optional[str] = None
-    """Absolute path of a local .jsonl or .parquet file; null = the built-in Markov chain. Its tokenizer and chat
-    template are read from the model.path folder (transformers' AutoTokenizer, local files only)."""
-    format: Literal["auto", "messages", "prompt_response", "text"] = "auto"
-    """What a row holds: chat `messages` ([{role, content}]), `prompt` and `response`, or `text`; auto = decided by
-    the first row's fields. Loss falls on the assistant (response) tokens only; on every token of `text`."""
+    """Absolute path of a local .jsonl or .parquet file; null = the built-in Markov chain (cotrain) or the built-in
+    grpo.task (grpo). Its tokenizer and chat template are read from the model.path folder (transformers'
+    AutoTokenizer, local files only). Under workload grpo it is the prompt file: each row's prompt is rendered with
+    the chat template (generation prompt added) and its reference answer is what rewards compare with."""
+    format: Literal["auto", "messages", "prompt_response", "problem_answer", "text"] = "auto"
+    """What a row holds: chat `messages` ([{role, content}]; the last assistant turn is the reference answer),
+    `prompt` and `response`, NeMo-RL's math rows `problem` and `expected_answer`, or `text` (cotrain only); auto =
+    decided by the first row's fields. Loss falls on the assistant (response, answer) tokens only; on every token of
+    `text`."""
     shuffle: bool = True
     """Shuffle the samples anew each epoch (seeded); false keeps the file's order."""
     seed: Optional[int] = None
@@ -332,6 +336,10 @@ class RolloutSpec:
     """vLLM max_model_len; null = prompt_length + max_response_length."""
     max_num_seqs: int = 1024
     """vLLM max_num_seqs: sequences one instance runs at once (1024 is VeRL's rollout default; vLLM's own is 256)."""
+    schedule: Literal["fifo", "asp"] = "fifo"
+    """How a GRPO step's prompt groups are dispatched to the instances: `fifo` deals them round-robin; `asp` places
+    them by predicted length (longest first on the least-loaded instance), the predictions being each prompt's
+    measured response lengths in earlier epochs (docs/grpo.md)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -344,11 +352,13 @@ class GrpoSpec:
     engine: Literal["builtin", "vllm"] = "builtin"  # the engine kinds' one listing (spec/engines.py)
     """Engine of each rollout instance (on its first rank): vLLM at rollout.tp, or the built-in decode (tp 1)."""
     task: Literal["reverse", "arithmetic", "markov"] = "reverse"
-    """Built-in verifiable task whose seeded prompts the run trains on: reverse a digit list, add two digits, or
-    continue the run's Markov chain."""
+    """Built-in verifiable task whose seeded prompts the run trains on when data.path is null: reverse a digit list,
+    add two digits, or continue the run's Markov chain. Its token ids are its own: it needs a model without a
+    tokenizer of its own (random weights)."""
     reward: str = "task"
-    """Reward: `task` (the task's own verifier), `math-verify` (the math_verify package) or a user's
-    `module:function` called as fn(prompt_ids, response_ids, info) -> float."""
+    """Reward: `task` (a built-in task's own verifier), `math-verify` (the math_verify package: the response text
+    against the row's answer) or a user's `module:function` called as fn(prompt_text, response_text, answer, info)
+    -> float, info holding the token ids (prompt_ids, response_ids), the row and the prompt's index."""
     reward_timeout_s: float = 10.0
     """Seconds one reward call may take before the run stops with an error naming the prompt."""
     sft_steps: int = 0

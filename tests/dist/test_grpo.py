@@ -166,7 +166,7 @@ def test_a_failing_reward_is_refused_naming_the_prompt(specdraft_cli, tmp_path):
     proc = launch(specdraft_cli, folder, overrides, steps=2, env={"PYTHONPATH": pythonpath})
     assert proc.returncode == 2, proc.stdout + proc.stderr
     text = proc.stdout + proc.stderr
-    assert "raised RuntimeError: this reward refuses prompt 3 on prompt 3" in text, text
+    assert "raised RuntimeError: this reward refuses prompt 3 on prompt 3:" in text, text
     assert "Traceback" not in (folder / "results" / "rank-00000.json").read_text()
     logged = [json.loads(line) for line in (folder / "rl" / "rollouts.jsonl").read_text().splitlines()]
     assert logged[-1]["step"] == 0 and "prompt 3" in logged[-1]["error"]

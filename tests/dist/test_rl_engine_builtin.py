@@ -146,3 +146,14 @@ def test_a_refit_with_checkpoint_names_transformers_converts_equals_a_fresh_engi
     a = engine.generate(PROMPTS, num_generations=1, max_new_tokens=10, temperature=0, seed=0)
     b = _open(second).generate(PROMPTS, num_generations=1, max_new_tokens=10, temperature=0, seed=0)
     assert a[0] == b[0]
+
+
+def test_a_prompts_samples_depend_on_its_seed_alone(folders):
+    """Sampled through the draft, a prompt given the same seed draws the same tokens whatever else shares its batch
+    and whatever the batch's longest budget: what keeps a GRPO step's samples the same on any instance."""
+    engine = _open(folders["policy"], folders["draft"])
+    together, _ = engine.generate(PROMPTS, num_generations=3, max_new_tokens=9, temperature=1.0, seed=[70, 80, 90])
+    alone, _ = engine.generate([PROMPTS[1]], num_generations=3, max_new_tokens=9, temperature=1.0, seed=[80])
+    assert [r.response for r in together if r.prompt_index == 1] == [r.response for r in alone]
+    other, _ = engine.generate([PROMPTS[1]], num_generations=3, max_new_tokens=9, temperature=1.0, seed=[81])
+    assert [r.response for r in other] != [r.response for r in alone]

@@ -26,6 +26,11 @@ def kv_bytes_per_token(spec: LayoutSpec) -> int:
     return 2 * m.num_layers * kv_heads(m) * head_dim(m) * KV_DTYPE_BYTES
 
 
+def planned(spec: LayoutSpec) -> bool:
+    """Whether the layout plans rollout instances: rollout.enabled, or a grpo layout (its job runs them)."""
+    return spec.rollout.enabled or spec.workload == "grpo"
+
+
 def speculating(spec: LayoutSpec) -> bool:
     """Whether the instances load the EAGLE-3 draft (speculation on and a draft to speculate with)."""
     return spec.rollout.speculative and spec.draft.enabled
@@ -71,7 +76,7 @@ def check_rollout(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
     r, c, m = spec.rollout, spec.cluster, spec.model
     errors: list[Problem] = []
     warnings: list[Problem] = []
-    if not r.enabled:
+    if not planned(spec):
         return errors, warnings
 
     def err(path, value, rule, fix):
@@ -174,7 +179,7 @@ def check_rollout(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
 def plan_rollout(spec: LayoutSpec) -> RolloutPlan | None:
     """The plan's `rollout`: instances with their nodes, local GPUs (and training ranks when colocated)."""
     r, c = spec.rollout, spec.cluster
-    if not r.enabled:
+    if not planned(spec):
         return None
     gpus = rollout_gpus(spec)
     first_node = 0 if r.colocated else c.num_nodes

@@ -21,9 +21,10 @@ class RolloutEngine(Protocol):
         num_generations: int,
         max_new_tokens: int,
         temperature: float,
-        seed: int,
+        seed: int | Sequence[int],
     ) -> tuple[list[Rollout], GenerationStats]:
-        """num_generations responses per prompt, grouped by prompt (prompt 0's first); temperature 0 is greedy."""
+        """num_generations responses per prompt, grouped by prompt (prompt 0's first); temperature 0 is greedy.
+        ``seed``: one per prompt, or a base (rollouts.prompt_seeds); a prompt's samples depend on its seed alone."""
         ...
 
     def sleep(self) -> None:

@@ -1,6 +1,8 @@
-"""Rewards: the task's verifier, `math-verify` or a user's `module:function` (fn(prompt_ids, response_ids, info) ->
-float, info = the task's facts + "prompt_index"), each call under a timeout; one that raises, hangs or returns a
-non-number is a RewardError naming the prompt (exit 2), not a dead job."""
+"""Rewards read text: a response decoded with the model's tokenizer (special tokens skipped) is scored by a built-in
+task's verifier (`task`), by `math-verify` against the prompt's reference answer, or by a user's `module:function`
+called as fn(prompt_text, response_text, answer, info). Each call runs under a timeout, and its value is checked
+inside the same guard; one that raises, hangs or returns anything but a finite number is a RewardError naming the
+prompt (exit 2), not a dead job."""
 
 from __future__ import annotations
 
@@ -12,7 +14,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from specdraft.errors import UserError
-from specdraft.runtime.rl.tasks import Prompt, detokenize
+from specdraft.runtime.rl.prompts import Prompt
+
+# fn(prompt, response ids, response text) -> the reward's raw value
+Scorer = Callable[[Prompt, tuple[int, ...], str], object]
 
 
 class RewardError(UserError):
@@ -20,15 +25,23 @@ class RewardError(UserError):
 
 
 @dataclass(frozen=True)
-class Scored:
-    rewards: list[float]
-    seconds: float
+class Response:
+    """What is scored: the response's tokens and its text."""
+
+    prompt: Prompt
+    ids: tuple[int, ...]
+    text: str
 
 
-def resolve(reward: str, task) -> Callable[[Prompt, tuple[int, ...]], float]:
-    """The scoring function the spec's grpo.reward names, on ``task``'s prompts."""
+def resolve(reward: str, source) -> Scorer:
+    """The scoring function grpo.reward names, over ``source``'s prompts (prompts.FilePrompts or TaskPrompts)."""
     if reward == "task":
-        return task.score
+        if not hasattr(source, "score"):
+            raise RewardError(
+                "grpo.reward = 'task' scores a built-in task's answers, but this run's prompts come from data.path",
+                "use grpo.reward: math-verify, or your own module:function",
+            )
+        return lambda prompt, ids, text: source.score(prompt, ids)
     if reward == "math-verify":
         return _math_verify()
     module_name, _, name = reward.partition(":")
@@ -40,13 +53,19 @@ def resolve(reward: str, task) -> Callable[[Prompt, tuple[int, ...]], float]:
             "name an importable module and a function in it, as module:function (on PYTHONPATH on every node)",
         ) from None
 
-    def call(prompt: Prompt, response: tuple[int, ...]):
-        return fn(list(prompt.tokens), list(response), {**prompt.info, "prompt_index": prompt.index})
+    def call(prompt: Prompt, ids: tuple[int, ...], text: str):
+        info = {
+            **prompt.info,
+            "prompt_index": prompt.index,
+            "prompt_ids": list(prompt.tokens),
+            "response_ids": list(ids),
+        }
+        return fn(prompt.text, text, prompt.answer, info)
 
     return call
 
 
-def _math_verify() -> Callable[[Prompt, tuple[int, ...]], float]:
+def _math_verify() -> Scorer:
     if importlib.util.find_spec("math_verify") is None:
         raise RewardError(
             "grpo.reward = 'math-verify' needs the math_verify package, which is not installed",
@@ -54,73 +73,80 @@ def _math_verify() -> Callable[[Prompt, tuple[int, ...]], float]:
         )
     from math_verify import parse, verify  # type: ignore[import-untyped]
 
-    def score(prompt: Prompt, response: tuple[int, ...]) -> float:
+    def score(prompt: Prompt, ids: tuple[int, ...], text: str) -> float:
+        if prompt.answer is None:
+            raise ValueError("the prompt has no reference answer to verify against")
         # math_verify's own timeouts use signal.alarm, which raises off the main thread; the reward runner's
         # thread already bounds each call (grpo.reward_timeout_s), so they are turned off.
-        gold = parse(prompt.info["answer"], parsing_timeout=None)
-        answer = parse(detokenize(response), parsing_timeout=None)
+        gold = parse(prompt.answer, parsing_timeout=None)
+        answer = parse(text, parsing_timeout=None)
         return float(verify(gold, answer, timeout_seconds=None))
 
     return score
 
 
-def _call(fn, prompt: Prompt, response: tuple[int, ...], timeout_s: float) -> float:
-    """fn(prompt, response) on a daemon thread, its value checked there too (a number, finite as a float): a hang is
-    reported after ``timeout_s`` and never blocks exit; anything else wrong is a RewardError naming the prompt."""
+def _named(prompt: Prompt) -> str:
+    where = f"prompt {prompt.index}" + (f" (row {prompt.info['row']})" if "row" in prompt.info else "")
+    return f"{where}: {prompt.text[:80]!r}"
+
+
+def _shown(raw: object) -> str:
+    """A short echo of what a reward returned: an int of 5,000 digits has no repr, and a user's object may have a
+    __repr__ that fails."""
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw.bit_length() > 64:
+        return f"an int of about {int(raw.bit_length() * 0.30103) + 1:,} digits"
+    try:
+        return f"{repr(raw)[:80]} ({type(raw).__name__})"
+    except Exception as err:  # a user object whose __repr__ fails: its echo says so; the refusal follows
+        return f"<{type(raw).__name__}: repr failed with {type(err).__name__}>"
+
+
+def _value(raw: object) -> float:
+    """The reward as a float, or ValueError saying why it is none: a bool, int or float that is finite as a float
+    (an int past the float range, 10**400, is refused here, not raised as OverflowError outside the guard)."""
+    if not isinstance(raw, (bool, int, float)):
+        raise ValueError(f"returned {_shown(raw)}")
+    try:
+        value = float(raw)
+    except OverflowError:
+        raise ValueError(f"returned {_shown(raw)}, past the float range") from None
+    if not math.isfinite(value):
+        raise ValueError(f"returned {value!r}")
+    return value
+
+
+def _call(fn: Scorer, response: Response, timeout_s: float) -> float:
+    """fn on a daemon thread, its value checked there too: a hang is reported after ``timeout_s`` and never blocks
+    exit; an exception or a bad value is a RewardError naming the prompt."""
     box: dict = {}
 
     def target():
         try:
-            box["value"] = fn(prompt, response)
-            box["reward"] = _finite(box["value"])
+            raw = fn(response.prompt, response.ids, response.text)
         except BaseException as err:  # reported to the caller below, with the prompt named
-            box["error"] = err
+            box["error"] = f"raised {type(err).__name__}: {err}"
+            return
+        try:
+            box["value"] = _value(raw)
+        except ValueError as err:
+            box["error"] = str(err)
 
-    worker = threading.Thread(target=target, daemon=True, name=f"reward-{prompt.index}")
+    worker = threading.Thread(target=target, daemon=True, name=f"reward-{response.prompt.index}")
     worker.start()
     worker.join(timeout_s)
-    where = f"on prompt {prompt.index} (tokens {list(prompt.tokens)[:32]})"
     if worker.is_alive():
         raise RewardError(
-            f"the reward function did not return within {timeout_s:g}s {where}",
+            f"the reward function did not return within {timeout_s:g}s on {_named(response.prompt)}",
             "make it faster, or raise grpo.reward_timeout_s",
         )
-    if "value" in box and "reward" not in box:
-        value = box["value"]
-        raise RewardError(
-            f"the reward function returned {_shown(value)} ({type(value).__name__}) {where}",
-            "return a finite int, float or bool",
-        )
     if "error" in box:
-        err = box["error"]
         raise RewardError(
-            f"the reward function raised {type(err).__name__}: {str(err)[:1000]} {where}",
-            "fix the reward function; it must return a number for every response",
+            f"the reward function {box['error']} on {_named(response.prompt)}",
+            "fix the reward function; it must return a finite int, float or bool for every response",
         )
-    return box["reward"]
+    return box["value"]
 
 
-def _finite(value) -> float:
-    """``value`` as the float a reward is: a bool, int or float that is finite as a float (10**400 is not)."""
-    if not isinstance(value, (bool, int, float)):
-        raise TypeError("not a number")
-    out = float(value)  # OverflowError for an int past float's range
-    if not math.isfinite(out):
-        raise ValueError("not finite")
-    return out
-
-
-def _shown(value) -> str:
-    """A short echo of what a reward returned (an int of 5,000 digits has no repr)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        return f"an integer of about {int(value.bit_length() * 0.30103) + 1:,} digits"
-    try:
-        return repr(value)[:200]
-    except Exception as err:  # a user object whose __repr__ fails: say so, not a traceback
-        return f"<{type(value).__name__}: repr failed with {type(err).__name__}>"
-
-
-def score(fn, prompts: list[Prompt], rollouts, timeout_s: float) -> list[float]:
-    """One float per rollout (rollout.prompt_index indexes ``prompts``); every value is checked inside the guarded
-    call (_call): a non-number or one not finite as a float is a RewardError naming the prompt."""
-    return [_call(fn, prompts[r.prompt_index], tuple(r.response), timeout_s) for r in rollouts]
+def score(fn: Scorer, responses: list[Response], timeout_s: float) -> list[float]:
+    """One float per response, in order."""
+    return [_call(fn, r, timeout_s) for r in responses]

@@ -4,6 +4,19 @@ both; the engines import them from here)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
+
+
+def prompt_seeds(seed: int | Sequence[int], num_prompts: int, num_generations: int) -> list[int]:
+    """One sampling seed per prompt: ``seed`` itself when it lists them, else seed + i * num_generations. Sequence j
+    of prompt i draws from seeds[i] + j (vLLM's rule for n > 1), so a prompt given the same seed samples the same
+    whatever else is in the call, and the caller keeps prompts' seeds num_generations apart."""
+    if isinstance(seed, int):
+        return [seed + i * num_generations for i in range(num_prompts)]
+    seeds = [int(s) for s in seed]
+    if len(seeds) != num_prompts:
+        raise ValueError(f"{len(seeds)} seeds for {num_prompts} prompts")
+    return seeds
 
 
 @dataclass(frozen=True)

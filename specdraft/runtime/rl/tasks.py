@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-BOS, SEP, EOS, DIGIT0, PLUS = 1, 2, 3, 4, 14
+PAD, BOS, SEP, EOS, DIGIT0, PLUS = 0, 1, 2, 3, 4, 14
 MIN_VOCAB = 16  # the digit tasks' ids fit a vocabulary of this size
 TASK_SEED = 0x7A5C  # the tasks' prompt seed namespace, apart from the data's and the weights'
 
 
 @dataclass(frozen=True)
-class Prompt:
+class TaskPrompt:
     index: int  # global prompt number in the stream (step * num_prompts_per_step + i)
     tokens: tuple[int, ...]
     info: dict = field(default_factory=dict, compare=False)  # what the verifier needs (e.g. the answer)
@@ -31,17 +31,20 @@ class ReverseTask:
 
     name, eos_id, max_answer, max_prompt_length = "reverse", EOS, 6, 7
 
-    def prompt(self, seed: int, index: int) -> Prompt:
+    def prompt(self, seed: int, index: int) -> TaskPrompt:
         g = _generator(seed, index)
         n = int(torch.randint(3, 6, (1,), generator=g))
         digits = torch.randint(0, 10, (n,), generator=g).tolist()
         tokens = (BOS, *(DIGIT0 + d for d in digits), SEP)
-        return Prompt(index, tokens, {"answer": " ".join(str(d) for d in reversed(digits))})
+        return TaskPrompt(index, tokens, {"answer": " ".join(str(d) for d in reversed(digits))})
 
-    def reference(self, prompt: Prompt) -> tuple[int, ...]:
+    def reference(self, prompt: TaskPrompt) -> tuple[int, ...]:
         return (*reversed(prompt.tokens[1:-1]), EOS)
 
-    def score(self, prompt: Prompt, response: tuple[int, ...]) -> float:
+    def decode(self, tokens) -> str:
+        return detokenize(tokens)
+
+    def score(self, prompt: TaskPrompt, response: tuple[int, ...]) -> float:
         want = self.reference(prompt)[:-1]
         return sum(int(a == b) for a, b in zip(response, want)) / len(want)
 
@@ -51,14 +54,17 @@ class ArithmeticTask:
 
     name, eos_id, max_answer, max_prompt_length = "arithmetic", EOS, 3, 5
 
-    def prompt(self, seed: int, index: int) -> Prompt:
+    def prompt(self, seed: int, index: int) -> TaskPrompt:
         a, b = torch.randint(0, 10, (2,), generator=_generator(seed, index)).tolist()
-        return Prompt(index, (BOS, DIGIT0 + a, PLUS, DIGIT0 + b, SEP), {"answer": str(a + b)})
+        return TaskPrompt(index, (BOS, DIGIT0 + a, PLUS, DIGIT0 + b, SEP), {"answer": str(a + b)})
 
-    def reference(self, prompt: Prompt) -> tuple[int, ...]:
+    def reference(self, prompt: TaskPrompt) -> tuple[int, ...]:
         return (*(DIGIT0 + int(c) for c in prompt.info["answer"]), EOS)
 
-    def score(self, prompt: Prompt, response: tuple[int, ...]) -> float:
+    def decode(self, tokens) -> str:
+        return detokenize(tokens)
+
+    def score(self, prompt: TaskPrompt, response: tuple[int, ...]) -> float:
         return float(tuple(response) == self.reference(prompt))
 
 
@@ -72,10 +78,10 @@ class MarkovTask:
     def __init__(self, chain, max_new_tokens: int):
         self.chain, self.max_answer = chain, max_new_tokens  # chain: data.MarkovData of the run
 
-    def prompt(self, seed: int, index: int) -> Prompt:
-        return Prompt(index, tuple(self.chain.prompt(0, index, self.PROMPT_LENGTH).tolist()))
+    def prompt(self, seed: int, index: int) -> TaskPrompt:
+        return TaskPrompt(index, tuple(self.chain.prompt(0, index, self.PROMPT_LENGTH).tolist()))
 
-    def reference(self, prompt: Prompt) -> tuple[int, ...]:
+    def reference(self, prompt: TaskPrompt) -> tuple[int, ...]:
         g = _generator(self.chain.seed, prompt.index)
         out, last = [], prompt.tokens[-1]
         picks = torch.multinomial(self.chain.probs, self.max_answer, replacement=True, generator=g).tolist()
@@ -84,7 +90,11 @@ class MarkovTask:
             out.append(last)
         return tuple(out)
 
-    def score(self, prompt: Prompt, response: tuple[int, ...]) -> float:
+    def decode(self, tokens) -> str:
+        """The chain's tokens have no text: their ids, as the recorded text."""
+        return " ".join(str(int(t)) for t in tokens)
+
+    def score(self, prompt: TaskPrompt, response: tuple[int, ...]) -> float:
         if not response:
             return 0.0
         previous = (prompt.tokens[-1], *response[:-1])
@@ -104,7 +114,8 @@ def make_task(name: str, *, chain=None, max_new_tokens: int = 16):
 
 
 def detokenize(tokens) -> str:
-    """Text of a digit task's tokens (what the math-answer verifier reads)."""
-    names = {BOS: "", SEP: " = ", EOS: "", PLUS: " + "}  # digits run together: a number's digits are one number
+    """Text of a digit task's tokens, its own tokenizer (what a reward reads). Its special tokens are skipped, as a
+    tokenizer's decode(skip_special_tokens=True) skips them; an id outside the task's tokens reads as <id>."""
+    names = {PAD: "", BOS: "", SEP: " = ", EOS: "", PLUS: " + "}  # a number's digits run together: one number
     text = "".join(names.get(t, str(t - DIGIT0) if DIGIT0 <= t < DIGIT0 + 10 else f" <{t}> ") for t in tokens)
     return " ".join(text.split())

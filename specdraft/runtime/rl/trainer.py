@@ -1,43 +1,54 @@
-"""GrpoTrainer: CoTrainer with the next-token loss swapped for NeMo-RL's clipped policy-gradient loss on the
-response tokens. The old log-probs (and a frozen reference policy's, for the KL term) come from forward-only
-passes of megatron's schedule over the same microbatches before the update; the draft trains on the update's own
-forward from TapChannel taps exactly as in cotrain.
+"""GrpoTrainer: CoTrainer with NeMo-RL's clipped policy-gradient loss on the response tokens. Its passes are methods
+that take what they need (rows, log-probs) and return what they measure; nothing outside sets its state. The draft
+trains on the update's own forward from TapChannel taps exactly as in cotrain; the log-prob passes run no draft.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from specdraft.runtime.models.vocab.parallel import mask_padding
 from specdraft.runtime.rl.loss import ClipSettings, clipped_pg_sums
 from specdraft.runtime.train.batches import global_counts, make_microbatch
+from specdraft.runtime.train.schedule import run_schedule, schedule_pass
 from specdraft.runtime.train.trainer import CoTrainer
 
 
 class GrpoTrainer(CoTrainer):
-    def __init__(self, ctx):
-        super().__init__(ctx)
+    def __init__(self, ctx, data=None):
+        """``data``: the run's prompt stream (prompts.FilePrompts or TaskPrompts), whose position checkpoints
+        record; None: the plan's data as CoTrainer reads it."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        super().__init__(ctx, data)
         g = ctx.plan.grpo
         self.settings = ClipSettings(g.ratio_clip_min, g.ratio_clip_max, g.reference_policy_kl_penalty)
-        self.mode = "sft"  # sft (next-token loss), logp (record log-probs), or grpo (the clipped loss)
-        self.logp: dict[int, torch.Tensor] = {}  # the last forward-only pass's log-probs per microbatch
-        self.old_logp: dict[int, torch.Tensor] = {}
-        self.ref_logp: dict[int, torch.Tensor] = {}
+        self.forward_backward = get_forward_backward_func()
+        self._loss = super().loss  # the loss of the pass under way: set by the pass itself, never from outside
+        self._logp: dict[int, torch.Tensor] = {}
+        self._old: dict[int, torch.Tensor] = {}
+        self._ref: dict[int, torch.Tensor] = {}
         # The frozen reference policy (kl penalty > 0): this rank's parameters as RL starts; held from the start so
         # that every checkpoint carries it (a restore overwrites it).
         self.reference: list[torch.Tensor] | None = None
         if self.settings.kl_penalty:
             self.reference = [p.detach().clone() for p in self.target_params.all()]
 
-    # ------------------------------------------------------------------------------------------------ per step
+    # ------------------------------------------------------------------------------------------------ the rows
     def begin_rows(self, step: int, rows, advantages) -> None:
-        """begin_step with the step's rows given (GRPO samples or SFT answers) rather than drawn from data."""
+        """This rank's microbatches from its own rows (batch.rank_samples' samples), with the step's global token
+        counts summed over the data-parallel replicas, which hold the other samples."""
+        if len(rows) != self.num_microbatches:
+            raise ValueError(f"{len(rows)} rows for {self.num_microbatches} microbatches")
         self.step = step
-        per = self.num_microbatches
-        self.n_target, self.n_draft = global_counts(rows, self.steps_ttt)
-        lo = self.dp_rank * per
+        target, draft = global_counts(rows, self.steps_ttt)
+        counts = torch.tensor([target, *draft], dtype=torch.float64, device=self.device)
+        if self.dp > 1:
+            dist.all_reduce(counts, group=self.ps.get_data_parallel_group())
+        self.n_target, self.n_draft = float(counts[0]), [float(x) for x in counts[1:]]
         self.microbatches = []
-        for i, (row, adv) in enumerate(zip(rows[lo : lo + per], advantages[lo : lo + per])):
+        for i, (row, adv) in enumerate(zip(rows, advantages)):
             mb = make_microbatch(i, row, cp=self.cp, cp_rank=self.cp_rank, steps=self.steps_ttt, device=self.device)
             mb.advantages = self._shard(adv, row).to(torch.float32)  # type: ignore[attr-defined]  # (t,) local
             self.microbatches.append(mb)
@@ -50,8 +61,8 @@ class GrpoTrainer(CoTrainer):
         return zigzag_shard(x, row.cu_seqlens, self.cp, self.cp_rank, dim=-1).to(self.device)
 
     def set_training(self, train: bool) -> None:
-        """Taps and the draft run only in the update's forward, never in the forward-only log-prob passes; a
-        frozen draft (grpo.draft_mode) trains in the SFT warm-up only: after it, no draft loss, step or refit."""
+        """Taps and the draft run only in a training pass, never in the forward-only log-prob passes; a frozen
+        draft (grpo.draft_mode) trains in the SFT warm-up only: after it, no draft loss, step or refit."""
         frozen = self.plan.grpo.draft_mode == "frozen" and self.step >= self.plan.grpo.sft_steps
         self.cotraining = train and self.draft_enabled and self.step >= self.warmup_steps and not frozen
         self.channel.active = self.cotraining
@@ -61,6 +72,36 @@ class GrpoTrainer(CoTrainer):
         self.stats.update(pg=0.0, ref_kl=0.0, clipped=0.0)
         self.draft_timer.reset()
 
+    # ------------------------------------------------------------------------------------------------ the passes
+    def sft_update(self) -> None:
+        """A supervised step on the rows (reference answers): cotrain's next-token loss, the draft co-training."""
+        self._loss = super().loss
+        self.set_training(True)
+        run_schedule(self, self.forward_backward)
+
+    def logprobs(self, reference: bool = False) -> dict[int, torch.Tensor]:
+        """The current (or, with ``reference``, the frozen reference) parameters' log-probs of every label of this
+        rank's microbatches: (t,) per microbatch on the last stage, {} elsewhere."""
+        if reference:
+            self._swap_reference()
+        try:
+            self._loss, self._logp = self._record_logp, {}
+            self.set_training(False)
+            with torch.no_grad():
+                schedule_pass(self, self.forward_backward, forward_only=True)
+            self.channel.end_step()
+        finally:
+            if reference:
+                self._swap_reference()
+        return self._logp
+
+    def pg_update(self, old: dict[int, torch.Tensor], ref: dict[int, torch.Tensor]) -> None:
+        """One optimizer step of the clipped policy-gradient loss against the generating policy's log-probs
+        ``old`` (and the reference's ``ref`` for the KL term)."""
+        self._old, self._ref, self._loss = old, ref, self._pg_loss
+        self.set_training(True)
+        run_schedule(self, self.forward_backward)
+
     # ------------------------------------------------------------------------------------------------ reference
     @torch.no_grad()
     def take_reference(self) -> None:
@@ -69,28 +110,36 @@ class GrpoTrainer(CoTrainer):
             r.copy_(p)
 
     @torch.no_grad()
-    def swap_reference(self) -> None:
+    def _swap_reference(self) -> None:
         """Exchange the parameters' values with the reference's (twice restores them)."""
         for p, r in zip(self.target_params.all(), self.reference or ()):
             saved = p.detach().clone()
             p.copy_(r)
             r.copy_(saved)
 
-    # ------------------------------------------------------------------------------------------------ the loss
+    # ------------------------------------------------------------------------------------------------ the losses
     def loss(self, chunk: int, mb, output: torch.Tensor):
-        if self.mode == "sft":
-            return super().loss(chunk, mb, output)
+        return self._loss(chunk, mb, output)
+
+    def _label_logp(self, mb, output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the log-prob of each label (t,), this rank's vocab slice of the logits (t, V/tp), detached)."""
         from megatron.core import tensor_parallel
 
         logits = output.transpose(0, 1).float()  # (1, t, V/tp) -> (t, 1, V/tp)
         logits = mask_padding(logits, self.plan.model.vocab_size, self.ps.get_tensor_model_parallel_rank())
         local = logits.detach().squeeze(1).clone()  # (t, V/tp): the draft's target (CE works in place)
         logp = -tensor_parallel.vocab_parallel_cross_entropy(logits.contiguous(), mb.labels[:, None]).squeeze(1)
-        if self.mode == "logp":
-            self.logp[mb.index] = logp.detach()
-            return logp.sum() * 0, torch.tensor(1, dtype=torch.int), {}
-        ref = self.ref_logp.get(mb.index)
-        total, sums = clipped_pg_sums(logp, self.old_logp[mb.index], mb.advantages, mb.loss_mask, ref, self.settings)
+        return logp, local
+
+    def _record_logp(self, chunk: int, mb, output: torch.Tensor):
+        logp, _ = self._label_logp(mb, output)
+        self._logp[mb.index] = logp.detach()
+        return logp.sum() * 0, torch.tensor(1, dtype=torch.int), {}
+
+    def _pg_loss(self, chunk: int, mb, output: torch.Tensor):
+        logp, local = self._label_logp(mb, output)
+        ref = self._ref.get(mb.index)
+        total, sums = clipped_pg_sums(logp, self._old[mb.index], mb.advantages, mb.loss_mask, ref, self.settings)
         if self.ps.get_tensor_model_parallel_rank() == 0:
             for key, name in (("pg", "pg"), ("ref_kl", "kl"), ("clipped", "clipped")):
                 self.stats[key] += sums[name].double()

@@ -113,7 +113,7 @@ def encode(tokenizer, fmt: str, value, method: str) -> tuple[list[int], list[int
     if fmt == "text":
         ids = list(tokenizer(value)["input_ids"]) + ([eos] if eos is not None else [])
         return ids, [1] * len(ids)
-    if fmt == "prompt_response":
+    if fmt in ("prompt_response", "problem_answer"):
         prompt, response = value
         if method == "plain":
             head = list(tokenizer(prompt)["input_ids"])
@@ -161,7 +161,12 @@ def load_corpus(plan) -> Corpus:
             + ("" if fmt == "messages" else " and no eos_token"),
             "use a model folder whose tokenizer has a chat template (chat_template.jinja or tokenizer_config.json)",
         )
-    field = {"messages": "messages", "prompt_response": "prompt`/`response", "text": "text"}[fmt]
+    field = {
+        "messages": "messages",
+        "prompt_response": "prompt`/`response",
+        "problem_answer": "problem`/`expected_answer",
+        "text": "text",
+    }[fmt]
     problems: list[str] = []
     samples: list[Sample] = []
     digest = hashlib.sha256()

@@ -34,7 +34,9 @@ SYNTHETIC_ENV = "SPECDRAFT_TAPS_SYNTHETIC"  # benchmark control: no tap transpor
 
 
 class CoTrainer:
-    def __init__(self, ctx: RankContext):
+    def __init__(self, ctx: RankContext, data=None):
+        """``data``: the source of the step's rows (its position is what checkpoints record); None: the plan's data
+        file packed into rows, or the built-in Markov chain (packing.data_for)."""
         from megatron.core import parallel_state as ps
 
         plan = ctx.plan
@@ -76,7 +78,7 @@ class CoTrainer:
         for chunk in self.chunks:  # megatron's schedule scales the last stage's loss before backward with it
             chunk.config.grad_scale_func = self.loss_scaler.scale_loss if self.loss_scaler else None
         self.step_report: dict = {}
-        self.data = data_for(ctx)  # the data file's packed rows, or the built-in Markov chain
+        self.data = data if data is not None else data_for(ctx)
         self.loss_weight, self.clip, self.draft_clip = d.loss_weight, t.clip_grad, d.clip_grad
         self.warmup_steps = t.warmup_steps
         self.cotraining = False

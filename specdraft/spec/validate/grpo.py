@@ -3,14 +3,17 @@ and `warn` collectors."""
 
 from __future__ import annotations
 
+import os
 import re
 
 from specdraft.errors import Problem
+from specdraft.spec.derived import max_model_len
 from specdraft.spec.schema import LayoutSpec
 
 REWARD_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 DIGIT_TASK_VOCAB = 16  # runtime/rl/tasks.py's digit tasks use token ids 0-14
 VLLM_CPU_MIN_HEAD_DIM = 32  # vLLM's CPU attention serves head_dim 32..512 only
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")  # datafile.py's list
 
 
 def grpo_rules(spec: LayoutSpec, err, warn) -> None:
@@ -63,9 +66,9 @@ def grpo_rules(spec: LayoutSpec, err, warn) -> None:
             "must be `task`, `math-verify` or a Python `module:function`",
             "e.g. my_rewards:score (importable on every node)",
         )
-    if g.reward == "math-verify" and g.task != "arithmetic":
-        err("grpo.reward", g.reward, "math-verify scores the arithmetic task's answers", "set grpo.task: arithmetic")
-    if g.task != "markov" and spec.model.vocab_size < DIGIT_TASK_VOCAB:
+    if spec.workload == "grpo":
+        _workload_rules(spec, err, warn)
+    if g.task != "markov" and spec.model.vocab_size < DIGIT_TASK_VOCAB and spec.data.path is None:
         err(
             "grpo.task",
             g.task,
@@ -106,6 +109,53 @@ def rollout_rules(spec: LayoutSpec, err) -> None:
             g.engine,
             f"the built-in engine serves one device, so it runs at tp 1, but rollout.tp is {r.tp}",
             "set rollout.tp: 1, or grpo.engine: vllm to serve each instance at rollout.tp",
+        )
+
+
+def _workload_rules(spec: LayoutSpec, err, warn) -> None:
+    """What the grpo workload needs of its prompts, rewards and engines (a grpo layout: its job runs them)."""
+    g, d, m = spec.grpo, spec.data, spec.model
+    if d.path is not None:
+        if g.reward == "task":
+            err(
+                "grpo.reward",
+                g.reward,
+                "`task` scores a built-in task's answers, but data.path gives the prompts",
+                "use grpo.reward: math-verify (the row's answer against the response text), or your own "
+                "module:function",
+            )
+        if d.format == "text":
+            err(
+                "data.format",
+                d.format,
+                "GRPO needs a prompt and a reference answer per row; `text` rows have neither",
+                "use rows of messages, prompt/response or problem/expected_answer (docs/grpo.md)",
+            )
+    elif m.path is not None:
+        folder = os.path.expanduser(m.path)
+        if os.path.isdir(folder) and any(os.path.isfile(os.path.join(folder, f)) for f in TOKENIZER_FILES):
+            err(
+                "data.path",
+                None,
+                f"the built-in grpo.task {g.task!r} writes its prompts in token ids of its own, which mean something "
+                f"else to the tokenizer in model.path ({m.path})",
+                "set data.path to your prompt file (jsonl or parquet; docs/grpo.md lists the row formats)",
+            )
+    if d.path is None and g.reward == "math-verify" and g.task == "markov":
+        err(
+            "grpo.reward",
+            g.reward,
+            "math-verify compares a response with the prompt's answer; the markov task's prompts have none",
+            "use grpo.reward: task, or grpo.task: arithmetic or reverse",
+        )
+    positions = m.max_position_embeddings or m.seq_length
+    if max_model_len(spec) > positions:
+        err(
+            "rollout.max_model_len" if spec.rollout.max_model_len is not None else "rollout.prompt_length",
+            max_model_len(spec),
+            f"the engines' max_model_len (prompt_length + max_response_length, or max_model_len) exceeds the "
+            f"policy's max_position_embeddings ({positions}): vLLM refuses it",
+            f"keep prompt_length + max_response_length <= {positions}, or set rollout.max_model_len",
         )
 
 

@@ -53,7 +53,9 @@ def test_every_bad_grpo_value_is_reported_at_once():
         [],
     )
     errors, _ = _problems(GRPO, "grpo.reward=math-verify")
-    assert errors == ["grpo.reward: math-verify scores the arithmetic task's answers"]
+    assert errors == [
+        "grpo.reward: math-verify compares a response with the prompt's answer; the markov task's prompts have none"
+    ]
 
 
 def test_digit_tasks_need_their_ids_and_vllm_on_cpu_needs_head_dim_32():
@@ -83,6 +85,38 @@ def test_a_frozen_draft_needs_a_draft_and_a_warm_up():
     assert [e.split(":")[0] for e in errors] == ["grpo.draft_mode"] and "never train" in errors[0]
     with pytest.raises(SpecError, match="grpo.draft_mode"):
         load_layout(GRPO, ["grpo.draft_mode=never"])
+
+
+def test_a_grpo_layout_plans_its_instances_and_its_schedule():
+    plan = compile(load_layout(GRPO, []))
+    assert plan.rollout is not None and plan.rollout.num_instances == 4 and plan.rollout.tp == 1
+    assert [i.training_ranks for i in plan.rollout.instances] == [(0,), (1,), (2,), (3,)]
+    assert plan.rollout_settings.schedule == "fifo"
+    assert compile(load_layout(GRPO, ["rollout.schedule=asp"])).rollout_settings.schedule == "asp"
+    assert compile(load_layout(None, [])).rollout is None  # a cotrain layout plans none unless rollout.enabled
+
+
+def test_a_prompt_file_needs_rewards_that_read_text(tmp_path):
+    model, prompts = tmp_path / "model", tmp_path / "prompts.jsonl"
+    model.mkdir()
+    file = [f"data.path={prompts}", f"model.path={model}"]
+    errors, _ = _problems(GRPO, *file)
+    assert "grpo.reward: `task` scores a built-in task's answers, but data.path gives the prompts" in errors
+    errors, _ = _problems(GRPO, *file, "grpo.reward=math-verify", "data.format=text")
+    assert [e.split(":")[0] for e in errors] == ["data.format"]
+    assert _problems(GRPO, *file, "grpo.reward=math-verify") == ([], [])
+
+
+def test_a_built_in_task_refuses_a_model_with_a_tokenizer_of_its_own(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{}")
+    errors, _ = _problems(GRPO, f"model.path={tmp_path}")
+    want = "data.path: the built-in grpo.task 'markov' writes its prompts in token ids"
+    assert any(e.startswith(want) for e in errors)
+
+
+def test_the_engines_max_model_len_fits_the_policys_positions():
+    errors, _ = _problems(GRPO, "rollout.prompt_length=40")
+    assert any(e.startswith("rollout.prompt_length: the engines' max_model_len") for e in errors), errors
 
 
 def test_grpo_refuses_rollout_it_cannot_run_naming_the_fields():

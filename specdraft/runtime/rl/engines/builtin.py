@@ -14,12 +14,13 @@ import torch
 
 from specdraft.runtime.rl.engines import sampling
 from specdraft.runtime.rl.engines.eagle3_draft import load_folder, load_named
-from specdraft.runtime.rl.rollouts import GenerationStats, Rollout
+from specdraft.runtime.rl.rollouts import GenerationStats, Rollout, prompt_seeds
 from specdraft.runtime.serve.speculative import draft_chain_batch
 
 
 @dataclass
 class _Sequence:
+    generator: torch.Generator  # this sequence's own draws: its samples do not depend on its batch
     prompt_index: int
     tokens: list[int]  # prompt + generated
     num_prompt: int
@@ -83,9 +84,12 @@ class BuiltinEngine:
 
     @torch.no_grad()
     def _propose(
-        self, seqs: list[_Sequence], k: int, temperature: float, generator: torch.Generator
+        self, seqs: list[_Sequence], budgets: list[int], temperature: float
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """k draft tokens for each sequence -> (B, k) target ids and, at temperature > 0, (B, k, V) their q."""
+        """max(budgets) draft tokens for each sequence -> (B, k) target ids and, at temperature > 0, (B, k, V) their
+        q. Sequence b draws from its generator for its own first budgets[b] tokens only (the rest go unused), so its
+        draws never depend on the other sequences of the batch."""
+        k = max(budgets)
         assert self.draft is not None
         taps = [s.aux for s in seqs if s.aux is not None]
         rows = [t.shape[1] for t in taps]  # the target processed all tokens but the last
@@ -97,12 +101,19 @@ class BuiltinEngine:
             emb_ids[b, : rows[b]] = torch.tensor(s.tokens[1 : rows[b] + 1])  # the token after each processed row
         vocab = self.model.config.vocab_size
 
+        step = [0]
+
         def pick(logits: torch.Tensor):  # (B, Vd) -> ((target ids (B,), q (B, V) or None), (B, h))
             if temperature == 0:
                 draft_ids, q = logits.argmax(-1), None
             else:
                 qd = sampling.probabilities(logits, temperature)
-                draft_ids = torch.multinomial(qd.cpu(), 1, generator=generator)[:, 0].to(logits.device)
+                draft_ids = logits.argmax(-1).cpu()  # past a sequence's budget: unused, and no draw spent on it
+                live = [b for b, budget in enumerate(budgets) if step[0] < budget]
+                if live:
+                    draft_ids[live] = sampling.draw(qd[live].cpu(), [seqs[b].generator for b in live])
+                draft_ids = draft_ids.to(logits.device)
+                step[0] += 1
                 q = qd
                 if self._to_target is not None:  # q over the target vocabulary: 0 outside the draft's
                     q = qd.new_zeros(len(seqs), vocab).index_copy_(1, self._to_target, qd)
@@ -121,16 +132,20 @@ class BuiltinEngine:
         num_generations: int,
         max_new_tokens: int,
         temperature: float,
-        seed: int,
+        seed: int | Sequence[int],
     ) -> tuple[list[Rollout], GenerationStats]:
         started = time.perf_counter()
-        generator = torch.Generator().manual_seed(seed)
-        seqs = [_Sequence(i, list(p), len(p)) for i, p in enumerate(prompts) for _ in range(num_generations)]
+        seeds = prompt_seeds(seed, len(prompts), num_generations)
+        seqs = [
+            _Sequence(torch.Generator().manual_seed(seeds[i] + j), i, list(p), len(p))
+            for i, p in enumerate(prompts)
+            for j in range(num_generations)
+        ]
         forwards = drafts_n = draft_tokens = accepted = 0
         per_pos = [0] * self.k
         logits, aux = self._forward([s.tokens for s in seqs])  # the prefill
         forwards += len(seqs)
-        first = self._next(logits, torch.tensor([s.num_prompt - 1 for s in seqs]), temperature, generator)
+        first = self._next(logits, torch.tensor([s.num_prompt - 1 for s in seqs]), temperature, seqs)
         for b, s in enumerate(seqs):
             if aux is not None:
                 s.aux = aux[:, b, : s.num_prompt]
@@ -138,16 +153,16 @@ class BuiltinEngine:
         while active := [s for s in seqs if not s.done]:
             budget = [min(self.k, max_new_tokens - s.num_new - 1) if self.draft is not None else 0 for s in active]
             k = max(budget)
-            proposed, q = self._propose(active, k, temperature, generator) if k > 0 else (torch.empty(0), None)
+            proposed, q = self._propose(active, budget, temperature) if k > 0 else (torch.empty(0), None)
             rows = [s.tokens + (proposed[b, : budget[b]].tolist() if k > 0 else []) for b, s in enumerate(active)]
             logits, aux = self._forward(rows)
             forwards += len(active)
             starts = torch.tensor([len(s.tokens) - 1 for s in active])  # the row after the context
             if k == 0:
-                news = [[int(t)] for t in self._next(logits, starts, temperature, generator)]
+                news = [[int(t)] for t in self._next(logits, starts, temperature, active)]
                 kept = [0] * len(active)
             else:
-                news, kept = self._verify(logits, starts, proposed, q, torch.tensor(budget), temperature, generator)
+                news, kept = self._verify(logits, starts, proposed, q, torch.tensor(budget), temperature, active)
                 drafts_n += sum(kb > 0 for kb in budget)
                 draft_tokens += sum(budget)
                 accepted += sum(kept)
@@ -170,14 +185,14 @@ class BuiltinEngine:
         )
         return rollouts, stats
 
-    def _next(self, logits: torch.Tensor, at: torch.Tensor, temperature: float, generator: torch.Generator):
+    def _next(self, logits: torch.Tensor, at: torch.Tensor, temperature: float, seqs: list[_Sequence]):
         """(B,) one token per sequence from logits (B, L, V) at rows ``at`` (B,): the argmax at temperature 0."""
         rows = logits[torch.arange(len(at)), at.to(logits.device)].cpu()  # (B, V)
         if temperature == 0:
             return rows.argmax(-1)
-        return sampling.sample(sampling.probabilities(rows, temperature), generator)
+        return sampling.sample(sampling.probabilities(rows, temperature), [s.generator for s in seqs])
 
-    def _verify(self, logits, starts, proposed, q, budgets, temperature: float, generator: torch.Generator):
+    def _verify(self, logits, starts, proposed, q, budgets, temperature: float, seqs: list[_Sequence]):
         """Each sequence's verified tokens and number of kept drafts, from the verify pass's logits (B, L, V) at
         rows starts[b] .. starts[b] + k (after the context and after each draft)."""
         k = proposed.shape[1]
@@ -191,7 +206,7 @@ class BuiltinEngine:
             ]
             return [p[0] for p in pairs], [p[1] for p in pairs]
         p = sampling.probabilities(window, temperature)
-        tokens, kept = sampling.verify_sampled(p, q, proposed, budgets, generator)
+        tokens, kept = sampling.verify_sampled(p, q, proposed, budgets, [s.generator for s in seqs])
         return [tokens[b, : int(a) + 1].tolist() for b, a in enumerate(kept)], kept.tolist()
 
     def _extend(self, s: _Sequence, new: list[int], max_new_tokens: int) -> None:

@@ -5,8 +5,32 @@ exactly as sampling from p alone. At temperature 0 it is greedy: a draft is kept
 
 from __future__ import annotations
 
+from typing import Sequence, Union
+
 import torch
 import torch.nn.functional as F
+
+# One generator for a whole batch, or one per row: then a row's draws depend on that row alone, never on which
+# other sequences share its batch (the samples of a prompt are the same on any instance, in any batch).
+Generators = Union[torch.Generator, Sequence[torch.Generator]]
+
+
+def uniform(b: int, k: int, generator: Generators, counts: torch.Tensor) -> torch.Tensor:
+    """(b, k) uniform draws in [0, 1); with one generator per row, row i draws only its first counts[i] (the rest
+    read 1.0, which keeps nothing), so its draws never depend on the batch's longest row."""
+    if isinstance(generator, torch.Generator):
+        return torch.rand(b, k, generator=generator)
+    out = torch.ones(b, k)
+    for i, (g, n) in enumerate(zip(generator, counts.tolist())):
+        out[i, : int(n)] = torch.rand(int(n), generator=g)
+    return out
+
+
+def draw(probs: torch.Tensor, generator: Generators) -> torch.Tensor:
+    """(B, V) probabilities -> (B,) one token per row."""
+    if isinstance(generator, torch.Generator):
+        return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return torch.stack([torch.multinomial(row, 1, generator=g)[0] for row, g in zip(probs, generator)])
 
 
 def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -28,21 +52,21 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def verify_sampled(
-    p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, budgets: torch.Tensor, generator: torch.Generator
+    p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, budgets: torch.Tensor, generator: Generators
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """B sequences at once. p (B, k+1, V) target probabilities after the context and after each draft; q (B, k, V)
     the draft's; drafts (B, k) the proposed ids, of which sequence b verifies its first budgets[b]. Returns
     (tokens (B, k+1): the accepted drafts, then the resampled or bonus token, then padding; accepted (B,))."""
     b, k = drafts.shape
     rows = torch.arange(b)
-    keep = torch.rand(b, k, generator=generator) < accept_probability(
+    keep = uniform(b, k, generator, budgets) < accept_probability(
         p[:, :k].gather(-1, drafts[..., None])[..., 0], q.gather(-1, drafts[..., None])[..., 0]
     )
     keep &= torch.arange(k)[None] < budgets[:, None]  # past its budget a sequence takes the bonus
     accepted = keep.long().cumprod(-1).sum(-1)  # (B,) the leading run of kept drafts
     # the first rejected position's norm(max(0, p - q)); after all budgets[b] kept, p itself (q taken as 0 there)
     q_at = torch.where((accepted < budgets)[:, None], F.pad(q, (0, 0, 0, 1))[rows, accepted], 0.0)
-    last = torch.multinomial(residual(p[rows, accepted], q_at), 1, generator=generator)[:, 0]  # (B,)
+    last = draw(residual(p[rows, accepted], q_at), generator)  # (B,)
     tokens = torch.cat([drafts, drafts.new_zeros(b, 1)], dim=-1)
     tokens[rows, accepted] = last
     return tokens, accepted
@@ -57,6 +81,6 @@ def verify_greedy(verdict: list[int], drafts: list[int]) -> tuple[list[int], int
     return verdict[: a + 1], a
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def sample(probs: torch.Tensor, generator: Generators) -> torch.Tensor:
     """(B, V) probabilities -> (B,) one token each."""
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return draw(probs, generator)

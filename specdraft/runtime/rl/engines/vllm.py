@@ -170,7 +170,7 @@ class VllmEngine:
         num_generations: int,
         max_new_tokens: int,
         temperature: float,
-        seed: int,
+        seed: int | Sequence[int],
     ) -> tuple[list[Rollout], GenerationStats]:
         prompts = [[int(t) for t in p] for p in prompts]
         return self._call(

@@ -11,7 +11,7 @@ import pickle
 import time
 from typing import Any, Sequence
 
-from specdraft.runtime.rl.rollouts import GenerationStats, Rollout
+from specdraft.runtime.rl.rollouts import GenerationStats, Rollout, prompt_seeds
 from specdraft.runtime.serve.vllm_engine import ACCEPTED, DRAFT_TOKENS, DRAFTS, PER_POS, spec_counters
 
 
@@ -32,7 +32,7 @@ class VllmCore:
         num_generations: int,
         max_new_tokens: int,
         temperature: float,
-        seed: int,
+        seed: int | Sequence[int],
     ) -> tuple[list[Rollout], GenerationStats]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -42,11 +42,12 @@ class VllmCore:
         started = time.perf_counter()
         # vLLM refuses n > 1 when greedy: then each prompt goes in G times with n = 1 (the copies are identical)
         copies, n = (num_generations, 1) if temperature == 0 else (1, num_generations)
+        seeds = prompt_seeds(seed, len(prompts), num_generations)
         params = [
             SamplingParams(
                 n=n,
                 temperature=temperature,
-                seed=seed + i * num_generations,  # vLLM seeds child j with seed + j: distinct over all sequences
+                seed=seeds[i],  # vLLM seeds child j with seed + j: distinct over all sequences
                 max_tokens=max_new_tokens,
                 detokenize=False,
                 ignore_eos=True,  # the model's own eos does not stop it; only eos_id does

@@ -1,6 +1,5 @@
-"""Where the rollout instances run: the plan's instances (plan.rollout), or, without rollout planning
-(rollout.enabled false), the same colocated tiling of the training ranks by rollout.tp; each instance is led by its
-first training rank, which owns its engine. Dedicated rollout nodes (rollout.colocated false) are not built."""
+"""Where the rollout instances run: the plan's instances (plan.rollout, which a grpo layout always plans), each led by
+its first training rank, which owns its engine. Dedicated rollout nodes (rollout.colocated false) are not built."""
 
 from __future__ import annotations
 
@@ -30,22 +29,14 @@ def instance_layout(plan) -> tuple[Instance, ...]:
             "rollout.colocated is false: dedicated rollout nodes are not built; the grpo workload runs each rollout "
             "instance on its own training ranks (set rollout.colocated: true)"
         )
-    planned = plan.rollout
-    if planned is not None:
-        out = []
-        for inst in planned.instances:
-            if not inst.training_ranks:
-                raise ValueError(f"plan.rollout instance {inst.instance} has no training ranks (colocated needs them)")
-            out.append(Instance(inst.instance, tuple(inst.training_ranks), inst.node, tuple(inst.local_gpus)))
-        return tuple(out)
-    tp, world = settings.tp, plan.world_size
-    if tp < 1 or world % tp:
-        raise ValueError(f"rollout.tp {tp} must divide the {world} training ranks into rollout instances")
+    if plan.rollout is None:
+        raise ValueError(
+            "the plan has no rollout instances (its layout's workload is not grpo and rollout.enabled is false); "
+            "set workload: grpo, or rollout.enabled: true"
+        )
     out = []
-    for index in range(world // tp):
-        ranks = tuple(range(index * tp, (index + 1) * tp))
-        places = [plan.ranks[r] for r in ranks]
-        if len({p.node for p in places}) != 1:
-            raise ValueError(f"rollout.tp {tp}: instance {index}'s ranks {ranks} span nodes; an instance fits a node")
-        out.append(Instance(index, ranks, places[0].node, tuple(p.local_rank for p in places)))
+    for inst in plan.rollout.instances:
+        if not inst.training_ranks:
+            raise ValueError(f"plan.rollout instance {inst.instance} has no training ranks (colocated needs them)")
+        out.append(Instance(inst.instance, tuple(inst.training_ranks), inst.node, tuple(inst.local_gpus)))
     return tuple(out)
