@@ -26,6 +26,7 @@ from specdraft.plan.model import LaunchPlan
 from specdraft.runs.checkpoints import ResumeError
 from specdraft.runs.paths import MAX_PLAN_BYTES, USER_ERROR_EXIT, RunPaths
 from specdraft.runtime.context import RankContext
+from specdraft.runtime.tool import exit_now
 from specdraft.runtime.train import preempt
 from specdraft.runtime.train.preempt import Terminated
 
@@ -380,17 +381,6 @@ def _teardown() -> None:
     ps.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def exit_now(code: int) -> None:
-    """Flush and leave without interpreter finalisation: after megatron's import that alone takes seconds, and
-    after a failure it would wait on gloo's threads while peers wait on us. Results are already on disk."""
-    import logging
-
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

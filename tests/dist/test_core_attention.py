@@ -28,7 +28,7 @@ def _model(cp: int, ours: bool):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from specdraft.runtime.attention.megatron_core import BranchCoreAttention
+    from specdraft.runtime.models.core_attention import BranchCoreAttention
 
     parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(context_parallel_size=cp)
@@ -81,7 +81,7 @@ def _gather(x):
 def _worker(rank, world):
     from specdraft.runtime import cpu_compat
     from specdraft.runtime.attention import backend as attention_backend
-    from specdraft.runtime.attention.megatron_core import BranchCoreAttention, select_core_attention
+    from specdraft.runtime.models.core_attention import BranchCoreAttention, select_core_attention
 
     cpu_compat.apply()
     gen = torch.Generator().manual_seed(1)
@@ -164,7 +164,7 @@ def test_gpt_with_branch_core_attention_at_cp1_and_cp2_matches_megatron_attentio
 def test_rejects_unsupported_configuration():
     from types import SimpleNamespace
 
-    from specdraft.runtime.attention.megatron_core import BranchCoreAttention
+    from specdraft.runtime.models.core_attention import BranchCoreAttention
 
     cfg = SimpleNamespace(attention_dropout=0.0)
     with pytest.raises(ValueError, match="attn_mask_type causal or padding_causal"):
@@ -178,7 +178,7 @@ def test_rejects_unsupported_configuration():
 
 
 def test_core_attention_choice(monkeypatch):
-    from specdraft.runtime.attention.megatron_core import select_core_attention
+    from specdraft.runtime.models.core_attention import select_core_attention
 
     monkeypatch.delenv("SPECDRAFT_ATTENTION_BACKEND", raising=False)
     monkeypatch.delenv("SPECDRAFT_CORE_ATTENTION", raising=False)

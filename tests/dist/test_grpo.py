@@ -137,7 +137,7 @@ def test_a_killed_grpo_run_resumes_exactly(specdraft_cli, tmp_path):
     assert without_timing(rows[:4]) == without_timing(uninterrupted), "bit-identical to the uninterrupted steps"
     # The resume's engines started from config-only RUN_DIR/rl/ folders: the restored step-2 weights reached them
     # by refit, never through a file (the bit-identical rows above show they held them).
-    from specdraft.runtime.serve.offline import EXPORT_MARKER
+    from specdraft.runtime.folders import EXPORT_MARKER
 
     for name in ("policy", "draft"):
         assert sorted(p.name for p in (run_dir / "rl" / name).iterdir()) == sorted(["config.json", EXPORT_MARKER])

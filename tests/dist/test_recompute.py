@@ -22,7 +22,7 @@ from tests.support.rank_procs import free_port, metrics, write_plan
 pytestmark = pytest.mark.dist
 COUNTING = """
 import runpy, sys
-import specdraft.runtime.attention.megatron_core as ca
+import specdraft.runtime.models.core_attention as ca
 forward = ca.BranchCoreAttention.forward
 def counted(self, *args, **kwargs):
     print("CORE-ATTENTION-FORWARD", flush=True)

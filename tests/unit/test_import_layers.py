@@ -3,7 +3,9 @@
 Layers, lowest first: the base modules (errors, file helpers), spec, plan, runs (the run-folder protocol), perf
 (the step-time model), rollout, render, assemble, search, execute, cli.
 `runtime` (the job) reads only the plan and the run folder: it may import the base, plan, runs, rollout's schedules
-(the offline dispatch the job runs is the simulator's own code, pure Python) and itself. No
+(the offline dispatch the job runs is the simulator's own code, pure Python) and itself. Inside it the sub-packages are
+layered too, lowest first: its base modules (context, cpu_compat, tool, folders), attention (the kernels), models,
+train, serve, rl, workloads, entry. No
 layer but runtime and execute imports torch, megatron, submitit, transformers or tokenizers (execute only submitit);
 a CLI run in a fresh process proves none is loaded.
 """
@@ -36,6 +38,17 @@ RANK = {
 BASE = {"specdraft", "specdraft.errors", "specdraft.fsutil"}
 # What of the CLI side's layers the job runs: the rollout schedules (and the workload records they take).
 RUNTIME_MAY_USE = ("specdraft.rollout.schedule", "specdraft.rollout.model.workload")
+RUNTIME_RANK = {"base": 0, "attention": 1, "models": 2, "train": 3, "serve": 4, "rl": 5, "workloads": 6, "entry": 7}
+
+
+def runtime_part(module: str) -> str:
+    """The runtime sub-package (or its base, or entry) a specdraft.runtime module belongs to."""
+    parts = module.split(".")
+    if len(parts) < 3:
+        return "base"
+    return parts[2] if parts[2] in RUNTIME_RANK else "base"
+
+
 LIGHT = {"base", "spec", "plan", "runs", "perf", "rollout", "render", "assemble", "search", "cli"}
 
 
@@ -96,8 +109,10 @@ def test_every_import_points_down():
             if top != "specdraft":
                 continue
             there = layer(target)
-            if here == "runtime":
-                ok = there in ("base", "plan", "runs", "runtime") or target.startswith(RUNTIME_MAY_USE)
+            if here == "runtime" and there == "runtime":
+                ok = RUNTIME_RANK[runtime_part(target)] <= RUNTIME_RANK[runtime_part(module)]
+            elif here == "runtime":
+                ok = there in ("base", "plan", "runs") or target.startswith(RUNTIME_MAY_USE)
             elif there == "runtime":
                 ok = False
             else:
@@ -147,6 +162,8 @@ def test_the_checker_sees_function_level_and_relative_imports(tmp_path):
     found = {m for m, _ in imports_of(source, package="specdraft.plan")}
     assert {"specdraft.cli.boundary", "torch", "specdraft.render.sbatch"} <= found
     assert layer("specdraft.render.sbatch") == "render" and layer("specdraft.errors") == "base"
+    assert runtime_part("specdraft.runtime.models.hf.export") == "models"
+    assert runtime_part("specdraft.runtime.context") == "base" and runtime_part("specdraft.runtime.entry") == "entry"
 
 
 PROBE = textwrap.dedent("""

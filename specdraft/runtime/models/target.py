@@ -108,7 +108,7 @@ def block_spec(device, dtype: torch.dtype, model: ModelShape, num_layers: int):
     megatron's default norm, which refuses sequence parallelism on CPU). TE's spec brings its own norms."""
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
-    from specdraft.runtime.attention.megatron_core import select_core_attention
+    from specdraft.runtime.models.core_attention import select_core_attention
     from specdraft.runtime.models.norms import norm_class
 
     choice = select_core_attention(device, dtype, model.head_dim)

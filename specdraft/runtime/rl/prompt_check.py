@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--why", required=True, help="what sets the limit (for the message)")
     parser.add_argument("--max-new", type=int, required=True, help="rollout.max_response_length")
     args = parser.parse_args(argv)
-    from specdraft.runtime.serve.offline import run_tool
+    from specdraft.runtime.tool import run_tool
 
     return run_tool(lambda: check(args))
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from specdraft.plan.model import LaunchPlan
+from specdraft.runtime.folders import ExportError, save_safetensors, write_folder, write_text
 from specdraft.runtime.models.hf.export import check_pair, policy_config, policy_max_positions
-from specdraft.runtime.serve.folder import save_safetensors, write_folder, write_text
-from specdraft.runtime.serve.offline import ExportError, require_one_layer
+from specdraft.runtime.serve.offline import require_one_layer
 
 FORMAT_VERSION = 1
 ARCHITECTURE = "LlamaForCausalLMEagle3"

@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 
 from specdraft.runs.paths import DRAFTS, RunPaths
+from specdraft.runtime.folders import check_export_target
 
 
 def published_dir(run_dir: Path, step: int) -> Path:
@@ -31,7 +32,7 @@ def export_checkpoint(run_dir: Path, step: int | None, output: Path, plan_sha256
     plan = offline.read_run_plan(run_dir, plan_sha256)
     offline.require_draft(plan, run_dir)
     offline.require_one_layer(plan)  # both refusals before torch is imported
-    offline.check_export_target(output)
+    check_export_target(output)
     folder, meta = offline.checkpoint(run_dir, step)
     offline.require_same_model(plan, folder, meta)
     from specdraft.runtime.serve import eagle3 as eagle3_format  # torch: only once the inputs passed
@@ -59,7 +60,7 @@ def export_policy(
     from specdraft.runtime.serve import offline
 
     plan = offline.read_run_plan(run_dir, plan_sha256)
-    offline.check_export_target(output)
+    check_export_target(output)
     folder, meta = offline.checkpoint(run_dir, step)
     with offline.single_process():
         written = policy_to(output, plan, folder, meta, max_shard_bytes=max_shard_bytes)
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", action="store_true", help="the policy as a Hugging Face checkpoint, not the draft")
     parser.add_argument("--max-shard-bytes", type=int, default=None, help="--policy: the largest safetensors shard")
     args = parser.parse_args(argv)
-    from specdraft.runtime.serve.offline import run_tool
+    from specdraft.runtime.tool import run_tool
 
     if args.policy:
         return run_tool(
@@ -162,6 +163,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from specdraft.runtime.entry import exit_now
+    from specdraft.runtime.tool import exit_now
 
     exit_now(main())

@@ -21,7 +21,7 @@ DEFAULT_MAX_NEW = 32
 
 
 def check_args(k: int, prompts: int, prompt_length: int, max_new: int, engine: str = "builtin") -> None:
-    from specdraft.runtime.serve.offline import LoadError
+    from specdraft.runtime.folders import LoadError
 
     if engine not in ENGINE_KINDS:
         fix = "use " + " or ".join(f"--engine {kind}" for kind in ENGINE_KINDS)
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="builtin", help="builtin (speculative.py) or vllm")
     parser.add_argument("--plan-sha256", required=True, help="sha256 of the plan.json the CLI verified")
     args = parser.parse_args(argv)
-    from specdraft.runtime.serve.offline import run_tool
+    from specdraft.runtime.tool import run_tool
 
     return run_tool(
         lambda: measure_run(
@@ -202,6 +202,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from specdraft.runtime.entry import exit_now
+    from specdraft.runtime.tool import exit_now
 
     exit_now(main())

@@ -24,20 +24,7 @@ from specdraft.runs import checkpoints as files
 from specdraft.runs import files as runfiles
 from specdraft.runs.marker import MARKER, CorruptCheckpoint
 from specdraft.runs.paths import MAX_PLAN_BYTES, PLAN, RunPaths, link_note, step_name
-
-EXPORT_MARKER = "specdraft-export.json"  # an export's provenance file; also what makes a folder safe to replace
-
-
-class LoadError(SpecdraftError):
-    """A run folder or checkpoint that cannot give what was asked (the user's to fix: exit 2)."""
-
-    def __init__(self, message: str, fix: str = ""):
-        self.message, self.fix = message, fix
-        super().__init__(message)
-
-
-class ExportError(LoadError):
-    """A draft or an output folder the EAGLE-3 export cannot take (more than one decoder layer, a foreign folder)."""
+from specdraft.runtime.folders import ExportError, LoadError
 
 
 def read_run_plan(run_dir: Path, sha256: str | None = None) -> LaunchPlan:
@@ -73,17 +60,6 @@ def require_one_layer(plan: LaunchPlan) -> None:
             f"draft.num_layers is {plan.draft.num_layers}; the EAGLE-3 format vLLM and SGLang load "
             "has one decoder layer (`midlayer`)",
             "export a run whose draft has one layer",
-        )
-
-
-def check_export_target(folder: Path) -> None:
-    """An export replaces an earlier specdraft export or fills an empty folder; anything else there is refused."""
-    folder = Path(folder)
-    empty = folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir())
-    if folder.exists() and not (folder / EXPORT_MARKER).is_file() and not empty:
-        raise ExportError(
-            f"{folder} exists and is not a specdraft export; refusing to replace it",
-            "pick another -o folder (an earlier specdraft export there is replaced)",
         )
 
 
@@ -223,41 +199,3 @@ def load(
         the_draft.load_state_dict(loaded["draft"])
         the_draft.eval()
     return model, the_draft
-
-
-def run_tool(work) -> int:
-    """The offline tools' shared main: megatron's warnings quieted, the result as one JSON line on stdout, a LoadError
-    (or any other error of the user's: a refused run file) as the one-line payload error the CLI shows (exit 2).
-    SIGTERM or SIGHUP (the CLI passing on its stop) raise, so what a tool half-wrote is removed (an export's temp
-    folder) before it exits 130."""
-    import json
-    import signal
-    import sys
-    import warnings
-
-    def stop(signum, frame):
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, stop)
-
-    from specdraft.errors import file_error, payload_error_line
-
-    warnings.filterwarnings("ignore", category=UserWarning, module="megatron")  # config deprecations, TE absent
-    try:
-        result = work()
-    except KeyboardInterrupt as err:
-        print(f"[specdraft] stopped ({err or 'SIGINT'})", file=sys.stderr, flush=True)
-        return 130
-    except SpecdraftError as err:  # LoadError, ExportError, a refused run file
-        message, fix = getattr(err, "message", str(err)), getattr(err, "fix", "")
-        print(payload_error_line(message, fix), file=sys.stderr, flush=True)
-        return 2
-    except OSError as err:  # a read-only or full disk, a name too long: the user's, naming the path
-        user = file_error(err)
-        if user is None:
-            raise
-        print(payload_error_line(user.message, user.fix), file=sys.stderr, flush=True)
-        return 2
-    print(json.dumps(result), flush=True)
-    return 0

@@ -24,7 +24,8 @@ from specdraft.errors import UserError
 from specdraft.plan.model import LaunchPlan
 from specdraft.runs import files as runfiles
 from specdraft.runs.paths import SERVE_CACHE, RunPaths
-from specdraft.runtime.serve.offline import EXPORT_MARKER, LoadError, require_one_layer
+from specdraft.runtime.folders import EXPORT_MARKER, LoadError
+from specdraft.runtime.serve.offline import require_one_layer
 
 CPU_HEAD_DIMS = (32, 512)  # the head sizes vLLM's CPU attention backend serves
 MIN_KV_CACHE_BYTES = 64 << 20

@@ -64,8 +64,12 @@ class MarkovData:
         seed: int,
         drift_interval: int = 0,
         drift_fraction: float = 0.0,
+        trained_steps: range = range(0),
+        rows_per_step: int = 0,
     ):
         self.vocab_size = vocab_size
+        # the steps and rows the draft trains on (label_counts): the plan's [warmup_steps, train_iters) x its rows
+        self.trained_steps, self.rows_per_step = trained_steps, rows_per_step
         self.drift_interval, self.drift_fraction = drift_interval, drift_fraction
         self.row_tokens = row_tokens
         self.quantum = math.lcm(LENGTH_QUANTUM, pad_multiple)
@@ -91,6 +95,8 @@ class MarkovData:
             seed=plan.data.seed,
             drift_interval=plan.data.drift_interval,
             drift_fraction=plan.data.drift_fraction,
+            trained_steps=range(plan.training.warmup_steps, plan.training.train_iters),
+            rows_per_step=plan.num_microbatches * plan.parallel.dp,
         )
 
     def epoch(self, step: int) -> int:
@@ -137,6 +143,11 @@ class MarkovData:
     def step_rows(self, step: int, num_rows: int) -> list[Row]:
         return [self.row(step, i) for i in range(num_rows)]
 
+    def label_counts(self) -> torch.Tensor:
+        """(V,) int64: how often each token is a loss-bearing label in the rows the draft trains on (the trained
+        steps' rows): what a reduced draft vocabulary keeps the most frequent of (models/vocab/reduced.py)."""
+        return count_tokens(self, self.trained_steps, self.rows_per_step)
+
     # The data position (packing.PackedData has the same three): every row derives from the step alone.
     def position(self, step: int) -> None:
         return None
@@ -158,6 +169,15 @@ class MarkovData:
         for i in range(1, length):
             seq[i] = successors[seq[i - 1], picks[i - 1]]
         return seq
+
+
+def count_tokens(data: MarkovData, steps: range, rows_per_step: int) -> torch.Tensor:
+    """(V,) int64: how often each target token is a loss-bearing label over ``steps`` x ``rows_per_step`` rows."""
+    counts = torch.zeros(data.vocab_size, dtype=torch.int64)
+    for step in steps:
+        for row in data.step_rows(step, rows_per_step):
+            counts += torch.bincount(row.labels[row.loss_mask.bool()], minlength=data.vocab_size)
+    return counts
 
 
 def shifted(x: torch.Tensor, cu_seqlens: torch.Tensor, shift: int, fill=0) -> torch.Tensor:

@@ -11,9 +11,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from specdraft.runtime.attention.halo import gather_shifted, shift_rows
-from specdraft.runtime.attention.megatron_core import attention_summary
 from specdraft.runtime.context import RankContext
 from specdraft.runtime.models import eagle3_import
+from specdraft.runtime.models.core_attention import attention_summary
 from specdraft.runtime.models.draft import Eagle3Draft, draft_shape
 from specdraft.runtime.models.hf.checkpoint import plan_checkpoint
 from specdraft.runtime.models.hf.mapping import padded_vocab

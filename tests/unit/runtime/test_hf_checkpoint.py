@@ -253,8 +253,8 @@ def test_launch_refuses_a_bad_checkpoint_with_one_message_before_any_rank_starts
 
 
 def test_the_policy_and_draft_exports_must_pair_in_vllm():
+    from specdraft.runtime.folders import ExportError
     from specdraft.runtime.models.hf.export import check_pair
-    from specdraft.runtime.serve.offline import ExportError
 
     policy = {"vocab_size": 257, "max_position_embeddings": 256, "hidden_size": 64, "num_hidden_layers": 4}
     draft = {

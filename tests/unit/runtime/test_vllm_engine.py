@@ -9,9 +9,8 @@ import json
 import pytest
 
 from specdraft.assemble import compile
+from specdraft.runtime.folders import LoadError, write_folder
 from specdraft.runtime.serve import vllm_engine
-from specdraft.runtime.serve.folder import write_folder
-from specdraft.runtime.serve.offline import LoadError
 from specdraft.spec.load import load_layout
 from tests.support.cli import run_cli
 

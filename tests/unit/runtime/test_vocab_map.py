@@ -19,8 +19,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdraft.runtime.models.vocab.reduced import count_tokens, mapping
-from specdraft.runtime.train.data import MarkovData
+from specdraft.runtime.models.vocab.reduced import mapping
+from specdraft.runtime.train.data import MarkovData, count_tokens
 from tests.support.distributed import run_distributed
 
 # sha256 of rows (steps 0, 1, 17, 250; rows 0-2) of MarkovData(128, 64, 4, seed 1234) as it was before drift.

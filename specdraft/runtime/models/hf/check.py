@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="the plan's model section as JSON")
     parser.add_argument("--path", required=True, help="model.path")
     args = parser.parse_args(argv)
-    from specdraft.runtime.serve.offline import run_tool
+    from specdraft.runtime.tool import run_tool
 
     return run_tool(lambda: check(args.model, args.path))
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from specdraft.plan.model import LaunchPlan
+from specdraft.runtime.folders import ExportError
 from specdraft.runtime.models.hf import mapping
 from specdraft.runtime.models.hf.checkpoint import (
     FAMILIES,
@@ -26,7 +27,6 @@ from specdraft.runtime.models.hf.checkpoint import (
     stored_dtype,
     tokenizer_files,
 )
-from specdraft.runtime.serve.offline import ExportError
 
 MAX_SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size ("5GB")
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -163,11 +163,11 @@ def write(
     provenance: dict,
     max_shard_bytes: int = MAX_SHARD_BYTES,
 ) -> dict:
-    """Write the policy export into ``folder`` (appearing whole: serve/folder.py), in safetensors shards of at
+    """Write the policy export into ``folder`` (appearing whole: runtime/folders.py), in safetensors shards of at
     most ``max_shard_bytes`` (a larger tensor gets a shard of its own); returns what was written."""
     from safetensors.torch import save_file
 
-    from specdraft.runtime.serve.folder import write_folder, write_text
+    from specdraft.runtime.folders import write_folder, write_text
 
     dtype = export_dtype(plan)
     config = policy_config(plan, dtype)

@@ -21,16 +21,6 @@ import torch.distributed as dist
 from specdraft.plan.memory import HEAD_CHUNK_TOKENS
 from specdraft.plan.model import LaunchPlan
 from specdraft.runtime.models.vocab.parallel import argmax, log_softmax
-from specdraft.runtime.train.data import MarkovData
-
-
-def count_tokens(data: MarkovData, steps: range, rows_per_step: int) -> torch.Tensor:
-    """(V,) int64: how often each target token is a loss-bearing label over ``steps`` x ``rows_per_step`` rows."""
-    counts = torch.zeros(data.vocab_size, dtype=torch.int64)
-    for step in steps:
-        for row in data.step_rows(step, rows_per_step):
-            counts += torch.bincount(row.labels[row.loss_mask.bool()], minlength=data.vocab_size)
-    return counts
 
 
 def mapping(counts: torch.Tensor, draft_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,13 +35,10 @@ def mapping(counts: torch.Tensor, draft_vocab: int) -> tuple[torch.Tensor, torch
 
 
 def draft_vocabulary(data, plan: LaunchPlan) -> tuple[torch.Tensor, torch.Tensor]:
-    """(d2t, t2d) of ``plan``'s run: the same on every rank (a function of the spec and the seeded data only).
-    A data file (packing.PackedData) counts each of its samples once, as SpecForge counts its dataset."""
-    t = plan.training
-    if not isinstance(data, MarkovData):
-        return mapping(data.label_counts(), plan.draft.vocab_size)
-    counts = count_tokens(data, range(t.warmup_steps, t.train_iters), plan.num_microbatches * plan.parallel.dp)
-    return mapping(counts, plan.draft.vocab_size)
+    """(d2t, t2d) of ``plan``'s run: the same on every rank (a function of the spec and the seeded data only), from
+    the data's loss-bearing label counts (``data.label_counts()``: the Markov chain's trained rows, each sample of a
+    data file once as SpecForge counts its dataset, a GRPO run's reference answers)."""
+    return mapping(data.label_counts(), plan.draft.vocab_size)
 
 
 class Restriction:

@@ -112,9 +112,9 @@ class Instances:
     # ------------------------------------------------------------------------------------------------ opening
     def _write_folders(self) -> None:
         """Rank 0: the config-only HF and EAGLE-3 folders every engine starts from (RUN_DIR/rl/policy, rl/draft)."""
+        from specdraft.runtime.folders import write_folder, write_text
         from specdraft.runtime.models.hf import export as hf_export
         from specdraft.runtime.serve import eagle3
-        from specdraft.runtime.serve.folder import write_folder, write_text
 
         paths = self.ctx.paths
         error: Exception | None = None

@@ -1,6 +1,6 @@
-"""Export folders that appear whole: files are written into a temp folder beside the target, fsynced, recorded in
-the provenance marker (with each file's sha256), then moved in with one rename. An earlier specdraft export there
-is replaced (moved aside first, deleted after); anything else there is refused (offline.check_export_target)."""
+"""The folders the runtime's tools write, and the errors of reading a run or writing a folder: exports appear whole
+(files written into a temp folder beside the target, fsynced, recorded in the provenance marker with each file's
+sha256, then moved in with one rename); an earlier specdraft export there is replaced, anything else is refused."""
 
 from __future__ import annotations
 
@@ -12,9 +12,33 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from specdraft.errors import file_error
+from specdraft.errors import SpecdraftError, file_error
 from specdraft.fsutil import make_temp_dir, umask_mode
-from specdraft.runtime.serve.offline import EXPORT_MARKER, check_export_target
+
+EXPORT_MARKER = "specdraft-export.json"  # an export's provenance file; also what makes a folder safe to replace
+
+
+class LoadError(SpecdraftError):
+    """A run folder or checkpoint that cannot give what was asked (the user's to fix: exit 2)."""
+
+    def __init__(self, message: str, fix: str = ""):
+        self.message, self.fix = message, fix
+        super().__init__(message)
+
+
+class ExportError(LoadError):
+    """A draft or an output folder the EAGLE-3 export cannot take (more than one decoder layer, a foreign folder)."""
+
+
+def check_export_target(folder: Path) -> None:
+    """An export replaces an earlier specdraft export or fills an empty folder; anything else there is refused."""
+    folder = Path(folder)
+    empty = folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir())
+    if folder.exists() and not (folder / EXPORT_MARKER).is_file() and not empty:
+        raise ExportError(
+            f"{folder} exists and is not a specdraft export; refusing to replace it",
+            "pick another -o folder (an earlier specdraft export there is replaced)",
+        )
 
 
 def write_folder(folder: Path, fill: Callable[[Path], None], record: dict) -> Path:
