@@ -5,6 +5,6 @@ from __future__ import annotations
 
 import typing
 
-from specdraft.spec.schema import GrpoSpec
+from specdraft.spec.rl import GrpoSpec
 
 ENGINE_KINDS: tuple[str, ...] = typing.get_args(typing.get_type_hints(GrpoSpec)["engine"])

@@ -70,7 +70,7 @@ def test_no_deadlock_for_any_microbatch_count_or_draft_stage(tmp_path):
     for stage in ("last", "first", "1"):
         for m in range(1, 9):
             cases.append((f"{stage}-m{m}", _plan([f"draft.stage={stage}", f"training.global_batch_size={m}"]), {}))
-    results = run_distributed(_worker, 3, cases, str(tmp_path), timeout=240)
+    results = run_distributed(_worker, 3, cases, str(tmp_path), timeout=240, daemon=False)  # checkpoint writers
     finals = dict(results[0])
     for name, _, _ in cases:
         final = finals[name]
@@ -88,7 +88,7 @@ def test_no_deadlock_for_any_microbatch_count_or_draft_stage(tmp_path):
 def test_taps_arrive_bit_for_bit_and_blocking_baseline_agrees(tmp_path):
     plan = _plan(["training.global_batch_size=4"])
     cases = [("audit", plan, {"SPECDRAFT_TAP_AUDIT": "1"}), ("blocking", plan, {"SPECDRAFT_TAPS_BLOCKING": "1"})]
-    results = run_distributed(_worker, 3, cases, str(tmp_path), timeout=180)
+    results = run_distributed(_worker, 3, cases, str(tmp_path), timeout=180, daemon=False)
     finals = dict(results[0])
     assert finals["blocking"]["draft_loss"] == pytest.approx(finals["audit"]["draft_loss"], rel=1e-6)
     records = []

@@ -84,7 +84,7 @@ def runs(tmp_path_factory):
             ),
         },
         "random": _launch_and_export(
-            root, "random", [*hf_models.overrides(root / "none"), *TRAIN, *ONE, "parallel.tp=2"]
+            root, "random", [*hf_models.overrides(None), *TRAIN, *ONE, "parallel.tp=2"]
         ),
     }
 

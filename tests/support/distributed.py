@@ -72,7 +72,8 @@ def run_distributed(
     threads. Raises DistributedTestError naming the first failing rank with its traceback, a rank that exited
     without reporting, or (after ``timeout`` seconds of wall time) the ranks still running; the remaining
     processes are killed in every failure case, so a broken collective never hangs the test session. ``daemon``
-    False: ranks that start processes of their own (a vLLM engine's), which a daemonic process may not."""
+    False: ranks that start processes of their own (a vLLM engine's, the final checkpoint's writers), which a daemonic
+    process may not."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1; got {world_size}")
     ctx = mp.get_context("spawn")

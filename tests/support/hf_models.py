@@ -8,6 +8,7 @@ logits by far more than the parity tolerance. The vocabulary (257) divides by no
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -101,9 +102,10 @@ def save_tokenizer(folder: Path) -> None:
     fast.save_pretrained(folder)
 
 
-def overrides(folder: Path, kind: str = "llama") -> list[str]:
+def overrides(folder: Optional[Path], kind: str = "llama") -> list[str]:
     """Spec overrides of the built-in layout that describe the checkpoint's shape (4 layers, so aux layers are given);
-    the spec fills the rest (RoPE, epsilon, QK norm) from its config.json."""
+    the spec fills the rest (RoPE, epsilon, QK norm) from its config.json. folder None: the same shape from random
+    weights (no model.path)."""
     c = COMMON
     out = [
         f"model.num_layers={c['num_hidden_layers']}",
@@ -113,9 +115,10 @@ def overrides(folder: Path, kind: str = "llama") -> list[str]:
         f"model.num_query_groups={c['num_key_value_heads']}",
         f"model.vocab_size={VOCAB}",
         f"model.seq_length={sum(SEQUENCES)}",
-        f"model.path={folder}",
         "draft.aux_layers=[0,1,2]",
     ]
+    if folder is not None:
+        out.append(f"model.path={folder}")
     if kind == "mixtral":
         out += [
             "model.num_experts=4",

@@ -103,7 +103,9 @@ def test_empty_unreadable_and_foreign_files(tmp_path):
     os.mkfifo(fifo)
     assert "is a FIFO (named pipe), not a regular file" in _error(fifo), "refused, never waited on"
     unknown = write_jsonl(tmp_path / "unknown.jsonl", [{"question": "q", "answer": "a"}])
-    assert "line 1: has none of the fields `messages`, `prompt`/`response` or `text`" in _error(unknown)
+    assert "line 1: has none of the fields `messages`, `prompt`/`response`, `problem`/`expected_answer`" in (
+        _error(unknown)
+    )
 
 
 def test_the_tokenizer_folder_needs_tokenizer_files(tmp_path):

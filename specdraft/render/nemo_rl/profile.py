@@ -128,6 +128,7 @@ NOT_CARRIED: dict[str, str] = {
     "rollout.enabled": "NeMo-RL always runs its generation backend",
     "rollout.prompt_length": "specdraft's KV-cache sizing only",
     "rollout.acceptance_rate": "specdraft's rollout model only",
+    "rollout.schedule": "NeMo-RL dispatches prompts to its vLLM workers itself (no length-aware schedule)",
     "model.moe_aux_loss_coeff": "the base config sets moe_router_load_balancing_type: none for GRPO",
 }
 

@@ -17,7 +17,7 @@ from specdraft.runtime.rl.instances.buckets import Assembler, Packer, Slice, lay
 from specdraft.runtime.rl.instances.layout import instance_layout
 from specdraft.spec.engines import ENGINE_KINDS
 from specdraft.spec.load import load_layout
-from specdraft.spec.schema import GrpoSpec
+from specdraft.spec.rl import GrpoSpec
 from tests.support.paths import SHIPPED
 
 GRPO = SHIPPED / "grpo-tiny-cpu.yaml"
@@ -136,6 +136,8 @@ def test_vllm_engine_arguments_are_the_plans_rendered_settings(tmp_path):
     assert args["speculative_config"]["num_speculative_tokens"] == 2
     assert args["load_format"] == "dummy", "config-only folders: placeholder weights until the first refit"
     assert args["enable_sleep_mode"] is False  # CPU
-    too_long = compile(load_layout(GRPO, ["grpo.engine=vllm", "rollout.prompt_length=1024"]))  # 1032 > 32
-    with pytest.raises(ValueError, match="rollout.max_model_len 1032"):
-        engine_args(EngineConfig(**{**config.__dict__, "vllm_args": too_long.renders.vllm.engine_args}))
+    # validate refuses a max_model_len over the layout's positions; a served folder whose config.json says fewer
+    # positions than the plan is refused here, before vLLM starts
+    (tmp_path / "policy" / "config.json").write_text('{"max_position_embeddings": 16}')
+    with pytest.raises(ValueError, match="rollout.max_model_len 32 .* max_position_embeddings 16"):
+        engine_args(config)
