@@ -104,10 +104,11 @@ def rollout_rules(spec: LayoutSpec, err) -> None:
             "set rollout.colocated: true (and rollout.num_nodes: 0)",
         )
     if g.engine == "builtin" and r.tp > 1:
-        err(
+        warn(
             "grpo.engine",
             g.engine,
-            f"the built-in engine serves one device, so it runs at tp 1, but rollout.tp is {r.tp}",
+            f"the built-in engine serves an instance on its lead's device alone: at rollout.tp {r.tp}, {r.tp - 1} of "
+            "each instance's devices idle while it generates (rollout.tp sets how many instances there are)",
             "set rollout.tp: 1, or grpo.engine: vllm to serve each instance at rollout.tp",
         )
 
