@@ -86,10 +86,10 @@ def grpo_rules(spec: LayoutSpec, err, warn) -> None:
             f"vLLM on CPU serves head_dim >= {VLLM_CPU_MIN_HEAD_DIM} only; this model's is {head_dim}",
             "use grpo.engine: builtin, or the grpo-tiny-cpu layout (head_dim 32)",
         )
-    rollout_rules(spec, err)
+    rollout_rules(spec, err, warn)
 
 
-def rollout_rules(spec: LayoutSpec, err) -> None:
+def rollout_rules(spec: LayoutSpec, err, warn) -> None:
     """What the grpo workload's rollout instances can run: one engine per instance on the instance's own training
     ranks (colocated), the built-in engine at tp 1 (it serves one device)."""
     if spec.workload != "grpo":
