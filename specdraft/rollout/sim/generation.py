@@ -38,8 +38,9 @@ class GenConfig:
     # (longest-processing-time first) on the others. Used to search such starts (benchmarks/rollout_tp_regimes.py).
     start_groups: tuple = ()
     wide_first: int = 0
-    # How the samples reach the groups: "lpt" (longest predicted processing time first, as asp) or "even" (VeRL's
-    # equal contiguous shares in dataloader order, the `verl` baseline).
+    # How the samples reach the groups: "lpt" (longest predicted processing time first, as asp), "even" (VeRL's
+    # equal contiguous shares in dataloader order, the `verl` baseline) or "round_robin" (whole prompts dealt in
+    # turn, the GRPO job's fifo schedule).
     dispatch: str = "lpt"
 
 
@@ -80,10 +81,14 @@ class _Gen:
         self.reqs: list[Req] = []
         order = sorted(self.insts)
         hint = hint_from_cost(cfg.cost, tp, max(1, sum(len(p.lengths) for p in prompts) // max(len(order), 1)))
-        if cfg.dispatch not in ("lpt", "even"):
-            raise ValueError(f"dispatch {cfg.dispatch!r}: use lpt or even")
+        if cfg.dispatch not in ("lpt", "even", "round_robin"):
+            raise ValueError(f"dispatch {cfg.dispatch!r}: use lpt, even or round_robin")
         if cfg.start_groups:
             self._place_by_sample(prompts, hint)
+        elif cfg.dispatch == "round_robin":
+            for j, p in enumerate(prompts):
+                for s in range(len(p.lengths)):
+                    self._queue(order[j % len(order)], p, s)
         elif cfg.dispatch == "even":
             samples = [(p, s) for p in prompts for s in range(len(p.lengths))]  # a prompt's n samples side by side
             for gid, share in zip(order, even_shares(samples, len(order))):

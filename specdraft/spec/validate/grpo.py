@@ -86,10 +86,10 @@ def grpo_rules(spec: LayoutSpec, err, warn) -> None:
             f"vLLM on CPU serves head_dim >= {VLLM_CPU_MIN_HEAD_DIM} only; this model's is {head_dim}",
             "use grpo.engine: builtin, or the grpo-tiny-cpu layout (head_dim 32)",
         )
-    rollout_rules(spec, err)
+    rollout_rules(spec, err, warn)
 
 
-def rollout_rules(spec: LayoutSpec, err) -> None:
+def rollout_rules(spec: LayoutSpec, err, warn) -> None:
     """What the grpo workload's rollout instances can run: one engine per instance on the instance's own training
     ranks (colocated), the built-in engine at tp 1 (it serves one device)."""
     if spec.workload != "grpo":
@@ -104,10 +104,11 @@ def rollout_rules(spec: LayoutSpec, err) -> None:
             "set rollout.colocated: true (and rollout.num_nodes: 0)",
         )
     if g.engine == "builtin" and r.tp > 1:
-        err(
+        warn(
             "grpo.engine",
             g.engine,
-            f"the built-in engine serves one device, so it runs at tp 1, but rollout.tp is {r.tp}",
+            f"the built-in engine serves an instance on its lead's device alone: at rollout.tp {r.tp}, {r.tp - 1} of "
+            "each instance's devices idle while it generates (rollout.tp sets how many instances there are)",
             "set rollout.tp: 1, or grpo.engine: vllm to serve each instance at rollout.tp",
         )
 

@@ -120,8 +120,11 @@ def test_the_engines_max_model_len_fits_the_policys_positions():
 
 
 def test_grpo_refuses_rollout_it_cannot_run_naming_the_fields():
-    errors, _ = _problems(GRPO, "rollout.tp=2")  # grpo.engine: builtin
-    assert errors == ["grpo.engine: the built-in engine serves one device, so it runs at tp 1, but rollout.tp is 2"]
+    errors, warnings = _problems(GRPO, "rollout.tp=2")  # grpo.engine: builtin: on its lead's device, and said so
+    assert errors == [] and warnings == [
+        "grpo.engine: the built-in engine serves an instance on its lead's device alone: at rollout.tp 2, 1 of each "
+        "instance's devices idle while it generates (rollout.tp sets how many instances there are)"
+    ]
     assert _problems(GRPO, "rollout.tp=2", "grpo.engine=vllm") == ([], [])
     errors, _ = _problems(GRPO, "rollout.colocated=false", "rollout.num_nodes=1", "rollout.enabled=true")
     assert [e.split(":")[0] for e in errors] == ["rollout.colocated"] and "dedicated rollout nodes" in errors[0]

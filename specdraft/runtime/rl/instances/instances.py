@@ -58,8 +58,6 @@ class Instances:
         self.rank = ctx.global_rank
         self.kind = plan.grpo.engine
         self.layout: tuple[Instance, ...] = instance_layout(plan)
-        if self.kind == "builtin" and plan.rollout_settings.tp > 1:
-            raise ValueError(f"grpo.engine builtin serves one device; rollout.tp is {plan.rollout_settings.tp}")
         self.speculating = bool(plan.draft.enabled and plan.rollout_settings.speculative)
         self.cuda = ctx.device.startswith("cuda")
         self.out = Outgoing(trainer, self.layout, bucket_bound(), self.speculating, resumed_draft)
