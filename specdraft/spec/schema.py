@@ -189,7 +189,7 @@ class DraftSpec:
     the policy and this section: shapes, vocabularies, taps (in each format's numbering), norms (docs/models.md)."""
     norm_before_residual: bool = False
     """First draft layer's residual: hidden_norm's output (vLLM's norm_before_residual); false = the raw hidden."""
-    norm_output: bool = False
+    norm_output: bool = True
     """TTT steps after the first read the post-norm output (EAGLE-3.1), false: the raw one; draft.path: its own."""
     refit_interval: int = 1
     """GRPO: RL steps between refits of the co-trained draft into the rollout engine (the policy refits every step)."""

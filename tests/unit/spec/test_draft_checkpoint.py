@@ -129,6 +129,10 @@ def test_norm_output_is_the_checkpoints_unless_the_layout_says_otherwise(tmp_pat
     assert "set draft.norm_output=true" in refused(eagle31, "draft.norm_output=false")
 
 
+def test_a_draft_from_random_weights_carries_the_post_norm_hidden_state():
+    assert load_layout(None).draft.norm_output is True  # EAGLE-3.1's norm_output
+
+
 def test_speculators_without_norm_before_residual_is_ambiguous_and_refused(tmp_path):
     folder = make(tmp_path / "sp", "speculators")
     config = json.loads((folder / "config.json").read_text())
