@@ -63,6 +63,7 @@ class DraftConfig:
     aux_outputs: Optional[tuple[int, ...]]  # specdraft's numbering (layer outputs); None = EAGLE-3's default taps
     aux_said: str  # the key, its value and its numbering, for messages
     norm_before_residual: bool
+    norm_output: bool  # EAGLE-3.1: a draft step after the first reads the previous one's post-norm hidden state
     max_position_embeddings: Optional[int]
     rope_theta: float
     rope_scaling: Optional[dict]  # llama3 scaling's four numbers, or None
@@ -88,6 +89,7 @@ class Expected:
     rope_scaling: Optional[dict]
     norm_epsilon: float
     norm_before_residual: bool
+    norm_output: bool
     seq_length: int
 
 
@@ -174,13 +176,19 @@ def _parse(file: Path, fmt: str, layer: dict, top: dict) -> tuple[Optional[Draft
     for key in ("fc_norm", "norm_before_fc", "attention_bias", "mlp_bias"):
         if top.get(key) or layer.get(key):
             bad(f"{key} is true: specdraft's draft has no such norm or bias")
-    if top.get("norm_output"):
+    nout = top.get("norm_output", False)
+    if fmt == "specforge" and "norm_output" in top:
+        # SpecForge's flag has meant two things: before its PR 879, false left the LM head's input un-normalised
+        # and true was EAGLE-3; since, false is EAGLE-3 and true EAGLE-3.1. A SpecForge config cannot say which.
+        said = str(nout).lower() if isinstance(nout, bool) else repr(nout)
         bad(
-            "norm_output is true: vLLM then feeds the post-norm hidden state back across draft steps (EAGLE-3.1), "
-            "specdraft's TTT feeds the pre-norm one"
+            f"norm_output is {said} in a SpecForge-layout config, where the flag's meaning changed between "
+            "SpecForge versions",
+            "drop norm_output from config.json for an EAGLE-3 draft, or write the checkpoint in vLLM's layout "
+            "(a top-level eagle_aux_hidden_state_layer_ids) with norm_output as it was trained",
         )
-    elif fmt == "specforge" and "norm_output" in top:
-        bad("norm_output is false: SpecForge's LM head then reads the hidden state without the final norm")
+    elif not isinstance(nout, bool):
+        bad(f"norm_output is {nout!r}: must be true or false")
     if layer.get("hidden_act") != "silu":
         bad(f"hidden_act is {layer.get('hidden_act')!r}: specdraft's draft MLP is SwiGLU (silu)")
     target_hidden = top.get("target_hidden_size")
@@ -214,7 +222,8 @@ def _parse(file: Path, fmt: str, layer: dict, top: dict) -> tuple[Optional[Draft
         return None, problems
     found = DraftConfig(
         file=str(file), format=fmt, **shape, draft_vocab_size=draft_vocab, aux_outputs=aux, aux_said=said,
-        norm_before_residual=nbr, max_position_embeddings=mpe, rope_theta=float(theta), rope_scaling=scaling,
+        norm_before_residual=nbr, norm_output=nout is True,
+        max_position_embeddings=mpe, rope_theta=float(theta), rope_scaling=scaling,
         rms_norm_eps=float(eps),
     )  # fmt: skip
     return found, []
@@ -307,6 +316,9 @@ def check(found: DraftConfig, want: Expected) -> tuple[list[Finding], list[str]]
     differ("norm_before_residual", found.norm_before_residual, "draft.norm_before_residual",
            want.norm_before_residual, "the first layer's residual must be what the draft was trained with",
            f"set draft.norm_before_residual={str(found.norm_before_residual).lower()}")  # fmt: skip
+    differ("norm_output", found.norm_output, "draft.norm_output", want.norm_output, "each draft step after the "
+           "first must read the hidden state the draft was trained to carry (post-norm under EAGLE-3.1)",
+           f"set draft.norm_output={str(found.norm_output).lower()}")  # fmt: skip
     differ("rope_theta", found.rope_theta, "model.rotary_base", float(want.rotary_base), "the draft keeps the "
            "policy's RoPE")  # fmt: skip
     differ("rope_scaling", found.rope_scaling, "model.rope_scaling", want.rope_scaling, "the draft keeps the "

@@ -349,6 +349,7 @@ def _build(
         export_interval=d.export_interval,
         path=d.path,
         norm_before_residual=d.norm_before_residual,
+        norm_output=d.norm_output,
         refit_interval=d.refit_interval,
     )
     return LaunchPlan(

@@ -32,6 +32,7 @@ def expected(plan: LaunchPlan) -> Expected:
         rope_scaling={k: float(getattr(scaling, k)) for k in SCALING} if scaling is not None else None,
         norm_epsilon=m.norm_epsilon,
         norm_before_residual=d.norm_before_residual,
+        norm_output=d.norm_output,
         seq_length=m.seq_length,
     )
 

@@ -30,7 +30,8 @@ from specdraft.spec.schema import LayoutSpec, RopeScaling
 # 12: workload, what launch runs by default.
 # 13: draft.lr_warmup_steps; model.path and draft.model may be null (no checkpoint: the renders say so);
 # rollout_settings.schedule; a grpo layout always plans its rollout instances (`rollout`).
-SCHEMA_VERSION = 13
+# 14: draft.norm_output.
+SCHEMA_VERSION = 14
 Tap = Union[int, str]  # a target layer index, or "embedding" / "logits"
 
 
@@ -176,6 +177,7 @@ class DraftPlan:
     export_interval: int
     path: Optional[str]  # the EAGLE-3 checkpoint folder the draft starts from; None = random weights
     norm_before_residual: bool  # layer 0's residual is hidden_norm's output (vLLM's norm_before_residual)
+    norm_output: bool  # a TTT step after the first reads the previous one's post-norm hidden state (EAGLE-3.1)
     refit_interval: int  # GRPO: steps between refits of the draft into the rollout engine
 
 

@@ -85,19 +85,19 @@ def _read_layout(file: Path) -> str:
 
 def load_layout_text(text: str, overrides: Sequence[str] = (), source: str = "<text>") -> LayoutSpec:
     """Parse YAML text plus dotlist overrides into a LayoutSpec, reporting every problem at once."""
+    from specdraft.spec.checkpoints import draft as draft_checkpoint
     from specdraft.spec.checkpoints import hf_config
     from specdraft.spec.source.text import to_plain_dict
 
     data = to_plain_dict(text, overrides, source)
     hf = hf_config.read(data, source)  # model.path's config.json, when it is a local folder
     given = hf_config.fill(data, hf, source) if hf is not None else set()
+    draft_checkpoint.fill(data)  # draft.norm_output from draft.path's config.json, unless the layout says it
     stood_in: list[str] = []
     spec, problems = build(LayoutSpec, data, "", stood_in)
     if hf is not None and spec is not None:
         problems += hf_config.disagreements(spec.model, hf, given)
     if spec is not None and (spec.draft.path is not None or spec.draft.model is not None):
-        from specdraft.spec.checkpoints import draft as draft_checkpoint
-
         problems += draft_checkpoint.problems(spec)  # the EAGLE-3 checkpoint the draft starts from
         problems += draft_checkpoint.model_problems(spec)  # and the one the renders hand to vLLM
     if problems:

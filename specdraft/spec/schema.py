@@ -187,12 +187,12 @@ class DraftSpec:
     """Steps between publishing the draft for vLLM/SGLang to RUN_DIR/draft/step-N/ (and after the last); 0 = off."""
     path: Optional[str] = None
     """Absolute path of a local EAGLE-3 checkpoint folder the draft starts from (vLLM's LlamaForCausalLMEagle3 as
-    `specdraft export` writes it, SpecForge's, or the speculators Eagle3Speculator format); null = random weights.
-    Its config.json must fit the policy and this section: shapes, vocabularies, aux layers (each format's own
-    numbering is converted to specdraft's), norm_before_residual (docs/models.md)."""
+    `specdraft export` writes it, SpecForge's, or speculators' Eagle3Speculator); null = random weights. It must fit
+    the policy and this section: shapes, vocabularies, taps (in each format's numbering), norms (docs/models.md)."""
     norm_before_residual: bool = False
-    """First draft layer: the residual is the hidden state after hidden_norm (vLLM's and speculators'
-    norm_before_residual); false = the un-normalised hidden state (SpecForge's layer, vLLM's default)."""
+    """First draft layer's residual: hidden_norm's output (vLLM's norm_before_residual); false = the raw hidden."""
+    norm_output: bool = True
+    """TTT steps after the first read the post-norm output (EAGLE-3.1), false: the raw one; draft.path: its own."""
     refit_interval: int = 1
     """GRPO: RL steps between refits of the co-trained draft into the rollout engine (the policy refits every step)."""
 

@@ -11,7 +11,9 @@ What it takes from those sources:
 - TTT attention (SpecForge's cache_hidden path): step j's query sees step 0's keys causally and the keys of
   steps 1..j at its own position only, one softmax; positions are offset by j;
 - the final `norm`, `lm_head` over the draft vocabulary, and vLLM's compute_logits: draft id i is target id
-  i + d2t[i], every other target id gets -inf.
+  i + d2t[i], every other target id gets -inf;
+- the hidden state step j+1 reads: step j's output, after the final norm when config.json says `norm_output`
+  (EAGLE-3.1; vLLM's LlamaModel returns it as the proposer's next hidden state).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Eagle3Reader:
         self.heads, self.kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
         self.head_dim = c.get("head_dim") or c["hidden_size"] // self.heads
         self.layer_outputs = list(c["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+        self.norm_output = c.get("norm_output", False) is True  # vLLM's getattr default
 
     def w(self, name: str) -> torch.Tensor:
         return self.weights[name]
@@ -103,7 +106,10 @@ class Eagle3Reader:
             gate = y @ self.w("midlayer.mlp.gate_proj.weight").T
             up = y @ self.w("midlayer.mlp.up_proj.weight").T
             hidden = hidden_mid + (torch.nn.functional.silu(gate) * up) @ self.w("midlayer.mlp.down_proj.weight").T
-            out.append(self.target_logits(self._rms(hidden, "norm.weight") @ self.w("lm_head.weight").T))
+            normed = self._rms(hidden, "norm.weight")
+            out.append(self.target_logits(normed @ self.w("lm_head.weight").T))
+            if self.norm_output:  # EAGLE-3.1: vLLM's model returns the post-norm state as the next step's input
+                hidden = normed
         return out
 
     def target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:

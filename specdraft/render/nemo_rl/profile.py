@@ -114,6 +114,7 @@ NOT_CARRIED: dict[str, str] = {
     "draft.path": "policy.draft.model_name would take num_layers, aux_layer_indices and draft_vocab_size from that "
     "checkpoint's config.json in its own numbering; specdraft initialises its draft from it itself",
     "draft.norm_before_residual": "no NeMo-RL key for it",
+    "draft.norm_output": "no NeMo-RL key for it (its draft trains one shifted step, which carries no hidden state)",
     "training.warmup_steps": "no policy-only warm-up in NeMo-RL",
     "training.tp_comm_overlap": "NeMo-RL does not set up TransformerEngine userbuffers",
     "training.keep_checkpoints": "NeMo-RL keeps checkpointing.keep_top_k by checkpointing.metric_name, not the newest",

@@ -2,10 +2,11 @@
 an LM head over the (possibly reduced) draft vocabulary; the forward is vLLM's and SpecForge's (DraftLayer).
 
 Training-time test (TTT) unrolls S steps: step j's input at row p is [emb(x_{p+1+j}) ; h_j(p)], where h_0 is the
-fused taps and h_j the draft's own step j-1 output; it is trained towards the (detached) target distribution at
-row p+1+j by forward KL. The query of step j attends to the trunk (step 0) keys causally and to the branch keys of
-steps 1..j at its own row, in one softmax: `branch_attention` (zigzag ring under CP). EAGLE-3:
-https://arxiv.org/abs/2503.01840; mask as in SpecForge's generate_eagle3_mask.
+fused taps and h_j the draft's own step j-1 output (after the final norm under norm_output, EAGLE-3.1); it is
+trained towards the (detached) target distribution at row p+1+j by forward KL. The query of step j attends to the
+trunk (step 0) keys causally and to the branch keys of steps 1..j at its own row, in one softmax:
+`branch_attention` (zigzag ring under CP). EAGLE-3: https://arxiv.org/abs/2503.01840; EAGLE-3.1's norm_output:
+vLLM's llama_eagle3 and speculators; mask as in SpecForge's generate_eagle3_mask.
 
 Like the target, the draft is tensor-parallel: heads, MLP and a vocab-parallel LM head are split over tp with
 megatron-core's Column/RowParallelLinear, and the KL is computed on vocab shards (vocab_parallel.py); a reduced
@@ -44,6 +45,7 @@ class DraftShape:
     norm_eps: float = 1e-5  # the target's model.norm_epsilon (EAGLE-3 drafts keep its rms_norm_eps)
     rope_scaling: Optional[RopeScaling] = None  # the target's Llama-3.1 scaling, as the draft's config.json has it
     norm_before_residual: bool = False  # layer 0's residual is hidden_norm's output (draft.norm_before_residual)
+    norm_output: bool = False  # a TTT step after the first reads the previous one's post-norm output (EAGLE-3.1)
 
     @property
     def reduced_vocab(self) -> bool:
@@ -227,6 +229,12 @@ class Eagle3Draft(nn.Module):
         """(rows, h) -> (rows, vocab/tp) vocab-parallel logits (the vocabulary's padding masked)."""
         return mask_padding(self.lm_head(self.norm(hidden))[0], self.shape.vocab, self.tp_rank)
 
+    def carry(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What the next TTT step reads of a step's output ``hidden``: EAGLE-3 feeds it as it is, EAGLE-3.1
+        (norm_output) after the final norm. Un-normalised, each step adds its update to a residual that already
+        holds every earlier step's, so later steps drift towards step 0's prediction."""
+        return self.norm(hidden) if self.shape.norm_output else hidden
+
     def ttt(
         self, aux: torch.Tensor, emb: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, cp_group=None
     ) -> list[torch.Tensor]:
@@ -252,8 +260,8 @@ class Eagle3Draft(nn.Module):
                     0
                 ]  # (t, H/tp, d)
                 x = layer.finish(x, attn)
-            hidden = x
-            outputs.append(hidden)
+            outputs.append(x)  # `head` normalises it for the logits
+            hidden = self.carry(x)
         return outputs
 
 
@@ -281,4 +289,5 @@ def draft_shape(plan: LaunchPlan, tp: int | None = None) -> DraftShape:
         norm_eps=m.norm_epsilon,
         rope_scaling=m.rope_scaling,
         norm_before_residual=plan.draft.norm_before_residual,
+        norm_output=plan.draft.norm_output,
     )

@@ -96,6 +96,8 @@ def config(plan: LaunchPlan, dtype: torch.dtype) -> dict:
         "tie_word_embeddings": False,
         # False: layer 0's residual is the un-normalised hidden state (vLLM's default); an imported draft's own
         "norm_before_residual": plan.draft.norm_before_residual,
+        # True: a draft step after the first reads the previous one's post-norm hidden state (EAGLE-3.1)
+        "norm_output": plan.draft.norm_output,
         "torch_dtype": str(dtype).removeprefix("torch."),
         "eagle_aux_hidden_state_layer_ids": vllm_aux_ids(aux),  # vLLM: the inputs of these layers
         "eagle_config": {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": aux},  # SGLang: outputs

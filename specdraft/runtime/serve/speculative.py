@@ -4,9 +4,9 @@ Each verify step runs the target once over the sequence plus K chain-drafted tok
 of drafts equal to the target's own greedy tokens and adds the target's next (bonus) token, so the output is
 exactly plain greedy decoding's. Drafting is the training-time test run forward: step 0 at the last processed row
 r reads [emb(bonus token) ; fc(aux(r))] at position r and sees the trunk (step 0 at every row <= r); step j reads
-[emb(draft j) ; step j-1's output] at position r + j and also sees steps 1..j at row r, the mask the draft trained
-under (draft.py). Neither model keeps a KV cache: every target forward recomputes the whole prefix, in both arms,
-so tokens per target forward is what the wall-clock ratio reflects.
+[emb(draft j) ; step j-1's output as the draft carries it] at position r + j and also sees steps 1..j at row r, the
+mask the draft trained under (draft.py). Neither model keeps a KV cache: every target forward recomputes the whole
+prefix, in both arms, so tokens per target forward is what the wall-clock ratio reflects.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def draft_chain_batch(
     seen = (rows[None] <= last[:, None])[:, None]  # (B, 1, L): each sequence's trunk rows
     branch: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in draft.layers]
     for j in range(1, k):
-        x = hidden
+        x = draft.carry(hidden)  # what the next step reads (post-norm under EAGLE-3.1's norm_output)
         position = last + j
         for i, layer in enumerate(draft.layers):
             q, key, value = layer.project(x, out[-1][1] if i == 0 else None, position)  # (B, heads, d)

@@ -33,8 +33,23 @@ def expected(spec: LayoutSpec) -> eagle3_checkpoint.Expected:
         rope_scaling={k: float(v) for k, v in asdict(m.rope_scaling).items()} if m.rope_scaling else None,
         norm_epsilon=m.norm_epsilon,
         norm_before_residual=d.norm_before_residual,
+        norm_output=d.norm_output,
         seq_length=m.seq_length,
     )
+
+
+def fill(data: dict) -> None:
+    """draft.norm_output, when the layout names a draft.path and leaves it out, is the checkpoint's own: EAGLE-3
+    checkpoints carry the un-normalised hidden state from step to step, EAGLE-3.1 ones the post-norm one. A folder
+    that cannot be read is left to `problems`, which names what is wrong with it."""
+    draft = data.get("draft")
+    if not isinstance(draft, dict) or "norm_output" in draft or not isinstance(draft.get("path"), str):
+        return
+    if not os.path.isabs(draft["path"]) or draft.get("enabled") is False:
+        return
+    found, _ = eagle3_checkpoint.read(Path(draft["path"]))
+    if found is not None:
+        draft["norm_output"] = found.norm_output
 
 
 def problems(spec: LayoutSpec) -> list[Problem]:

@@ -117,6 +117,22 @@ def test_norm_before_residual_must_be_what_the_draft_was_trained_with(tmp_path):
     assert "norm_before_residual is False" in refused(folder, "draft.norm_before_residual=true")
 
 
+@pytest.mark.parametrize("fmt", ["vllm", "speculators"])
+def test_norm_output_is_the_checkpoints_unless_the_layout_says_otherwise(tmp_path, fmt):
+    eagle31 = make(tmp_path / "31", fmt, norm_output=True)
+    assert load(eagle31).draft.norm_output is True
+    eagle3 = make(tmp_path / "3", fmt)
+    assert load(eagle3).draft.norm_output is False  # EAGLE-3: the un-normalised hidden state from step to step
+    message = refused(eagle3, "draft.norm_output=true")
+    assert "norm_output is False, but draft.norm_output is True" in message
+    assert "set draft.norm_output=false" in message
+    assert "set draft.norm_output=true" in refused(eagle31, "draft.norm_output=false")
+
+
+def test_a_draft_from_random_weights_carries_the_post_norm_hidden_state():
+    assert load_layout(None).draft.norm_output is True  # EAGLE-3.1's norm_output
+
+
 def test_speculators_without_norm_before_residual_is_ambiguous_and_refused(tmp_path):
     folder = make(tmp_path / "sp", "speculators")
     config = json.loads((folder / "config.json").read_text())
@@ -131,8 +147,8 @@ def test_speculators_without_norm_before_residual_is_ambiguous_and_refused(tmp_p
     [
         ("vllm", {"fc_norm": True}, "fc_norm is true"),
         ("speculators", {"norm_before_fc": True}, "norm_before_fc is true"),
-        ("vllm", {"norm_output": True}, "norm_output is true"),
-        ("specforge", {"norm_output": False}, "norm_output is false"),
+        ("specforge", {"norm_output": False}, "norm_output is false in a SpecForge-layout config"),
+        ("specforge", {"norm_output": True}, "norm_output is true in a SpecForge-layout config"),
         ("vllm", {"attention_bias": True}, "attention_bias is true"),
         ("vllm", {"target_hidden_size": 128}, "target_hidden_size 128"),
         ("vllm", {"architectures": ["LlamaForCausalLM"]}, "is no EAGLE-3 draft"),

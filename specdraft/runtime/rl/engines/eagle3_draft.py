@@ -106,6 +106,10 @@ class FolderDraft(nn.Module):
         """(rows, h) -> (rows, Vd) logits over the draft vocabulary."""
         return self.lm_head(self.norm(hidden))
 
+    def carry(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What the next draft step reads of a step's output: after the final norm under norm_output (EAGLE-3.1)."""
+        return self.norm(hidden) if self.config.get("norm_output", False) else hidden
+
     def target_ids(self) -> torch.Tensor | None:
         """(Vd,) the target id of each draft id, or None when the vocabularies are the same."""
         if self.draft_vocab_size == self.vocab_size:
