@@ -1,7 +1,7 @@
 """Field documentation for `specdraft explain`: each field's attribute docstring, type and default.
 
-The docstrings live under the fields in schema.py; they are read from the source with `ast`, so the schema
-stays the single place that documents itself.
+The docstrings live under the fields in schema.py and rl.py (the RL sections); they are read from the source with
+`ast`, so the schema stays the single place that documents itself.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import MISSING, dataclass, fields, is_dataclass
 from functools import lru_cache
 
 from specdraft.errors import UserError
-from specdraft.spec import schema
+from specdraft.spec import rl, schema
 from specdraft.spec.bounds import bounds_table
 from specdraft.spec.load import _describe
 
@@ -30,10 +30,10 @@ class FieldDoc:
 
 @lru_cache(maxsize=1)
 def _docstrings() -> dict[tuple[str, str], str]:
-    """(class name, field name) -> the string literal that follows the field in schema.py."""
-    tree = ast.parse(inspect.getsource(schema))
+    """(class name, field name) -> the string literal that follows the field in schema.py or rl.py."""
+    nodes = [node for module in (schema, rl) for node in ast.parse(inspect.getsource(module)).body]
     out = {}
-    for node in tree.body:
+    for node in nodes:
         if not isinstance(node, ast.ClassDef):
             continue
         body = node.body
