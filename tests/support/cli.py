@@ -47,7 +47,8 @@ def run_cli(
 
     app = _app()
     argv = [str(a) for a in args]
-    overrides: dict[str, str | None] = {"SPECDRAFT_DEBUG": None, **(env or {})}
+    # A wide terminal unless the test says otherwise, whatever runs the tests (an xdist worker has none)
+    overrides: dict[str, str | None] = {"SPECDRAFT_DEBUG": None, "COLUMNS": "200", **(env or {})}
     runner = CliRunner()
     with contextlib.chdir(cwd or Path.cwd()), runner.isolation(input=input, env=overrides) as (out, err, _):
         # The isolation pins help text to 80 columns; a real process sizes it from COLUMNS or the terminal.
