@@ -83,9 +83,7 @@ def runs(tmp_path_factory):
                 root, "mixtral", hf_models.overrides(mixtral, "mixtral") + TRAIN + ONE + ["parallel.ep=2"]
             ),
         },
-        "random": _launch_and_export(
-            root, "random", [*hf_models.overrides(None), *TRAIN, *ONE, "parallel.tp=2"]
-        ),
+        "random": _launch_and_export(root, "random", [*hf_models.overrides(None), *TRAIN, *ONE, "parallel.tp=2"]),
     }
 
 
