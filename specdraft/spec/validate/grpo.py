@@ -91,7 +91,7 @@ def grpo_rules(spec: LayoutSpec, err, warn) -> None:
 
 def rollout_rules(spec: LayoutSpec, err, warn) -> None:
     """What the grpo workload's rollout instances can run: one engine per instance on the instance's own training
-    ranks (colocated), the built-in engine at tp 1 (it serves one device)."""
+    ranks (colocated); the built-in engine on the instance's lead device alone (a warning above tp 1)."""
     if spec.workload != "grpo":
         return
     r, g = spec.rollout, spec.grpo
