@@ -19,6 +19,7 @@ from specdraft.render.megatron import megatron_argv
 from specdraft.render.nemo_rl import nemo_rl_overrides
 from specdraft.render.vllm import vllm_settings
 from specdraft.rollout.model.instances import check_rollout, plan_rollout
+from specdraft.rollout.model.speculation import with_adaptive_k
 from specdraft.runs.files import parse_json
 from specdraft.runs.paths import MAX_PLAN_BYTES
 from specdraft.spec.schema import LayoutSpec
@@ -35,8 +36,9 @@ def compile(spec: LayoutSpec) -> LaunchPlan:
     """Validate and compile ``spec`` into the whole plan; raise SpecError listing every problem at once."""
     r_errors, r_warnings = check_rollout(spec)
     core = compile_core(spec, extra_errors=r_errors, extra_warnings=r_warnings)
+    core = dataclasses.replace(core, rollout=with_adaptive_k(spec, plan_rollout(spec)))  # the vLLM render reads it
     renders = Renders(megatron=megatron_argv(core), nemo_rl=nemo_rl_overrides(core), vllm=vllm_settings(core))
-    return dataclasses.replace(core, renders=renders, rollout=plan_rollout(spec))
+    return dataclasses.replace(core, renders=renders)
 
 
 def verify(plan: LaunchPlan, source: str) -> LaunchPlan:

@@ -103,7 +103,14 @@ def _print_plan(console, data: dict) -> None:
             f", acceptance {plan.acceptance_rate:.2f} -> {data['expected_accepted_tokens']:.2f} "
             "tokens/verify",
         ),
-        ("speculation pays up to batch", str(data["speculation_below_batch"])),
+        ("speculation pays up to batch", f"{data['speculation_below_batch']} (the cost model)"),
+        (
+            "k by running batch",
+            ", ".join(f"{a}-{b}: {k}" for a, b, k in plan.adaptive_k.schedule) + " (the cost model; the job "
+            "re-derives it from measured acceptance)"
+            if plan.adaptive_k
+            else f"{plan.num_speculative_tokens} at every batch (rollout.adaptive_k: false)",
+        ),
         ("max_model_len", str(data["max_model_len"])),
         (
             "weights per GPU",

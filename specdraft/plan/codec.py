@@ -83,8 +83,15 @@ def decode(tp: Any, data: Any, path: str, *, spec_decoder: Callable[[Any, str], 
     if origin is tuple:
         if not isinstance(data, list):
             raise PlanFormatError(f"{path}: expected a list, got {_kind(data)}")
-        item = args[0]
-        return tuple(decode(item, v, f"{path}[{i}]", spec_decoder=spec_decoder) for i, v in enumerate(data))
+        if len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]
+            items = [args[0]] * len(data)
+        elif len(args) != len(data):  # a fixed tuple, e.g. tuple[int, tuple[float, ...]]
+            raise PlanFormatError(f"{path}: expected {len(args)} items, got {len(data)}")
+        else:
+            items = list(args)
+        return tuple(
+            decode(item, v, f"{path}[{i}]", spec_decoder=spec_decoder) for i, (item, v) in enumerate(zip(items, data))
+        )
     if tp is dict or origin is dict:
         if not isinstance(data, dict):
             raise PlanFormatError(f"{path}: expected an object, got {_kind(data)}")

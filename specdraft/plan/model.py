@@ -14,6 +14,7 @@ from typing import Any, Optional, Union
 from specdraft.plan.codec import PlanFormatError, decode, encode_rows, encode_value
 from specdraft.plan.dims import ParallelDims
 from specdraft.plan.grpo import GrpoPlan
+from specdraft.plan.rollout import RolloutPlan
 from specdraft.plan.settings import ClusterPlan, RolloutSettings, SlurmPlan, TrainingPlan
 from specdraft.spec.schema import LayoutSpec, RopeScaling
 
@@ -31,7 +32,8 @@ from specdraft.spec.schema import LayoutSpec, RopeScaling
 # 13: draft.lr_warmup_steps; model.path and draft.model may be null (no checkpoint: the renders say so);
 # rollout_settings.schedule; a grpo layout always plans its rollout instances (`rollout`).
 # 14: draft.norm_output.
-SCHEMA_VERSION = 14
+# 15: rollout.adaptive_k (rollout.adaptive_k: the k-by-batch schedule and its cost table).
+SCHEMA_VERSION = 15
 Tap = Union[int, str]  # a target layer index, or "embedding" / "logits"
 
 
@@ -246,45 +248,6 @@ class Renders:
     megatron: tuple[str, ...]  # the exact Megatron-LM argv (Megatron-LM's own flags only)
     nemo_rl: dict  # NeMo-RL overrides, nested as its YAML configs
     vllm: VllmRender
-
-
-@dataclass(frozen=True, kw_only=True)
-class KvBudget:
-    """Per-GPU HBM split of one rollout instance."""
-
-    weights_bytes_per_gpu: int
-    target_weights_bytes_per_gpu: int
-    draft_weights_bytes_per_gpu: int
-    kv_bytes_per_gpu: int
-    kv_bytes_per_token_per_gpu: float
-    max_full_length_sequences: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class RolloutInstance:
-    """One vLLM instance: its node, local GPUs and, when colocated, the training ranks it shares them with."""
-
-    instance: int
-    node: int
-    local_gpus: tuple[int, ...]
-    training_ranks: Optional[tuple[int, ...]]
-
-
-@dataclass(frozen=True, kw_only=True)
-class RolloutPlan:
-    """The rollout side: vLLM instances and their speculative-decoding settings."""
-
-    colocated: bool
-    num_gpus: int
-    tp: int
-    num_instances: int
-    instances: tuple[RolloutInstance, ...]
-    samples_per_step: int
-    max_policy_lag: int
-    speculative: bool
-    num_speculative_tokens: int
-    acceptance_rate: float
-    kv: KvBudget
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,6 +21,8 @@ class SpeculativeConfig:
     model: str
     num_speculative_tokens: int
     draft_tensor_parallel_size: int
+    num_speculative_tokens_per_batch_size: Optional[tuple[tuple[int, int, int], ...]] = None
+    """rollout.adaptive_k: (first batch, last batch, k) ranges, k 0 = no speculation; absent otherwise."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,7 +69,16 @@ class EngineSettings:
         return out
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        sc = out["speculative_config"]
+        if sc is not None:
+            if sc["num_speculative_tokens_per_batch_size"] is None:
+                del sc["num_speculative_tokens_per_batch_size"]  # vLLM's default: k at every batch
+            else:
+                sc["num_speculative_tokens_per_batch_size"] = [
+                    list(r) for r in sc["num_speculative_tokens_per_batch_size"]
+                ]
+        return out
 
 
 _DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}  # fp8: bf16 weights
@@ -82,6 +93,9 @@ def engine_settings(plan: LaunchPlan) -> EngineSettings:
             model=draft_model(plan),
             num_speculative_tokens=r.num_speculative_tokens,
             draft_tensor_parallel_size=r.tp,
+            num_speculative_tokens_per_batch_size=(
+                plan.rollout.adaptive_k.schedule if plan.rollout and plan.rollout.adaptive_k else None
+            ),
         )
     return EngineSettings(
         model=model_path(plan),

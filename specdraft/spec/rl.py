@@ -37,6 +37,12 @@ class RolloutSpec:
     """Draft tokens per verify step; null = draft.ttt_steps."""
     acceptance_rate: float = 0.7
     """Per-token draft acceptance, measured (e.g. a run's metrics.jsonl) or assumed."""
+    adaptive_k: bool = False
+    """Draft as many tokens as pay at the running batch: k in 0..num_speculative_tokens per batch size, 0 (no
+    speculation) where a verify pass costs more than it gains (vLLM's speculative_config
+    num_speculative_tokens_per_batch_size). The plan's schedule comes from the calibrated cost model at
+    acceptance_rate; in a GRPO run each instance re-derives it after every step from the acceptance its engine
+    measured (docs/grpo-rollouts.md)."""
     gpu_memory_utilization: float = 0.85
     """Fraction of HBM vLLM may use (weights + KV cache)."""
     max_model_len: Optional[int] = None

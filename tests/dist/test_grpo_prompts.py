@@ -105,7 +105,8 @@ def test_at_t0_fifo_asp_and_one_instance_give_the_same_samples(user, specdraft_c
     runs = {
         "one": (greedy + ONE, tmp_path / "one"),
         "fifo": (greedy + TWO, tmp_path / "fifo"),
-        "asp": (greedy + TWO + ["rollout.schedule=asp"], tmp_path / "asp"),
+        # rollout.adaptive_k too: at T=0 the k each batch drafts changes no token
+        "asp": (greedy + TWO + ["rollout.schedule=asp", "rollout.adaptive_k=true"], tmp_path / "asp"),
     }
     rows = {name: _launch(specdraft_cli, folder, args, steps=5) for name, (args, folder) in runs.items()}
     samples = {name: _samples(folder) for name, (_, folder) in runs.items()}
@@ -114,6 +115,11 @@ def test_at_t0_fifo_asp_and_one_instance_give_the_same_samples(user, specdraft_c
         return {(s["step"], s["sample"]): s["response_ids"] for s in samples[name]}
 
     assert by_sample("fifo") == by_sample("one") == by_sample("asp")
+    rl = [r for r in rows["asp"] if r["phase"] == "grpo"]
+    plan = json.loads((tmp_path / "asp" / "plan.json").read_text())
+    first = [list(r) for r in plan["rollout"]["adaptive_k"]["schedule"]]
+    assert [i["k_schedule"] for i in rl[0]["instances"]] == [first, first], "the plan's schedule until measured"
+    assert all("k_schedule" not in i for r in rows["fifo"] if r["phase"] == "grpo" for i in r["instances"])
     placed = {name: [(s["step"], s["sample"], s["instance"]) for s in samples[name]] for name in ("fifo", "asp")}
     assert placed["fifo"] != placed["asp"], "asp placed the groups by their measured lengths"
     for name in ("fifo", "asp"):

@@ -79,6 +79,25 @@ def test_a_draft_the_target_agrees_with_is_accepted_whole(folders, tmp_path):
     assert stats.num_target_forwards == 3 * 4 and stats.accepted_per_pos == (9, 9, 9)
 
 
+def test_a_k_schedule_drafts_by_the_running_batch_and_changes_no_greedy_token(folders, tmp_path):
+    """rollout.adaptive_k's engine side: a batch of b drafts the k of the range holding b (vLLM's rule)."""
+    plain, _ = _open(folders["policy"]).generate(PROMPTS, num_generations=2, max_new_tokens=16, temperature=0, seed=1)
+    engine = _open(folders["policy"], folders["draft"])
+    engine.set_k_schedule(((1, 5, 3), (6, 64, 1)))  # 6 sequences run to the end together: k 1 throughout
+    got, stats = engine.generate(PROMPTS, num_generations=2, max_new_tokens=16, temperature=0, seed=1)
+    assert got == plain and stats.num_drafts > 0 and stats.num_draft_tokens == stats.num_drafts
+    engine.set_k_schedule(((1, 5, 3), (6, 64, 0)))  # speculation off at this batch
+    got, stats = engine.generate(PROMPTS, num_generations=2, max_new_tokens=16, temperature=0, seed=1)
+    assert got == plain and stats.num_drafts == 0
+    config = rl_models.draft_config(folders["constant"])
+    agreeing = _open(
+        folders["constant"], rl_models.write_draft(tmp_path / "zero", config, rl_models.constant_draft(config))
+    )
+    agreeing.set_k_schedule(((1, 2, 3), (3, 64, 2)))  # 3 sequences: k 2, every draft accepted
+    _, stats = agreeing.generate(PROMPTS, num_generations=1, max_new_tokens=13, temperature=0, seed=1)
+    assert stats.num_target_forwards == 3 + 4 * 3 and stats.accepted_per_pos == (12, 12, 0)
+
+
 def test_eos_ends_a_rollout_and_marks_it_finished(folders):
     plain, _ = _open(folders["policy"]).generate(PROMPTS, num_generations=1, max_new_tokens=16, temperature=0, seed=1)
     eos = plain[0].response[5]

@@ -76,6 +76,23 @@ def test_greedy_rollouts_through_the_draft_equal_plain_greedy(engine, folders):
     _sane(stats)
 
 
+def test_a_k_schedule_turns_speculation_off_by_batch_without_changing_a_greedy_token(engine, folders):
+    """rollout.adaptive_k through vLLM's own switch (num_speculative_tokens_per_batch_size, installed in the running
+    engine's scheduler): the 6 greedy sequences run together, so k 0 above batch 1 drafts nothing."""
+    want, _ = _builtin_greedy(folders["policy"])
+    try:
+        engine.set_k_schedule([(1, 1, K), (2, 4096, 0)])
+        got, stats = engine.generate(PROMPTS, num_generations=2, max_new_tokens=12, temperature=0, seed=1)
+        assert got == want and stats.num_drafts == 0 and stats.num_generated_tokens == 3 * 2 * 12
+        engine.set_k_schedule([(1, 4096, 1)])
+        got, stats = engine.generate(PROMPTS, num_generations=2, max_new_tokens=12, temperature=0, seed=1)
+        assert got == want and stats.num_drafts > 0 and stats.num_draft_tokens == stats.num_drafts
+    finally:
+        engine.set_k_schedule([(1, 4096, K)])  # the module's other tests draft K
+    _, stats = engine.generate(PROMPTS, num_generations=2, max_new_tokens=12, temperature=0, seed=1)
+    assert stats.num_draft_tokens == K * stats.num_drafts > 0
+
+
 N = 1200  # samples per arm, as in test_rl_engine_builtin.py's law test (which the exact rule passes)
 
 

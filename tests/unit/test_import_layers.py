@@ -37,7 +37,7 @@ RANK = {
 }
 BASE = {"specdraft", "specdraft.errors", "specdraft.fsutil"}
 # What of the CLI side's layers the job runs: the rollout schedules (and the workload records they take).
-RUNTIME_MAY_USE = ("specdraft.rollout.schedule", "specdraft.rollout.model.workload")
+RUNTIME_MAY_USE = ("specdraft.rollout.schedule", "specdraft.rollout.model.workload", "specdraft.rollout.model.kchoice")
 RUNTIME_RANK = {"base": 0, "attention": 1, "models": 2, "train": 3, "serve": 4, "rl": 5, "workloads": 6, "entry": 7}
 
 

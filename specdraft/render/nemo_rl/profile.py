@@ -130,6 +130,8 @@ NOT_CARRIED: dict[str, str] = {
     "rollout.prompt_length": "specdraft's KV-cache sizing only",
     "rollout.acceptance_rate": "specdraft's rollout model only",
     "rollout.schedule": "NeMo-RL dispatches prompts to its vLLM workers itself (no length-aware schedule)",
+    "rollout.adaptive_k": "specdraft's per-step k control; the plan's schedule is renders.vllm's "
+    "speculative_config.num_speculative_tokens_per_batch_size, which vllm_kwargs could carry as it is",
     "model.moe_aux_loss_coeff": "the base config sets moe_router_load_balancing_type: none for GRPO",
 }
 

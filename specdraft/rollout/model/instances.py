@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from specdraft.errors import Problem
 from specdraft.plan.memory import draft_params, layer_params
-from specdraft.plan.model import KvBudget, RolloutInstance, RolloutPlan
+from specdraft.plan.rollout import KvBudget, RolloutInstance, RolloutPlan
 from specdraft.spec.derived import head_dim, kv_heads, max_model_len, num_speculative_tokens, rollout_gpus
 from specdraft.spec.gpus import CATALOGUE
 from specdraft.spec.schema import LayoutSpec
@@ -163,6 +163,14 @@ def check_rollout(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
                 severity="warning",
             )
         )
+    if r.adaptive_k and not speculating(spec):
+        err(
+            "rollout.adaptive_k",
+            r.adaptive_k,
+            "chooses how many draft tokens to verify, but the instances do not speculate (rollout.speculative: "
+            f"{str(r.speculative).lower()}, draft.enabled: {str(spec.draft.enabled).lower()})",
+            "set rollout.speculative: true and draft.enabled: true, or rollout.adaptive_k: false",
+        )
     if r.speculative and not spec.draft.enabled:
         warnings.append(
             Problem(
@@ -177,7 +185,8 @@ def check_rollout(spec: LayoutSpec) -> tuple[list[Problem], list[Problem]]:
 
 
 def plan_rollout(spec: LayoutSpec) -> RolloutPlan | None:
-    """The plan's `rollout`: instances with their nodes, local GPUs (and training ranks when colocated)."""
+    """The plan's `rollout`: instances with their nodes, local GPUs (and training ranks when colocated); its
+    adaptive_k is speculation.with_adaptive_k's (the cost model imports this module)."""
     r, c = spec.rollout, spec.cluster
     if not planned(spec):
         return None

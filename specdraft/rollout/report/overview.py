@@ -5,7 +5,8 @@ from __future__ import annotations
 from specdraft.errors import SpecError, UserError
 from specdraft.plan.compile import check
 from specdraft.rollout.model import costmodel, trainer
-from specdraft.rollout.model.instances import check_rollout, max_model_len, plan_rollout
+from specdraft.rollout.model.instances import check_rollout, max_model_len, plan_rollout, planned
+from specdraft.rollout.model.speculation import with_adaptive_k
 from specdraft.spec.schema import LayoutSpec
 
 BUILTIN = "qwen3-8b"
@@ -19,9 +20,9 @@ def load(path: str | None, overrides: list[str]) -> LayoutSpec:
         spec = load_layout_text(builtin_layout_text(BUILTIN), overrides, source=f"<built-in {BUILTIN}>")
     else:
         spec = load_layout(path, overrides)
-    if not spec.rollout.enabled:
+    if not planned(spec):  # a grpo layout always plans its instances: its job runs them
         raise UserError(
-            f"rollout is disabled in {path or BUILTIN} (rollout.enabled = false)",
+            f"rollout is disabled in {path or BUILTIN} (rollout.enabled = false, workload {spec.workload})",
             "set rollout.enabled=true (e.g. append the override rollout.enabled=true)",
         )
     errors = [p for p in _problems(spec)[0] if not p.path.startswith("memory.")]
@@ -45,7 +46,7 @@ def training_notes(spec: LayoutSpec) -> list[str]:
 
 def plan_overview(spec: LayoutSpec) -> dict:
     """The plan's rollout section (as compile builds it) plus the cost model's view of one instance."""
-    plan = plan_rollout(spec)
+    plan = with_adaptive_k(spec, plan_rollout(spec))
     if plan is None:
         raise UserError("the layout's rollout section is disabled", "set rollout.enabled=true")
     r = spec.rollout

@@ -27,6 +27,12 @@ class RolloutEngine(Protocol):
         ``seed``: one per prompt, or a base (rollouts.prompt_seeds); a prompt's samples depend on its seed alone."""
         ...
 
+    def set_k_schedule(self, schedule: Sequence[tuple[int, int, int]]) -> None:
+        """rollout.adaptive_k: from the next generate on, a running batch of b sequences drafts the k of the range
+        (first, last, k) holding b, k 0 = no speculation (vLLM's num_speculative_tokens_per_batch_size); never more
+        than the engine's k."""
+        ...
+
     def sleep(self) -> None:
         """Colocated with the trainer: give the accelerator memory back while the policy trains; the next generate
         or refit wakes the engine (vLLM's sleep mode on CUDA; a no-op elsewhere)."""

@@ -16,6 +16,7 @@ from specdraft.runtime.rl.batch import Sample, pack, rank_samples, sequence_leng
 from specdraft.runtime.rl.dispatch import LengthPredictor, dispatch
 from specdraft.runtime.rl.exchange import Generated
 from specdraft.runtime.rl.log import RolloutLog
+from specdraft.runtime.rl.speculation import KControl
 from specdraft.runtime.rl.step import Phases, StepBatch
 
 
@@ -34,6 +35,7 @@ class GrpoLoop:
         # the ranks of each data-parallel rank: all of them build its rows
         self.dp_of = [r.dp for r in self.plan.ranks]
         self.engine_draft_step = -1  # the trainer step whose draft the engines hold (-1: an older one, resumed)
+        self.k_control = KControl(self.plan, len(self.leads))
 
     # ------------------------------------------------------------------------------------------------ rows
     def _samples(self, num_samples: int, dp: int) -> range:
@@ -116,6 +118,7 @@ class GrpoLoop:
         G = batch.num_generations
         # a prompt's samples draw from its stream position's seed: the same on any instance and under any schedule
         base = self.plan.training.seed * 1_000_003
+        self.k_control.apply(engine, instance)
         rollouts, stats = engine.generate(
             [batch.prompts[p].tokens for p in queue],
             num_generations=G,
@@ -184,6 +187,7 @@ class GrpoLoop:
         for i, entry in enumerate(instances):
             entry["instance"] = i
             entry["idle_s"] = slowest - entry["busy_s"]  # waiting for the slowest instance: the measured bubble
+        self.k_control.observe(instances)
         batch.instances = instances
         batch.advantages = group_advantages(
             values,

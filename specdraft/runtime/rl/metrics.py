@@ -42,6 +42,8 @@ def instance_rows(instances: list[dict], refit: dict[int, float]) -> list[dict]:
                 "refit_s": round(refit.get(i["instance"], 0.0), 6),
             }
         )
+        if "k_schedule" in i:  # rollout.adaptive_k: the (first batch, last batch, k) ranges this step drafted by
+            rows[-1]["k_schedule"] = i["k_schedule"]
     return rows
 
 

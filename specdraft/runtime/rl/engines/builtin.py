@@ -47,6 +47,7 @@ class BuiltinEngine:
         import transformers
 
         self.device, self.k, self.eos_id, self.seed = torch.device(device), k, eos_id, seed
+        self._k_by_batch: list[int] | None = None  # set_k_schedule: index b is the k a batch of b drafts
         model: Any = _load(transformers, Path(policy_dir))
         self.model: Any = model.to(self.device).eval()
         self.draft = load_folder(Path(draft_dir), device) if draft_dir is not None else None
@@ -151,7 +152,8 @@ class BuiltinEngine:
                 s.aux = aux[:, b, : s.num_prompt]
             self._extend(s, [int(first[b])], max_new_tokens)
         while active := [s for s in seqs if not s.done]:
-            budget = [min(self.k, max_new_tokens - s.num_new - 1) if self.draft is not None else 0 for s in active]
+            cap = self._k_at(len(active))
+            budget = [min(cap, max_new_tokens - s.num_new - 1) if self.draft is not None else 0 for s in active]
             k = max(budget)
             proposed, q = self._propose(active, budget, temperature) if k > 0 else (torch.empty(0), None)
             rows = [s.tokens + (proposed[b, : budget[b]].tolist() if k > 0 else []) for b, s in enumerate(active)]
@@ -184,6 +186,23 @@ class BuiltinEngine:
             seconds=time.perf_counter() - started,
         )
         return rollouts, stats
+
+    def set_k_schedule(self, schedule: Sequence[tuple[int, int, int]]) -> None:
+        """vLLM's rule (num_speculative_tokens_per_batch_size): a batch of b drafts the k of the range holding b,
+        a gap the k before it, a batch past the last range the last k; never more than the engine's k."""
+        table = [0]  # index 0 unused
+        for first, last, k in sorted(schedule):
+            while len(table) < first:  # a gap carries the k before it
+                table.append(table[-1])
+            while len(table) <= last:
+                table.append(min(self.k, k))
+        self._k_by_batch = table
+
+    def _k_at(self, batch: int) -> int:
+        table = self._k_by_batch
+        if table is None:
+            return self.k
+        return table[min(batch, len(table) - 1)]
 
     def _next(self, logits: torch.Tensor, at: torch.Tensor, temperature: float, seqs: list[_Sequence]):
         """(B,) one token per sequence from logits (B, L, V) at rows ``at`` (B,): the argmax at temperature 0."""

@@ -178,6 +178,9 @@ class VllmEngine:
             temperature=temperature, seed=seed,
         )  # fmt: skip
 
+    def set_k_schedule(self, schedule: Sequence[tuple[int, int, int]]) -> None:
+        self._call("set_k_schedule", [tuple(int(x) for x in r) for r in schedule])
+
     def sleep(self) -> None:
         """CUDA, colocated with the trainer: vLLM sleep level 1 in the child; a no-op on CPU."""
         self._call("sleep")

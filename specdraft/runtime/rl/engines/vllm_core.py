@@ -106,6 +106,20 @@ class VllmCore:
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         return time.perf_counter() - started
 
+    def set_k_schedule(self, schedule: list[tuple[int, int, int]]) -> None:
+        """The scheduler's batch-size -> k lookup, rebuilt by vLLM's own builder from the (first, last, k) ranges
+        (the engine core runs in this process: serve/vllm_llm.in_process_env). vLLM reads it at every step."""
+        from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+        if not self.draft:
+            raise ValueError("this engine was opened without a draft: there is no k to choose")
+        scheduler = self.llm.llm_engine.engine_core.engine_core.scheduler
+        scheduler.dynamic_sd_lookup = build_dynamic_sd_schedule_lookup(
+            [list(r) for r in schedule],
+            vllm_max_batch_size=scheduler.scheduler_config.max_num_seqs,
+            vllm_num_speculative_tokens=scheduler.num_spec_tokens,
+        )
+
     def sleep(self) -> None:
         """CUDA, colocated with the trainer: free the KV cache and offload the weights while the policy trains
         (vLLM sleep level 1). A no-op on CPU, where vLLM has no sleep mode."""
