@@ -351,6 +351,8 @@ def _build(
         norm_before_residual=d.norm_before_residual,
         norm_output=d.norm_output,
         refit_interval=d.refit_interval,
+        refit_policy=d.refit_policy,
+        refit_drift_margin=d.refit_drift_margin,
     )
     return LaunchPlan(
         schema_version=SCHEMA_VERSION,

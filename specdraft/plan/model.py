@@ -32,7 +32,8 @@ from specdraft.spec.schema import LayoutSpec, RopeScaling
 # 13: draft.lr_warmup_steps; model.path and draft.model may be null (no checkpoint: the renders say so);
 # rollout_settings.schedule; a grpo layout always plans its rollout instances (`rollout`).
 # 14: draft.norm_output.
-# 15: rollout.adaptive_k (rollout.adaptive_k: the k-by-batch schedule and its cost table).
+# 15: rollout.adaptive_k (rollout.adaptive_k: the k-by-batch schedule and its cost table); draft.refit_policy
+# and refit_drift_margin.
 SCHEMA_VERSION = 15
 Tap = Union[int, str]  # a target layer index, or "embedding" / "logits"
 
@@ -181,6 +182,8 @@ class DraftPlan:
     norm_before_residual: bool  # layer 0's residual is hidden_norm's output (vLLM's norm_before_residual)
     norm_output: bool  # a TTT step after the first reads the previous one's post-norm hidden state (EAGLE-3.1)
     refit_interval: int  # GRPO: steps between refits of the draft into the rollout engine
+    refit_policy: str  # interval | drift (rl/drift.py decides)
+    refit_drift_margin: float
 
 
 @dataclass(frozen=True, kw_only=True)

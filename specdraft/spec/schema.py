@@ -195,6 +195,11 @@ class DraftSpec:
     """TTT steps after the first read the post-norm output (EAGLE-3.1), false: the raw one; draft.path: its own."""
     refit_interval: int = 1
     """GRPO: RL steps between refits of the co-trained draft into the rollout engine (the policy refits every step)."""
+    refit_policy: Literal["interval", "drift"] = "interval"
+    """GRPO: when the co-trained draft is refit: every refit_interval steps, or `drift`: after a step whose engines'
+    accept length fell more than refit_drift_margin below the draft's training-time accept length on that step."""
+    refit_drift_margin: float = 0.2
+    """Accept-length tokens the engines may fall below the training-time figure before a `drift` refit."""
 
 
 @dataclass(frozen=True, kw_only=True)

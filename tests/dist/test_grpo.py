@@ -218,3 +218,24 @@ def test_a_frozen_draft_stays_fixed_after_the_warm_up(specdraft_cli, tmp_path):
         assert sorted(after) == sorted(later)
         same = all(after[k].equal(later[k]) for k in after)
         assert same == (mode == "frozen"), mode
+
+
+@pytest.mark.timeout(300)
+def test_a_drift_refit_follows_the_measured_accept_lengths(specdraft_cli, tmp_path):
+    """draft.refit_policy drift: the warm-up's last step refits; each RL step records its decision, and the draft is
+    refit on exactly the steps whose engines fell more than the margin below the training-time accept length."""
+    common = [*SINGLE, "grpo.sft_steps=1", "draft.refit_policy=drift"]
+    for margin in (64.0, 0.0):  # 64: the engines can never fall that far (no RL-step refit); 0: any shortfall
+        folder = tmp_path / f"margin-{margin}"
+        proc = launch(specdraft_cli, folder, [*common, f"draft.refit_drift_margin={margin}"], steps=4)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        rows = rows_of(folder)
+        assert rows[0]["phase"] == "sft" and rows[0]["draft_refit_s"] > 0 and "draft_refit" not in rows[0]
+        for r in rows[1:]:
+            d = r["draft_refit"]
+            assert d["margin"] == margin and d["training_accept_length"] == pytest.approx(r["accept_len"])
+            want = d["engine_accept_length"] < d["training_accept_length"] - margin
+            assert d["refit"] == want and d["reason"].startswith("drift" if want else "held"), d
+            assert ("draft_refit_s" in r) == want, r
+        if margin == 64.0:
+            assert not any(r["draft_refit"]["refit"] for r in rows[1:])

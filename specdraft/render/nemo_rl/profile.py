@@ -99,6 +99,8 @@ NOT_CARRIED: dict[str, str] = {
     "grpo.sft_steps": "NeMo-RL runs SFT as its own job (examples/run_sft.py)",
     "grpo.draft_mode": "NeMo-RL always trains the draft with the policy; a frozen draft is specdraft's benchmark arm",
     "draft.refit_interval": "NeMo-RL refits the draft with the policy every step",
+    "draft.refit_policy": "NeMo-RL refits the draft with the policy every step",
+    "draft.refit_drift_margin": "NeMo-RL refits the draft with the policy every step",
     "parallel.order": "Megatron Bridge's rank order is fixed (tp-cp-ep-dp-pp)",
     "parallel.dp": "NeMo-RL derives dp from the cluster: world / (tp * cp * pp)",
     "draft.method": "NeMo-RL's draft is EAGLE-3 (nemo_rl/models/megatron/draft/eagle.py)",

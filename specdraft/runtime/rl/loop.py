@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from specdraft.runtime.rl import exchange, rewards
+from specdraft.runtime.rl import drift, exchange, rewards
 from specdraft.runtime.rl.advantages import group_advantages
 from specdraft.runtime.rl.batch import Sample, pack, rank_samples, sequence_length
 from specdraft.runtime.rl.dispatch import LengthPredictor, dispatch
@@ -54,12 +54,12 @@ class GrpoLoop:
             if index == self.g.sft_steps - 1:
                 self.trainer.take_reference()  # RL starts from here
                 with phases("refit"):
-                    refits = self.refit(index)
+                    refits = self.refit(index, None)
                 return "sft", {**phases.seconds, **refits}, None
             return "sft", phases.seconds, None
         batch = self._rl(index, phases)
         with phases("refit"):
-            refits = self.refit(index)
+            refits = self.refit(index, batch)
         return "grpo", {**phases.seconds, **refits}, batch
 
     def _sft(self, index: int) -> None:
@@ -209,14 +209,24 @@ class GrpoLoop:
         )
 
     # ------------------------------------------------------------------------------------------------ refit
-    def refit(self, index: int) -> dict:
-        """Every rank: the new policy to every instance; the draft every draft.refit_interval steps (a frozen
-        draft's one refit is as the warm-up ends). Per-instance seconds in the step's record."""
+    def refit(self, index: int, batch: StepBatch | None) -> dict:
+        """Every rank: the new policy to every instance; the draft every draft.refit_interval steps, or under
+        draft.refit_policy drift when this RL step's engines fell behind its training-time acceptance (rl/drift.py;
+        the warm-up's last step always refits). A frozen draft's one refit is as the warm-up ends. Per-instance
+        seconds, and a drift decision with its reason, in the step's record."""
         out: dict = {"policy_refit": self.instances.refit_policy()}  # every rank: a collective
-        every = self.plan.draft.refit_interval
+        d = self.plan.draft
+        if not (d.enabled and self.trainer.cotraining and self.plan.rollout_settings.speculative):
+            return out
         last_warm = self.g.draft_mode == "frozen" and index == self.g.sft_steps - 1
-        if self.plan.draft.enabled and self.trainer.cotraining and ((index + 1) % every == 0 or last_warm):
-            if self.plan.rollout_settings.speculative:
-                out["draft_refit"] = self.instances.refit_draft()
-                self.engine_draft_step = index + 1
+        if d.refit_policy == "drift" and batch is not None and not last_warm:
+            training = drift.training_accept_length(self.trainer)  # every rank: a collective
+            decision = drift.decide(drift.engine_accept_length(batch.instances), training, d.refit_drift_margin)
+            out["draft_refit_decision"] = decision
+            due = decision["refit"]
+        else:
+            due = d.refit_policy == "drift" or (index + 1) % d.refit_interval == 0 or last_warm
+        if due:
+            out["draft_refit"] = self.instances.refit_draft()
+            self.engine_draft_step = index + 1
         return out

@@ -53,6 +53,7 @@ class GrpoMetrics(StepMetrics):
         t = self.trainer
         policy_refit = seconds.pop("policy_refit", {})
         draft_refit = seconds.pop("draft_refit", {})
+        decision = seconds.pop("draft_refit_decision", None)  # draft.refit_policy drift: refit or not, and why
         step_s = sum(seconds.values())
         record = self.measure(step, step_s)
         sums = torch.tensor(
@@ -75,6 +76,8 @@ class GrpoMetrics(StepMetrics):
             record["policy_refit_s"] = round(max(policy_refit.values()), 6)
         if draft_refit:
             record["draft_refit_s"] = round(max(draft_refit.values()), 6)
+        if decision is not None:
+            record["draft_refit"] = decision
         if batch is not None:
             lengths = batch.lengths.double()
             engine = engine_figures(batch.instances)

@@ -77,6 +77,13 @@ def grpo_rules(spec: LayoutSpec, err, warn) -> None:
         )
     if spec.draft.refit_interval < 1:
         err("draft.refit_interval", spec.draft.refit_interval, "must be >= 1", "1 refits the draft every step")
+    if not spec.draft.refit_drift_margin >= 0:
+        err(
+            "draft.refit_drift_margin",
+            spec.draft.refit_drift_margin,
+            "must be >= 0 (accept-length tokens the engines may fall behind before a drift refit)",
+            "e.g. 0.2",
+        )
     m = spec.model
     head_dim = m.kv_channels or (m.hidden_size // m.num_attention_heads if m.num_attention_heads > 0 else 0)
     if g.engine == "vllm" and spec.cluster.gpu == "cpu" and head_dim < VLLM_CPU_MIN_HEAD_DIM:

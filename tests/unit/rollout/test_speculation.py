@@ -1,5 +1,6 @@
-"""rollout.adaptive_k: the k each running batch drafts (rollout/model/kchoice.py) against a brute-force search, the
-schedule vLLM validates, the plan and its vLLM render, and the running job's control (runtime/rl/speculation.py)."""
+"""Speculation that pays: rollout.adaptive_k's k per running batch (rollout/model/kchoice.py) against a brute-force
+search, the schedule vLLM validates, the plan and its vLLM render, the running job's control
+(runtime/rl/speculation.py); and draft.refit_policy drift's decision (runtime/rl/drift.py)."""
 
 from __future__ import annotations
 
@@ -126,3 +127,22 @@ def test_each_instance_rederives_its_schedule_from_what_it_measured():
     assert control.schedules[0] != plan.rollout.adaptive_k.schedule
     assert json.dumps(rows)  # metrics.jsonl takes it as it is
     assert KControl(compile(load_layout(GRPO)), 2).schedules == [None, None]  # off: engines keep their k
+
+
+def test_a_drift_refit_is_decided_by_the_margin_with_its_reason():
+    from specdraft.runtime.rl import drift
+
+    instances = [{"drafts": 10, "accepted": 5}, {"drafts": 30, "accepted": 15}]
+    assert drift.engine_accept_length(instances) == 1.5
+    assert drift.engine_accept_length([{"drafts": 0, "accepted": 0}]) is None
+    forced_down = drift.decide(1.5, 2.0, 0.2)  # a stale or perturbed draft in the engines
+    assert forced_down["refit"] and forced_down["reason"] == "drift: engines 1.500 < training 2.000 - 0.2"
+    holding = drift.decide(1.9, 2.0, 0.2)
+    assert not holding["refit"] and holding["reason"] == "held: engines 1.900 >= training 2.000 - 0.2"
+    unmeasured = drift.decide(None, 2.0, 0.2)
+    assert unmeasured["refit"] and unmeasured["reason"].startswith("unmeasured (the engines drafted nothing)")
+
+
+def test_a_negative_drift_margin_is_refused_naming_the_field():
+    with pytest.raises(SpecError, match=r"draft.refit_drift_margin = -0.1: must be >= 0"):
+        compile(load_layout(GRPO, ["draft.refit_drift_margin=-0.1"]))
