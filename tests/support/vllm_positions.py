@@ -20,8 +20,9 @@ def main() -> None:
     parser.add_argument("--max-new", type=int, required=True)
     args = parser.parse_args()
     from specdraft.runtime.serve import offline, vllm_engine
+    from specdraft.runtime.serve.vllm_llm import in_process_env
 
-    vllm_engine._in_process()
+    in_process_env()
     from vllm import SamplingParams
 
     plan = offline.read_run_plan(args.run)
