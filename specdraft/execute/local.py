@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from specdraft.errors import UserError
-from specdraft.execute import diskspace
+from specdraft.execute import diskspace, forked
 from specdraft.execute.executor import Executor, Observation, Progress, ProgressFn
 from specdraft.execute.report import read_results, settle
 from specdraft.runs import files as runfiles
@@ -77,6 +77,8 @@ def base_env(plan) -> dict[str, str]:
 
 
 def signal_group(pgid: int, sig: int) -> bool:
+    if pgid <= 0:  # 0 would be this process's own group
+        return False
     try:
         os.killpg(pgid, sig)
         return True
@@ -117,42 +119,34 @@ def run(
     runfiles.make_dir(run_dir, LOGS)
     port = free_port()
     env = base_env(plan)
-    procs: list[subprocess.Popen] = []
+    procs: list = []  # subprocess.Popen, or forked.ForkedRank with the same poll/wait/returncode/pid
+    reports = None  # the forked ranks' (forked.Reports), when the runtime's starter forks them
     outcome = LocalOutcome()
     started = time.monotonic()
     pgid = 0
     # A launcher told to stop (kill, a closed terminal) takes its ranks with it, like Ctrl-C does.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        for rank in range(plan.world_size):
-            out_log, err_log = local_logs(rank)
-            out = runfiles.open_append(run_dir, out_log)
-            try:
-                err = runfiles.open_append(run_dir, err_log)
-                try:
-                    # Rank 0 starts a new process group and the others join it: `cancel` signals the group.
-                    proc = subprocess.Popen(
-                        argv,
-                        env={**env, **rank_env(plan, rank, port)},
-                        stdout=out,
-                        stderr=err,
-                        stdin=subprocess.DEVNULL,
-                        cwd=run_dir,
-                        process_group=pgid,
-                    )
-                finally:
-                    os.close(err)
-            finally:
-                os.close(out)
-            pgid = pgid or proc.pid
-            procs.append(proc)
-        on_start(pgid, [p.pid for p in procs])
+        args = forked.entry_args(argv, plan.cluster.gpu)
+        if args is None:
+            for rank in range(plan.world_size):
+                proc = _popen(argv, {**env, **rank_env(plan, rank, port)}, run_dir, rank, pgid)
+                pgid = pgid or proc.pid
+                procs.append(proc)
+        else:
+            reports = _fork(argv, args, plan, env, port, run_dir)
+            procs = reports.ranks
+            pgid = reports.pids()[0]
+        if pgid:  # else the starter failed before forking a rank: rank 0's log has why, and _wait ends them
+            on_start(pgid, [p.pid for p in procs])
         outcome = _wait(procs, pgid, started, timeout_s, grace_s, on_progress)
     except KeyboardInterrupt:
         outcome.interrupted = True
+        pgid = pgid or (reports.abandon() if reports else 0)
         _stop(procs, pgid, grace_s, on_stop)
         outcome.exit_codes = {r: p.returncode for r, p in enumerate(procs)}
     except BaseException:
+        pgid = pgid or (reports.abandon() if reports else 0)
         _stop(procs, pgid, grace_s, on_stop)
         raise
     finally:
@@ -160,6 +154,43 @@ def run(
             signal.signal(sig, handler)
     outcome.elapsed_s = time.monotonic() - started
     return outcome
+
+
+def _popen(argv: list[str], env: dict, run_dir: str, rank: int, pgid: int) -> subprocess.Popen:
+    """Rank ``rank`` as its own interpreter, its output appended to its logs; rank 0 leads a new process group and
+    the others join it: `cancel` signals the group."""
+    out_log, err_log = local_logs(rank)
+    out = runfiles.open_append(run_dir, out_log)
+    try:
+        err = runfiles.open_append(run_dir, err_log)
+        try:
+            return subprocess.Popen(
+                argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=run_dir, process_group=pgid
+            )
+        finally:
+            os.close(err)
+    finally:
+        os.close(out)
+
+
+def _fork(argv: list[str], args: list[str], plan, env: dict, port: int, run_dir: str):
+    """Every rank forked by the runtime's starter (forked.py): the imports once, not once per rank."""
+    logs: list[tuple[int, int]] = []
+    try:
+        for rank in range(plan.world_size):
+            out_log, err_log = local_logs(rank)
+            out = runfiles.open_append(run_dir, out_log)
+            try:
+                logs.append((out, runfiles.open_append(run_dir, err_log)))
+            except BaseException:
+                os.close(out)
+                raise
+        envs = [{**env, **rank_env(plan, rank, port)} for rank in range(plan.world_size)]
+        return forked.start(argv, args, envs, logs, run_dir)
+    finally:
+        for pair in logs:
+            for fd in pair:
+                os.close(fd)
 
 
 def _interrupt(signum, frame):

@@ -5,7 +5,7 @@ Layers, lowest first: the base modules (errors, file helpers), spec, plan, runs 
 `runtime` (the job) reads only the plan and the run folder: it may import the base, plan, runs, rollout's schedules
 (the offline dispatch the job runs is the simulator's own code, pure Python) and itself. Inside it the sub-packages are
 layered too, lowest first: its base modules (context, cpu_compat, tool, folders), attention (the kernels), models,
-train, serve, rl, workloads, entry. No
+train, serve, rl, workloads, entry, starter (which forks ranks that run the entry). No
 layer but runtime and execute imports torch, megatron, submitit, transformers or tokenizers (execute only submitit);
 a CLI run in a fresh process proves none is loaded.
 """
@@ -38,7 +38,17 @@ RANK = {
 BASE = {"specdraft", "specdraft.errors", "specdraft.fsutil"}
 # What of the CLI side's layers the job runs: the rollout schedules (and the workload records they take).
 RUNTIME_MAY_USE = ("specdraft.rollout.schedule", "specdraft.rollout.model.workload", "specdraft.rollout.model.kchoice")
-RUNTIME_RANK = {"base": 0, "attention": 1, "models": 2, "train": 3, "serve": 4, "rl": 5, "workloads": 6, "entry": 7}
+RUNTIME_RANK = {
+    "base": 0,
+    "attention": 1,
+    "models": 2,
+    "train": 3,
+    "serve": 4,
+    "rl": 5,
+    "workloads": 6,
+    "entry": 7,
+    "starter": 8,
+}
 
 
 def runtime_part(module: str) -> str:
