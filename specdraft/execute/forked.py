@@ -1,8 +1,9 @@
 """The ranks of a local CPU run forked by runtime/starter.py instead of started one interpreter each: the handles
 that stand in for Popen (poll, wait, returncode, pid) and the thread that reads the starter's reports.
 
-Used when the payload is the runtime entry and the plan runs on CPU; SPECDRAFT_LOCAL_FORK=0 starts every rank as
-its own interpreter instead (as on GPUs, where each rank must initialise CUDA itself).
+Used when the payload is the runtime entry on a CPU plan with more ranks than cores: with fewer, the ranks import
+side by side on their own cores in the time the starter takes alone. SPECDRAFT_LOCAL_FORK=1 forks whenever it can,
+0 never (GPU plans never fork: each rank initialises CUDA itself).
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ SWITCH_ENV = "SPECDRAFT_LOCAL_FORK"
 START_TIMEOUT_S = 600.0  # the starter's imports on a crowded machine; it reports each rank as it forks it
 
 
-def entry_args(argv: list[str], gpu: str) -> list[str] | None:
+def entry_args(argv: list[str], gpu: str, num_ranks: int) -> list[str] | None:
     """The entry's arguments when ``argv`` is `PYTHON -u -m specdraft.runtime.entry ...` with this interpreter (not
-    one that --python names, whose environment may differ) on a CPU plan and the switch is not off; None: start each
-    rank as its own interpreter."""
-    if gpu != "cpu" or os.environ.get(SWITCH_ENV, "1") == "0" or not argv or argv[0] != sys.executable:
+    one that --python names, whose environment may differ) on a CPU plan, and forking pays (more ranks than cores)
+    or SPECDRAFT_LOCAL_FORK=1 asks for it; None: start each rank as its own interpreter."""
+    switch = os.environ.get(SWITCH_ENV, "")
+    pays = num_ranks > (os.cpu_count() or 1)
+    if gpu != "cpu" or switch == "0" or not (pays or switch == "1") or not argv or argv[0] != sys.executable:
         return None
     if len(argv) < 4 or argv[1:4] != ["-u", "-m", ENTRY]:
         return None

@@ -127,7 +127,7 @@ def run(
     # A launcher told to stop (kill, a closed terminal) takes its ranks with it, like Ctrl-C does.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        args = forked.entry_args(argv, plan.cluster.gpu)
+        args = forked.entry_args(argv, plan.cluster.gpu, plan.world_size)
         if args is None:
             for rank in range(plan.world_size):
                 proc = _popen(argv, {**env, **rank_env(plan, rank, port)}, run_dir, rank, pgid)

@@ -71,7 +71,7 @@ def _plan_processes(folder: Path) -> list[int]:
 
 def test_forked_ranks_run_as_ranks_started_one_interpreter_each(tmp_path):
     forked, separate = tmp_path / "forked", tmp_path / "separate"
-    launcher = _launch(forked, 3, {})
+    launcher = _launch(forked, 3, {"SPECDRAFT_LOCAL_FORK": "1"})  # 4 ranks: on more than 4 cores it would not
     try:
         deadline = time.monotonic() + 200
         while not (_record(forked).get("local") or {}).get("pids"):
@@ -94,7 +94,7 @@ def test_forked_ranks_run_as_ranks_started_one_interpreter_each(tmp_path):
 
 def test_ctrl_c_while_the_starter_imports_leaves_no_rank(tmp_path):
     folder = tmp_path / "run"
-    launcher = _launch(folder, 30, {})
+    launcher = _launch(folder, 30, {"SPECDRAFT_LOCAL_FORK": "1"})
     try:
         deadline = time.monotonic() + 60
         while not _plan_processes(folder):  # the starter (its command line names the plan), importing

@@ -1,8 +1,10 @@
 """Which local launches fork their ranks from the runtime's starter: the runtime entry, on a CPU plan, with this
-interpreter, unless SPECDRAFT_LOCAL_FORK=0; anything else starts each rank as its own interpreter."""
+interpreter, with more ranks than cores or SPECDRAFT_LOCAL_FORK=1, unless it is 0; anything else starts each rank
+as its own interpreter."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -12,9 +14,15 @@ from specdraft.execute import forked
 ENTRY = [sys.executable, "-u", "-m", "specdraft.runtime.entry", "run/plan.json", "--workload", "grpo"]
 
 
+CORES = os.cpu_count() or 1
+
+
 def test_the_runtime_entry_on_cpu_forks_with_its_arguments(monkeypatch):
     monkeypatch.delenv(forked.SWITCH_ENV, raising=False)
-    assert forked.entry_args(ENTRY, "cpu") == ["run/plan.json", "--workload", "grpo"]
+    assert forked.entry_args(ENTRY, "cpu", CORES + 1) == ["run/plan.json", "--workload", "grpo"]
+    assert forked.entry_args(ENTRY, "cpu", CORES) is None, "as many ranks as cores import side by side"
+    monkeypatch.setenv(forked.SWITCH_ENV, "1")
+    assert forked.entry_args(ENTRY, "cpu", 1) == ["run/plan.json", "--workload", "grpo"]
 
 
 @pytest.mark.parametrize(
@@ -32,4 +40,4 @@ def test_anything_else_starts_one_interpreter_per_rank(monkeypatch, argv, gpu, s
         monkeypatch.delenv(forked.SWITCH_ENV, raising=False)
     else:
         monkeypatch.setenv(forked.SWITCH_ENV, switch)
-    assert forked.entry_args(argv, gpu) is None
+    assert forked.entry_args(argv, gpu, CORES + 1) is None
