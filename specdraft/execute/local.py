@@ -159,18 +159,25 @@ def run(
 def _popen(argv: list[str], env: dict, run_dir: str, rank: int, pgid: int) -> subprocess.Popen:
     """Rank ``rank`` as its own interpreter, its output appended to its logs; rank 0 leads a new process group and
     the others join it: `cancel` signals the group."""
+    out, err = _open_logs(run_dir, rank)
+    try:
+        return subprocess.Popen(
+            argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=run_dir, process_group=pgid
+        )
+    finally:
+        os.close(err)
+        os.close(out)
+
+
+def _open_logs(run_dir: str, rank: int) -> tuple[int, int]:
+    """Descriptors appending to rank ``rank``'s stdout and stderr logs (neither left open if one is refused)."""
     out_log, err_log = local_logs(rank)
     out = runfiles.open_append(run_dir, out_log)
     try:
-        err = runfiles.open_append(run_dir, err_log)
-        try:
-            return subprocess.Popen(
-                argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=run_dir, process_group=pgid
-            )
-        finally:
-            os.close(err)
-    finally:
+        return out, runfiles.open_append(run_dir, err_log)
+    except BaseException:
         os.close(out)
+        raise
 
 
 def _fork(argv: list[str], args: list[str], plan, env: dict, port: int, run_dir: str):
@@ -178,13 +185,7 @@ def _fork(argv: list[str], args: list[str], plan, env: dict, port: int, run_dir:
     logs: list[tuple[int, int]] = []
     try:
         for rank in range(plan.world_size):
-            out_log, err_log = local_logs(rank)
-            out = runfiles.open_append(run_dir, out_log)
-            try:
-                logs.append((out, runfiles.open_append(run_dir, err_log)))
-            except BaseException:
-                os.close(out)
-                raise
+            logs.append(_open_logs(run_dir, rank))
         envs = [{**env, **rank_env(plan, rank, port)} for rank in range(plan.world_size)]
         return forked.start(argv, args, envs, logs, run_dir)
     finally:
